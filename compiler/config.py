@@ -1,0 +1,143 @@
+"""Training configuration: the user's settings before they become hardware decisions."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .schedule import (
+    LWP_FORMS,
+    MITIGATIONS,
+    RULES,
+    SCHEDULES,
+    STRATEGIES,
+    batch1_scaling,
+)
+
+__all__ = ["TrainConfig", "ConfigError"]
+
+LOSSES = ("cross_entropy", "mse")
+ROUNDINGS = ("stochastic", "nearest_even")
+
+
+class ConfigError(ValueError):
+    """A training setting is invalid; the message names the setting and the accepted values."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings at batch size 1.
+
+    Hyperparameters are given as reference values at batch ``batch_ref`` and scaled to batch 1
+    with :func:`pipetrain.compiler.schedule.batch1_scaling` (DESIGN §2.3); with ``batch_ref=1``
+    they are used as given.
+
+    Members
+    -------
+    schedule: ``pb`` (Pipelined Backpropagation, D_s = 2(S−s)+1) or ``sequential`` (D = 0).
+    lr, momentum, weight_decay: reference η, m, λ (PyTorch SGD conventions).
+    batch_ref: reference batch size B_ref (samples).
+    mitigation: ``none | sc | lwp | sc+lwp`` (Spike Compensation, Linear Weight Prediction).
+    lwp_form: ``v`` (ŵ = w − η·D·v) or ``w`` (ŵ = w + D·(w_t − w_{t−1})).
+    strategy: ``global | local | interlocking``.
+    distance: interlocking distance d (blocks).
+    rule: ``only`` or ``sum`` (which losses a block receives under interlocking).
+    blocks: 1-based main stages after which a block ends (auxiliary heads attach there).
+    head_stages: weight stages per auxiliary head (1 = one Linear layer to the classes).
+    loss: ``cross_entropy`` or ``mse``.
+    rounding: rounding of weight/velocity updates in fixed point (``stochastic`` from the
+        per-stage LFSR, or ``nearest_even``).
+    seed: seed of the network initialisation, data order and the LFSR seeds (derived).
+    epochs: passes over the training set.
+    """
+
+    schedule: str = "pb"
+    lr: float = 0.02
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_ref: int = 1
+    mitigation: str = "none"
+    lwp_form: str = "v"
+    strategy: str = "global"
+    distance: int = 1
+    rule: str = "only"
+    blocks: tuple[int, ...] = field(default_factory=tuple)
+    head_stages: int = 1
+    loss: str = "cross_entropy"
+    rounding: str = "stochastic"
+    seed: int = 0
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        choices = {
+            "schedule": SCHEDULES,
+            "mitigation": MITIGATIONS,
+            "lwp_form": LWP_FORMS,
+            "strategy": STRATEGIES,
+            "rule": RULES,
+            "loss": LOSSES,
+            "rounding": ROUNDINGS,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(
+                    f"{name}={value!r} is not supported; choose one of: {', '.join(allowed)}"
+                )
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if self.batch_ref < 1:
+            raise ConfigError(f"batch_ref must be ≥ 1, got {self.batch_ref}")
+        if self.distance < 0:
+            raise ConfigError(f"distance must be ≥ 0, got {self.distance}")
+        if self.head_stages < 1:
+            raise ConfigError(f"head_stages must be ≥ 1, got {self.head_stages}")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be ≥ 1, got {self.epochs}")
+        object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))
+
+    @property
+    def lr1(self) -> float:
+        """η at batch 1 (scaled from the reference values)."""
+        return batch1_scaling(self.lr, self.momentum, self.batch_ref)[0]
+
+    @property
+    def momentum1(self) -> float:
+        """m at batch 1 (scaled from the reference values)."""
+        return batch1_scaling(self.lr, self.momentum, self.batch_ref)[1]
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """Return a copy with ``changes`` applied; ``None`` values are ignored (CLI overrides)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        d = dataclasses.asdict(self)
+        d["blocks"] = list(self.blocks)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> TrainConfig:
+        """Build from a dict (e.g. a model file's ``config``); unknown keys are an error."""
+        if d is None:
+            return cls()
+        if isinstance(d, TrainConfig):
+            return d
+        if not isinstance(d, dict):
+            raise ConfigError(f"config must be a dict or TrainConfig, got {type(d).__name__}")
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(
+                f"unknown config keys: {', '.join(sorted(unknown))}; known: "
+                + ", ".join(f.name for f in dataclasses.fields(cls))
+            )
+        return cls(**d)

@@ -1,0 +1,79 @@
+"""Built-in networks and loading a user's model file."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["BUILTIN_MODELS", "ModelError", "build_mlp", "load_model"]
+
+
+class ModelError(ValueError):
+    """A model argument cannot be turned into an ``nn.Module``; the message says why and how."""
+
+
+def build_mlp(sizes: list[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """Return ``Linear → act → … → Linear`` for layer ``sizes`` [in, hidden…, out]."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
+    "mlp-digits": lambda: build_mlp([64, 32, 10]),
+    "mlp-digits-deep": lambda: build_mlp([64, 32, 32, 32, 10]),
+    "mlp-digits-wide": lambda: build_mlp([64, 128, 64, 10]),
+}
+
+
+def load_model(
+    spec: str | nn.Module, seed: int = 0
+) -> tuple[str, nn.Module, dict[str, Any] | None]:
+    """Return ``(name, module, config)`` for a built-in name, a ``.py`` path or a module.
+
+    A model file must define ``model`` (an ``nn.Module``, or a callable returning one) and may
+    define ``config`` (a dict of :class:`~pipetrain.compiler.config.TrainConfig` fields).
+    Initialisation is seeded with ``seed`` so runs are reproducible.
+
+    Raises :class:`ModelError` for an unknown name, a missing file, or a file without ``model``.
+    """
+    if isinstance(spec, nn.Module):
+        return type(spec).__name__, spec, None
+    torch.manual_seed(seed)
+    if spec in BUILTIN_MODELS:
+        return spec, BUILTIN_MODELS[spec](), None
+    path = Path(spec)
+    if path.suffix != ".py":
+        raise ModelError(
+            f"unknown model {spec!r}: give a built-in name ({', '.join(BUILTIN_MODELS)}) "
+            "or a path to a Python file that defines `model`"
+        )
+    if not path.is_file():
+        raise ModelError(f"model file {spec!r} does not exist")
+    name = path.stem
+    module_spec = importlib.util.spec_from_file_location(f"pipetrain_user_{name}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: report it, name the file
+        raise ModelError(f"model file {spec!r} failed to run: {type(exc).__name__}: {exc}") from exc
+    if not hasattr(module, "model"):
+        raise ModelError(f"model file {spec!r} does not define `model` (an nn.Module)")
+    model = module.model
+    if not isinstance(model, nn.Module) and callable(model):
+        model = model()
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"`model` in {spec!r} is a {type(model).__name__}, not a torch.nn.Module")
+    config = getattr(module, "config", None)
+    return name, model, config

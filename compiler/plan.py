@@ -1,0 +1,364 @@
+"""The plan: every hardware decision for one network, read by the HDL, golden model and host.
+
+A :class:`Plan` is a tree of frozen dataclasses. It round-trips exactly through JSON
+(:meth:`Plan.to_json` / :meth:`Plan.from_json`) and has a content hash (:attr:`Plan.hash`) that
+the generated hardware reports in its hello frame. Nothing downstream recomputes a delay, a
+format or a constant: it reads them here. The arithmetic these numbers parameterise is
+specified in ``docs/numerics.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["QFormat", "Const", "StageFormats", "UpdateConstants", "Stage", "LossUnit", "Plan"]
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class QFormat:
+    """Signed two's-complement fixed point Q(bits, frac): value = integer / 2**frac.
+
+    Members
+    -------
+    bits: total width including the sign bit.
+    frac: fractional bits (may exceed ``bits`` for tiny tensors, or be negative).
+    """
+
+    bits: int
+    frac: int
+
+    @property
+    def min_int(self) -> int:
+        """Most negative integer, −2^(bits−1)."""
+        return -(1 << (self.bits - 1))
+
+    @property
+    def max_int(self) -> int:
+        """Most positive integer, 2^(bits−1) − 1."""
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def max_value(self) -> float:
+        """Largest representable real value."""
+        return self.max_int / 2.0**self.frac
+
+    @property
+    def lsb(self) -> float:
+        """Value of one least-significant bit."""
+        return 2.0**-self.frac
+
+    def __str__(self) -> str:
+        return f"Q{self.bits - 1 - self.frac}.{self.frac}"
+
+
+@dataclass(frozen=True)
+class Const:
+    """A fixed-point constant: real ≈ value / 2**frac.
+
+    Members
+    -------
+    value: the integer the hardware uses.
+    frac: its fractional bits.
+    real: the float it approximates (for reports and the reference trainer).
+    """
+
+    value: int
+    frac: int
+    real: float
+
+    @classmethod
+    def of(cls, real: float, frac: int) -> Const:
+        """Quantise ``real`` with ``frac`` fractional bits (round half to even)."""
+        return cls(int(round(real * 2.0**frac)), frac, float(real))
+
+    @classmethod
+    def normalised(cls, real: float, mantissa_bits: int = 18) -> Const:
+        """Quantise ``real`` so that |value| < 2**mantissa_bits with the most precision."""
+        if real == 0.0:
+            return cls(0, 0, 0.0)
+        frac = mantissa_bits - 1 - math.floor(math.log2(abs(real)))
+        c = cls.of(real, frac)
+        if abs(c.value) >= 1 << mantissa_bits:  # rounding carried into a new bit
+            c = cls.of(real, frac - 1)
+        return c
+
+    @property
+    def quantised(self) -> float:
+        """The value the hardware actually uses."""
+        return self.value / 2.0**self.frac
+
+
+@dataclass(frozen=True)
+class StageFormats:
+    """Fixed-point formats of every tensor of one stage (DESIGN §4, docs/numerics.md).
+
+    Members
+    -------
+    x: the stage's input activations (stashed).
+    y: the stage's output (pre- and post-activation share it; the next stage's ``x``).
+    d: the error at the stage's output (∂L/∂y, and δ after the activation derivative).
+    gin: the input gradient sent back (= the previous stage's ``d``; None for stage 1).
+    w: master weights (and biases).
+    u: velocity, stored in weight units u = η·v (same ``frac`` as ``w``).
+    """
+
+    x: QFormat
+    y: QFormat
+    d: QFormat
+    gin: QFormat | None
+    w: QFormat
+    u: QFormat
+
+
+@dataclass(frozen=True)
+class UpdateConstants:
+    """Fixed-point constants of the momentum/SC update and LWP of one stage.
+
+    u' = sat_u(round(m·u + η·δx + ηλ·w));  w' = sat_w(w − u')  without SC, or
+    w' = sat_w(w − round(a·u' + bη·δx + bηλ·w)) with SC;  ŵ = w − H·u (LWP v form).
+
+    Members
+    -------
+    momentum: m.
+    lr: η.
+    lr_wd: η·λ.
+    sc: whether Spike Compensation is on.
+    sc_a: a = m^D (Spike Compensation; 1 without SC).
+    sc_lr_b: b·η with b = (1−m^D)/(1−m) (0 without SC).
+    sc_lr_wd_b: b·η·λ.
+    lwp_horizon: H, the LWP horizon in updates (the stage's delay; 0 without LWP).
+    lwp_form: ``v`` or ``w``.
+    frac_u: common fraction bits the velocity sum is aligned to before rounding.
+    frac_v: common fraction bits the SC sum is aligned to before rounding.
+    sum_bits: width of the widest update sum (bits, ≤ 62 so int64 holds it exactly).
+    """
+
+    momentum: Const
+    lr: Const
+    lr_wd: Const
+    sc: bool
+    sc_a: Const
+    sc_lr_b: Const
+    sc_lr_wd_b: Const
+    lwp_horizon: int
+    lwp_form: str
+    frac_u: int
+    frac_v: int
+    sum_bits: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: a Linear layer with its activation, memories and update logic.
+
+    Members
+    -------
+    index: 1-based position in execution order (main stages 1..S, then auxiliary heads).
+    name: module path of the Linear layer in the user's model.
+    role: ``main`` or ``head``.
+    block: 1-based block (local/interlocking learning).
+    losses: losses that update this stage (1-based; K is the true loss).
+    in_features, out_features: N and M (elements).
+    activation: ``relu``, ``leaky_relu`` or ``identity``.
+    negative_slope: LeakyReLU slope as a constant (frac 16).
+    delay: D_s in updates (samples).
+    delay_derivation: how D_s follows from the schedule (text).
+    input_gradient: whether the stage computes ∂L/∂x (False for stage 1).
+    stash_depth: stashed samples, D_s + 1.
+    stash_bits: bits of the input stash plus the activation-derivative mask.
+    lanes: parallel MAC lanes L; lane l owns rows j ≡ l (mod L).
+    row_groups: ⌈M / L⌉ passes of the lanes over the columns.
+    cycles_per_tick: memory-bandwidth-bound cycles of the fused pass: row_groups·(N+1).
+    weight_bits, velocity_bits: memory bits of (M)×(N+1) weights/velocities (bias column last).
+    memory_bits: weight + velocity + stash (+ previous weights for LWP ``w`` form).
+    memory_blocks: 18 Kib block RAMs needed (each lane's banks rounded up separately).
+    multipliers: multipliers in the datapath (per lane: forward, input gradient, update).
+    formats: tensor formats.
+    update: update constants.
+    lfsr_seeds: per-lane LFSR seeds (non-zero, 32 bit).
+    acc_fwd_bits, acc_bwd_bits: accumulator widths of the forward and input-gradient sums.
+    """
+
+    index: int
+    name: str
+    role: str
+    block: int
+    losses: tuple[int, ...]
+    in_features: int
+    out_features: int
+    activation: str
+    negative_slope: Const
+    delay: int
+    delay_derivation: str
+    input_gradient: bool
+    stash_depth: int
+    stash_bits: int
+    lanes: int
+    row_groups: int
+    cycles_per_tick: int
+    weight_bits: int
+    velocity_bits: int
+    memory_bits: int
+    memory_blocks: int
+    multipliers: int
+    formats: StageFormats
+    update: UpdateConstants
+    lfsr_seeds: tuple[int, ...]
+    acc_fwd_bits: int
+    acc_bwd_bits: int
+
+
+@dataclass(frozen=True)
+class LossUnit:
+    """The loss unit after the last stage (docs/numerics.md, "Loss unit").
+
+    Members
+    -------
+    kind: ``cross_entropy`` or ``mse``.
+    classes: C.
+    z: format of the logits (= last stage's ``y``).
+    d: format of the error it produces (= last stage's ``d``).
+    exp_lut_frac: fl, index step 2^−fl of the exp LUT.
+    exp_frac: fe, fraction bits of the LUT entries (entry 0 = 2^fe = e^0).
+    exp_lut: the LUT: round(exp(−k·2^−fl)·2^fe), k = 0..size−1.
+    recip_frac: fr, fraction bits of the probabilities p_j.
+    mse_scale: 2/C (PyTorch MSELoss, mean reduction) as a constant.
+    cycles: cycles the loss unit adds to a tick.
+    """
+
+    kind: str
+    classes: int
+    z: QFormat
+    d: QFormat
+    exp_lut_frac: int
+    exp_frac: int
+    exp_lut: tuple[int, ...]
+    recip_frac: int
+    mse_scale: Const
+    cycles: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole design: stages, loss unit, schedule, rounding and cost totals.
+
+    Members
+    -------
+    version: plan format version.
+    name: model name.
+    in_features: input features per sample.
+    schedule, mitigation, lwp_form, strategy, distance, rule: the training algorithm.
+    rounding: ``stochastic`` or ``nearest_even`` (weight/velocity updates).
+    round_bits: R, random bits per stochastic rounding.
+    lfsr_poly: LFSR feedback polynomial including the x^width term.
+    lfsr_width: LFSR state bits.
+    lfsr_leap: LFSR steps per draw (each draw gives ``lfsr_width`` fresh bits).
+    stages: all stages (main, then heads).
+    loss: the loss unit.
+    tick_cycles: cycles per tick: slowest stage + loss unit + tick overhead.
+    ideal_cycles_per_sample: tick_cycles for ``pb``; 2S·tick_cycles for ``sequential``.
+    clock_hz: clock the throughput figure assumes.
+    samples_per_s: clock_hz / ideal_cycles_per_sample.
+    memory_bits, multipliers: totals over the stages.
+    memory_budget_bits: the budget validated against (0 = none).
+    train: the float training settings (``TrainConfig.to_dict()``, plus ``lr1``/``momentum1``).
+    """
+
+    version: int
+    name: str
+    in_features: int
+    schedule: str
+    mitigation: str
+    lwp_form: str
+    strategy: str
+    distance: int
+    rule: str
+    rounding: str
+    round_bits: int
+    lfsr_poly: int
+    lfsr_width: int
+    lfsr_leap: int
+    stages: tuple[Stage, ...]
+    loss: LossUnit
+    tick_cycles: int
+    ideal_cycles_per_sample: int
+    clock_hz: float
+    samples_per_s: float
+    memory_bits: int
+    multipliers: int
+    memory_budget_bits: int
+    train: dict[str, Any]
+
+    @property
+    def main_stages(self) -> tuple[Stage, ...]:
+        """The stages of the main network (no auxiliary heads), in order."""
+        return tuple(s for s in self.stages if s.role == "main")
+
+    @property
+    def delays(self) -> tuple[int, ...]:
+        """D_s of every stage, in order."""
+        return tuple(s.delay for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (exact: floats are kept as Python floats)."""
+        return _to_jsonable(self)
+
+    def to_json(self) -> str:
+        """Return canonical JSON (sorted keys, 2-space indent)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """Rebuild a plan from :meth:`to_dict` output. Raises ValueError on a version mismatch."""
+        if d.get("version") != PLAN_VERSION:
+            raise ValueError(
+                f"plan version {d.get('version')} is not supported (this pipetrain reads "
+                f"version {PLAN_VERSION}); recompile the model"
+            )
+        return _from_jsonable(cls, d)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Rebuild a plan from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))
+
+    @property
+    def hash(self) -> str:
+        """SHA-256 (hex, first 16 digits) of the canonical JSON: the design's identity."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def _to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def _from_jsonable(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _from_jsonable(args[0], value)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(
+            **{f.name: _from_jsonable(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)}
+        )
+    if origin is tuple:
+        (arg, *_) = typing.get_args(tp)
+        return tuple(_from_jsonable(arg, v) for v in value)
+    return value

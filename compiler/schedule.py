@@ -1,0 +1,247 @@
+"""Pipelined Backpropagation scheduling rules: delays, update maps, SC and batch-1 scaling.
+
+This module is the single source of every scheduling number in pipetrain. The compiler writes
+them into the plan; the reference trainer, the golden model and the HDL read them from there (or,
+for the float reference trainer run without a plan, from these functions directly).
+
+Sources: Kosson et al., "Pipelined Backpropagation at Scale", MLSys 2021 (arXiv 2003.11666) §3
+(PB, Spike Compensation, Linear Weight Prediction); Gomez et al., "Interlocking
+Backpropagation", JMLR 23 (2022) §3 (local and interlocking learning). The tick model and the
+batch-1 scaling rules are *derived* (``shared/DESIGN.md`` §2.1, §2.3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "SCHEDULES",
+    "MITIGATIONS",
+    "LWP_FORMS",
+    "STRATEGIES",
+    "RULES",
+    "pb_delay",
+    "StageRole",
+    "stage_layout",
+    "update_losses",
+    "spike_compensation",
+    "batch1_scaling",
+    "naive_overshoot",
+]
+
+SCHEDULES = ("pb", "sequential")
+MITIGATIONS = ("none", "sc", "lwp", "sc+lwp")
+LWP_FORMS = ("v", "w")
+STRATEGIES = ("global", "local", "interlocking")
+RULES = ("only", "sum")
+
+
+def pb_delay(num_stages: int, stage: int) -> int:
+    """Return the PB delay D_s = 2(S−s)+1 of 1-based ``stage`` in a pipeline of ``num_stages``.
+
+    Units: weight updates (= samples, one update per sample per stage).
+    Source: *derived* tick model, DESIGN §2.1 (forward of sample n at tick n+s−1, backward at
+    tick n+2S−s).
+
+    Raises :class:`ValueError` if ``stage`` is not in 1..S.
+    """
+    if not 1 <= stage <= num_stages:
+        raise ValueError(f"stage {stage} is outside 1..{num_stages}")
+    return 2 * (num_stages - stage) + 1
+
+
+def update_losses(
+    num_blocks: int, block: int, strategy: str, distance: int = 0, rule: str = "only"
+) -> tuple[int, ...]:
+    """Return the 1-based indices of the losses that update the weights of 1-based ``block``.
+
+    ``strategy`` is ``global`` (every block gets L_K), ``local`` (block k gets L_k) or
+    ``interlocking`` with ``distance`` d: rule ``only`` gives L_min(k+d, K), rule ``sum`` gives
+    L_k … L_min(k+d, K). Source: Gomez et al. 2022 §3 and the reference code's "only" rule;
+    the K=5 table of DESIGN §2.4.
+
+    Raises :class:`ValueError` for an unknown strategy/rule, a negative distance or a block
+    outside 1..K.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; supported: {', '.join(STRATEGIES)}")
+    if rule not in RULES:
+        raise ValueError(f"unknown interlocking rule {rule!r}; supported: {', '.join(RULES)}")
+    if not 1 <= block <= num_blocks:
+        raise ValueError(f"block {block} is outside 1..{num_blocks}")
+    if distance < 0:
+        raise ValueError(f"interlocking distance must be ≥ 0, got {distance}")
+    if strategy == "global":
+        return (num_blocks,)
+    d = 0 if strategy == "local" else distance
+    target = min(block + d, num_blocks)
+    if rule == "sum" and strategy == "interlocking":
+        return tuple(range(block, target + 1))
+    return (target,)
+
+
+@dataclass(frozen=True)
+class StageRole:
+    """Where one weight stage sits in the (possibly blockwise) pipeline.
+
+    Members
+    -------
+    position: int
+        1-based index among all stages in execution order (main stages first, then heads).
+    block: int
+        1-based block the stage belongs to (heads belong to the block they follow).
+    head: bool
+        True for an auxiliary-head stage.
+    losses: tuple[int, ...]
+        Losses that update this stage's weights (1-based; K is the true loss).
+    delay: int
+        D_s in updates: 2 × (stages between this one and its farthest updating loss, head
+        stages included) + 1 (DESIGN §2.4, *derived*).
+    derivation: str
+        The delay's derivation, for the plan report.
+    """
+
+    position: int
+    block: int
+    head: bool
+    losses: tuple[int, ...]
+    delay: int
+    derivation: str
+
+
+def stage_layout(
+    num_main_stages: int,
+    schedule: str = "pb",
+    strategy: str = "global",
+    block_ends: Sequence[int] = (),
+    distance: int = 0,
+    rule: str = "only",
+    head_stages: int = 1,
+) -> list[StageRole]:
+    """Return the role and delay of every stage: main stages 1..S, then one head per block < K.
+
+    ``block_ends`` are the 1-based main stages after which a block ends (an auxiliary head is
+    attached there); the last block always ends at stage S. ``head_stages`` is the number of
+    weight stages in each auxiliary head (default 1: one Linear layer to the classes).
+    With ``schedule="sequential"`` every delay is 0 (exact batch-1 SGD).
+
+    Raises :class:`ValueError` for an unknown schedule, block ends that are not strictly
+    increasing inside 1..S−1, or blocks given with the ``global`` strategy and no heads needed.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; supported: {', '.join(SCHEDULES)}")
+    if num_main_stages < 1:
+        raise ValueError("a pipeline needs at least one weight stage")
+    ends = list(block_ends)
+    if strategy == "global":
+        ends = []
+    if any(not 1 <= e < num_main_stages for e in ends) or ends != sorted(set(ends)):
+        raise ValueError(
+            f"block boundaries {list(block_ends)} must be strictly increasing stage numbers in "
+            f"1..{num_main_stages - 1} (the last block always ends at stage {num_main_stages})"
+        )
+    if strategy != "global" and not ends:
+        raise ValueError(
+            f"strategy {strategy!r} needs at least one block boundary (e.g. --blocks 1)"
+        )
+    ends.append(num_main_stages)
+    num_blocks = len(ends)
+
+    def block_of(stage: int) -> int:
+        return next(k for k, e in enumerate(ends, start=1) if stage <= e)
+
+    def loss_distance(block_t: int) -> int:
+        # stages from the end of block t to its loss: the head for t < K, nothing for K
+        return ends[block_t - 1], (head_stages if block_t < num_blocks else 0)
+
+    roles: list[StageRole] = []
+    for s in range(1, num_main_stages + 1):
+        k = block_of(s)
+        losses = update_losses(num_blocks, k, strategy, distance, rule)
+        if schedule == "sequential":
+            roles.append(StageRole(s, k, False, losses, 0, "sequential schedule: D = 0"))
+            continue
+        counts = []
+        for t in losses:
+            end_t, head_t = loss_distance(t)
+            counts.append((end_t - s) + head_t)
+        between = max(counts)
+        t = losses[counts.index(between)]
+        end_t, head_t = loss_distance(t)
+        derivation = (
+            f"2·(({end_t}−{s}) stages to the end of block {t} + {head_t} head stages)+1"
+            if t < num_blocks
+            else f"2·(S−s)+1 = 2·({num_main_stages}−{s})+1"
+        )
+        roles.append(StageRole(s, k, False, losses, 2 * between + 1, derivation))
+    position = num_main_stages
+    for k in range(1, num_blocks):
+        for h in range(1, head_stages + 1):
+            position += 1
+            if schedule == "sequential":
+                delay, why = 0, "sequential schedule: D = 0"
+            else:
+                delay = 2 * (head_stages - h) + 1
+                why = f"head stage {h} of {head_stages}: 2·({head_stages}−{h})+1"
+            trained_by = (num_blocks,) if strategy == "global" else (k,)
+            roles.append(StageRole(position, k, True, trained_by, delay, why))
+    return roles
+
+
+def spike_compensation(momentum: float, delay: int) -> tuple[float, float]:
+    """Return the Spike Compensation coefficients (a, b) = (m^D, (1−m^D)/(1−m)).
+
+    The update becomes w ← w − η·(a·v + b·g). D=0 gives (1, 0), plain momentum; D=1 gives
+    (m, 1), exactly PyTorch's Nesterov momentum. For m = 0 the limit b = D·… is handled
+    (b = 1 for D ≥ 1, since m^D = 0). Source: Kosson et al. 2021 §3.2.
+
+    Raises :class:`ValueError` for a negative delay or a momentum outside [0, 1).
+    """
+    if delay < 0:
+        raise ValueError(f"delay must be ≥ 0, got {delay}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    a = momentum**delay
+    b = sum(momentum**i for i in range(delay))  # (1 − m^D)/(1 − m), exact also for m = 0
+    return a, b
+
+
+def batch1_scaling(lr_ref: float, momentum_ref: float, batch_ref: int) -> tuple[float, float]:
+    """Scale reference hyperparameters at batch ``batch_ref`` to batch size 1.
+
+    Returns (η₁, m₁) with m₁ = m_ref^(1/B_ref) and η₁ = η_ref·(1/B_ref)·(1−m₁)/(1−m_ref), so
+    the effective step η/(1−m) per sample and the momentum's memory in samples are kept.
+    Weight decay is unchanged. Source: *derived*, DESIGN §2.3.
+
+    Raises :class:`ValueError` for batch_ref < 1 or a momentum outside [0, 1).
+    """
+    if batch_ref < 1:
+        raise ValueError(f"reference batch size must be ≥ 1, got {batch_ref}")
+    if not 0.0 <= momentum_ref < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum_ref}")
+    if momentum_ref == 0.0:
+        return lr_ref / batch_ref, 0.0
+    m1 = momentum_ref ** (1.0 / batch_ref)
+    lr1 = lr_ref / batch_ref * (1.0 - m1) / (1.0 - momentum_ref)
+    return lr1, m1
+
+
+def naive_overshoot(momentum_ref: float, batch_ref: int) -> float:
+    """Return how far the naive rule (η linear, m by the root) overshoots the effective step.
+
+    The factor is (1−m_ref)/(1−m₁), ≈121 for B_ref=128, m_ref=0.9 (DESIGN §2.3).
+    """
+    m1 = momentum_ref ** (1.0 / batch_ref)
+    return (1.0 - momentum_ref) / (1.0 - m1) if momentum_ref > 0 else 1.0
+
+
+def lwp_horizon(delay: int, mitigation: str) -> int:
+    """Return the LWP prediction horizon (the stage's delay if LWP is on, else 0)."""
+    return delay if "lwp" in mitigation else 0
+
+
+def ceil_log2(n: int) -> int:
+    """Return ⌈log2 n⌉ for n ≥ 1 (0 for n = 1)."""
+    return max(0, math.ceil(math.log2(n))) if n > 1 else 0

@@ -1,0 +1,88 @@
+"""The ``pipetrain`` command line: one command, one subcommand per job.
+
+Every subcommand takes ``--json FILE`` (``-`` for stdout) and writes its machine-readable result
+there. Errors in the user's input (model, data, settings) exit with status 2 and one clear
+message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from ..compiler.config import ConfigError
+from ..compiler.models import ModelError
+from .data import DataError
+
+__all__ = ["main", "cli", "json_option", "emit_json", "USER_ERRORS"]
+
+#: Exceptions that mean "bad input": reported as one line, exit status 2.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ModelError, DataError)
+
+
+def register_user_error(exc: type[Exception]) -> None:
+    """Add an exception type that the CLI reports as a clear user error (exit status 2)."""
+    global USER_ERRORS
+    if exc not in USER_ERRORS:
+        USER_ERRORS = (*USER_ERRORS, exc)
+
+
+def emit_json(target: str | None, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON to ``target`` (a path, ``-`` for stdout, None for nowhere)."""
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, sort_keys=False, default=str)
+    if target == "-":
+        click.echo(text)
+    else:
+        with open(target, "w") as f:
+            f.write(text + "\n")
+
+
+def json_option(func: Callable) -> Callable:
+    """Add ``--json FILE`` to a subcommand (the result dict is passed as ``json_out``)."""
+    return click.option(
+        "--json",
+        "json_out",
+        type=str,
+        default=None,
+        metavar="FILE",
+        help="Write machine-readable results to FILE ('-' for stdout).",
+    )(func)
+
+
+def user_errors(func: Callable) -> Callable:
+    """Turn :data:`USER_ERRORS` raised by ``func`` into a clean message and exit status 2."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USER_ERRORS as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def info(message: str, json_out: str | None) -> None:
+    """Print human-readable output; to stderr when JSON goes to stdout."""
+    click.echo(message, err=(json_out == "-"))
+
+
+@click.group()
+@click.version_option(package_name="pipetrain")
+def cli() -> None:
+    """pipetrain: generate FPGA hardware that trains a PyTorch network on chip."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    from . import commands  # noqa: F401  (registers the subcommands)
+
+    cli()

@@ -1,0 +1,1 @@
+"""Registers every subcommand on :data:`pipetrain.host.cli.cli` (imported by ``main``)."""

@@ -1,0 +1,121 @@
+"""Datasets: scikit-learn's 8×8 digits (embedded default) and a user's ``.npz`` file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["Dataset", "DataError", "load_data", "load_digits", "load_npz"]
+
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0
+
+
+class DataError(ValueError):
+    """A dataset is missing or malformed; the message names the key, shape or dtype at fault."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train/test tensors: ``x_*`` float32 (samples, features), ``y_*`` int64 (samples,)."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def features(self) -> int:
+        """Input features per sample."""
+        return int(self.x_train.shape[1])
+
+    @property
+    def classes(self) -> int:
+        """Number of classes (max label + 1 over train and test)."""
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def load_digits() -> Dataset:
+    """Return scikit-learn's 8×8 digits: 1437 train / 360 test samples, 64 features, 10 classes.
+
+    Split: ``train_test_split(test_size=0.2, random_state=0, stratify=y)``. Scaling: pixel
+    values 0..16 divided by 16, so features lie in [0, 1].
+    """
+    from sklearn.datasets import load_digits as _load
+    from sklearn.model_selection import train_test_split
+
+    bunch = _load()
+    x = (bunch.data / 16.0).astype(np.float32)
+    y = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, y, test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SPLIT_SEED, stratify=y
+    )
+    return Dataset(
+        "digits",
+        torch.from_numpy(x_tr),
+        torch.from_numpy(y_tr),
+        torch.from_numpy(x_te),
+        torch.from_numpy(y_te),
+    )
+
+
+def load_npz(path: str | Path) -> Dataset:
+    """Load ``x_train, y_train, x_test, y_test`` from an ``.npz`` file.
+
+    ``x_*`` must be 2-D real arrays with the same feature count; ``y_*`` 1-D integer labels ≥ 0
+    with as many entries as their ``x``. Raises :class:`DataError` naming what is wrong.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {str(path)!r} does not exist")
+    try:
+        arrays = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(f"{str(path)!r} is not a readable .npz file: {exc}") from exc
+    need = ("x_train", "y_train", "x_test", "y_test")
+    missing = [k for k in need if k not in arrays.files]
+    if missing:
+        raise DataError(
+            f"{str(path)!r} lacks array(s) {', '.join(missing)}; it has "
+            f"{', '.join(arrays.files) or 'none'} (need {', '.join(need)})"
+        )
+    out = {}
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim != 2:
+            raise DataError(f"x_{split} must be 2-D (samples, features), got shape {x.shape}")
+        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+            raise DataError(f"x_{split} must be a real number array, got dtype {x.dtype}")
+        if y.ndim != 1:
+            raise DataError(f"y_{split} must be 1-D class labels, got shape {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"y_{split} must hold integer class labels, got dtype {y.dtype}")
+        if len(y) != len(x):
+            raise DataError(f"x_{split} has {len(x)} samples but y_{split} has {len(y)}")
+        if len(y) == 0:
+            raise DataError(f"x_{split} is empty")
+        if y.min() < 0:
+            raise DataError(f"y_{split} has negative labels (min {y.min()})")
+        if not np.all(np.isfinite(x)):
+            raise DataError(f"x_{split} contains NaN or infinite values")
+        out[f"x_{split}"] = torch.from_numpy(x.astype(np.float32))
+        out[f"y_{split}"] = torch.from_numpy(y.astype(np.int64))
+    if out["x_train"].shape[1] != out["x_test"].shape[1]:
+        raise DataError(
+            f"x_train has {out['x_train'].shape[1]} features but x_test has "
+            f"{out['x_test'].shape[1]}"
+        )
+    return Dataset(path.stem, **out)
+
+
+def load_data(spec: str) -> Dataset:
+    """Return the dataset for ``digits`` or a path to an ``.npz`` file."""
+    if spec == "digits":
+        return load_digits()
+    if spec.endswith(".npz"):
+        return load_npz(spec)
+    raise DataError(f"unknown data {spec!r}: use 'digits' or a path to a .npz file")
