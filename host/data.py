@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Dataset", "DataError", "load_data", "load_digits", "load_npz"]
+__all__ = ["Dataset", "DataError", "epoch_order", "load_data", "load_digits", "load_npz"]
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
@@ -119,3 +119,14 @@ def load_data(spec: str) -> Dataset:
     if spec.endswith(".npz"):
         return load_npz(spec)
     raise DataError(f"unknown data {spec!r}: use 'digits' or a path to a .npz file")
+
+
+def epoch_order(samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """Return the order (int64, shape (samples,)) in which an epoch streams the training set.
+
+    Epoch ``e`` uses ``torch.randperm`` with a generator seeded ``seed·1000003 + e``. Every
+    trainer (reference, golden, RTL via the host) uses this one function, so the same seed
+    streams the same samples in the same order to every target.
+    """
+    gen = torch.Generator().manual_seed(seed * 1000003 + epoch)
+    return torch.randperm(samples, generator=gen)
