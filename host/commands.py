@@ -1,1 +1,2 @@
 """Registers every subcommand on :data:`pipetrain.host.cli.cli` (imported by ``main``)."""
+from . import cmd_sim  # noqa: F401
