@@ -1,2 +1,3 @@
 """Registers every subcommand on :data:`pipetrain.host.cli.cli` (imported by ``main``)."""
 from . import cmd_sim  # noqa: F401
+from . import cmd_build  # noqa: F401

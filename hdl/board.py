@@ -1,0 +1,159 @@
+"""Board tops: board clock, UART pins, heartbeat LED, and a byte-stream core behind the UART.
+
+A board top wires ``UART RX → core.i`` and ``core.o → UART TX``, where the core is any
+``lib.wiring`` component with an 8-bit byte stream in (``i``) and out (``o``): the link engine
+in front of :class:`~pipetrain.hdl.top.NetworkTop` for a training design
+(:func:`network_core`), or a FIFO loopback (:class:`Loopback`) to prove a board's UART and
+toolchain flow without a network.
+
+Clocking: the design runs on the board oscillator (ULX3S 25 MHz, iCEBreaker 12 MHz) through the
+platform's default ``sync`` domain (power-on reset from the platform). No PLL: *derived* — a
+training sample costs ``plan.tick_cycles`` cycles (≈ 2 150 for ``mlp-digits`` with one lane,
+≈ 86 µs at 25 MHz, ≈ 11 600 samples/s) while the UART carries ≈ 2·64 + framing bytes per sample
+(≈ 1 400 bits, ≈ 700 samples/s at 1 Mbaud). The link, not the clock, bounds samples/s; a faster
+clock would only cost timing margin.
+
+LEDs: ``led 0`` heartbeat (≈ 1 Hz, proves the bitstream runs), ``led 1`` UART activity
+(stretched RX/TX), ``led 2`` (boards with more LEDs) latched framing error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from amaranth import Cat, Elaboratable, Module, Signal
+from amaranth.build import ResourceError
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .boards import Board
+from .uart import UARTRx, UARTTx, uart_divisor
+
+__all__ = ["BoardTop", "Loopback", "byte_core_signature", "network_core"]
+
+
+def byte_core_signature() -> wiring.Signature:
+    """Signature of a core behind the UART: ``i`` bytes from the host, ``o`` bytes to it."""
+    return wiring.Signature({"i": In(stream.Signature(8)), "o": Out(stream.Signature(8))})
+
+
+class Loopback(wiring.Component):
+    """Echo every byte back through a FIFO (proves UART, pins and clock on a board).
+
+    Parameters
+    ----------
+    depth: FIFO depth in bytes.
+
+    Members
+    -------
+    i: ``In(stream.Signature(8))`` bytes from the host.
+    o: ``Out(stream.Signature(8))`` the same bytes, in order.
+    """
+
+    def __init__(self, depth: int = 16) -> None:
+        self.depth = depth
+        super().__init__(byte_core_signature())
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=8, depth=self.depth)
+        wiring.connect(m, wiring.flipped(self.i), q.w_stream)
+        wiring.connect(m, q.r_stream, wiring.flipped(self.o))
+        return m
+
+
+def network_core(plan: Any) -> wiring.Component:
+    """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core.
+
+    Raises :class:`ImportError` while :mod:`pipetrain.hdl.link` or :mod:`pipetrain.hdl.top`
+    are not available.
+    """
+    from .link import board_core
+
+    return board_core(plan)
+
+
+class BoardTop(Elaboratable):
+    """The top of a board build: UART ↔ core, heartbeat LED.
+
+    Parameters
+    ----------
+    board: the target (:data:`pipetrain.hdl.boards.BOARDS`), gives the clock (Hz).
+    core: a byte-stream component (``i``/``o``, see :func:`byte_core_signature`) or a
+        zero-argument factory returning one.
+    baud: UART rate (bit/s), default ``board.baud``; :class:`~pipetrain.hdl.uart.UARTError`
+        when the board clock cannot make it within 2 %.
+    fifo_depth: RX FIFO depth (bytes) between the UART and the core, so the core may stall for
+        up to ``fifo_depth`` byte times without an overrun.
+
+    Members (simulation only, when elaborated without a platform)
+    -------
+    rx_pin, tx_pin: the UART lines (idle high).
+    led_pins: ``Cat(heartbeat, activity, framing error)``.
+    """
+
+    def __init__(
+        self,
+        board: Board,
+        core: wiring.Component | Callable[[], wiring.Component],
+        baud: int | None = None,
+        fifo_depth: int = 64,
+    ) -> None:
+        self.board = board
+        self.baud = int(baud or board.baud)
+        self.divisor = uart_divisor(board.clock_hz, self.baud)
+        self._core = core
+        self.fifo_depth = fifo_depth
+        # Without a platform (simulation) the pins are these signals instead.
+        self.rx_pin = Signal(init=1)
+        self.tx_pin = Signal(init=1)
+        self.led_pins = Signal(3)
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        core = (
+            self._core()
+            if callable(self._core) and not isinstance(self._core, wiring.Component)
+            else self._core
+        )
+        m.submodules.core = core
+        m.submodules.uart_rx = rx = UARTRx(self.divisor)
+        m.submodules.uart_tx = tx = UARTTx(self.divisor)
+        m.submodules.rx_fifo = q = fifo.SyncFIFOBuffered(width=8, depth=self.fifo_depth)
+        wiring.connect(m, rx.o, q.w_stream)
+        wiring.connect(m, q.r_stream, core.i)
+        wiring.connect(m, core.o, tx.i)
+
+        # heartbeat ≈ 1 Hz; activity LED stretched to ≈ 20 ms
+        clk_hz = int(self.board.clock_hz)
+        beat = Signal(range(clk_hz // 2 + 1))
+        led_beat = Signal()
+        with m.If(beat == clk_hz // 2 - 1):
+            m.d.sync += [beat.eq(0), led_beat.eq(~led_beat)]
+        with m.Else():
+            m.d.sync += beat.eq(beat + 1)
+        stretch = Signal(range(clk_hz // 50 + 1))
+        with m.If((rx.o.valid & rx.o.ready) | (tx.i.valid & tx.i.ready)):
+            m.d.sync += stretch.eq(clk_hz // 50)
+        with m.Elif(stretch != 0):
+            m.d.sync += stretch.eq(stretch - 1)
+        frame_err = Signal()
+        with m.If(rx.framing_error | rx.overrun):
+            m.d.sync += frame_err.eq(1)
+
+        if platform is None:
+            m.d.comb += [rx.rx.eq(self.rx_pin), self.tx_pin.eq(tx.tx)]
+            m.d.comb += self.led_pins.eq(Cat(led_beat, stretch != 0, frame_err))
+        else:
+            uart = platform.request("uart", 0)
+            m.d.comb += [rx.rx.eq(uart.rx.i), uart.tx.o.eq(tx.tx)]
+            leds = []
+            for i in range(3):
+                try:
+                    leds.append(platform.request("led", i))
+                except ResourceError:  # fewer LEDs on this board
+                    break
+            for led, sig in zip(leds, (led_beat, stretch != 0, frame_err), strict=False):
+                m.d.comb += led.o.eq(sig)
+        return m

@@ -1,0 +1,241 @@
+"""Supported dev boards, their resource budgets, and the plan-fits-the-board check.
+
+Budgets are the device's totals as nextpnr counts them (the same names appear in the build
+report), from the vendor data sheets:
+
+- ``ulx3s-85f``: Lattice ECP5 LFE5U-85F-6 (CABGA381) — 83 640 LUT4 / 83 640 FF, 156 18×18
+  multipliers (MULT18X18D), 208 DP16KD block RAMs of 18 Kib (3 744 Kib). Lattice FPGA-DS-02012
+  (ECP5 family data sheet), Table 1.1. 25 MHz oscillator, FT231X USB-serial.
+- ``icebreaker``: Lattice iCE40 UltraPlus iCE40UP5K-SG48 — 5 280 LUT4 / 5 280 FF, 8 SB_MAC16
+  DSPs (16×16), 30 EBR of 4 Kib (120 Kib) and 4 SPRAM of 256 Kib (1 Mib, single-port 16 K ×
+  16). Lattice FPGA-DS-02008 (iCE40 UltraPlus data sheet), Table 1.1. 12 MHz oscillator,
+  FT2232H USB-serial.
+
+The fit check (:func:`check_fit`) compares the plan's totals (``memory_bits``, ``multipliers``,
+the stages' ``memory_blocks`` of 18 Kib) with what the design can use on the board and raises
+:class:`BoardFitError` with needed vs available numbers. It is a necessary check, not a
+sufficient one: routing and LUT use are only known after place and route.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "Board",
+    "BoardError",
+    "BoardFitError",
+    "BOARDS",
+    "get_board",
+    "check_fit",
+    "plan_totals",
+    "PLAN_BLOCK_BITS",
+]
+
+#: The plan counts block RAMs in units of 18 Kib (``compiler.build.BLOCK_RAM_BITS``).
+PLAN_BLOCK_BITS = 18 * 1024
+
+
+class BoardError(ValueError):
+    """Unknown board name, or a board setting (clock, baud) that cannot work."""
+
+
+class BoardFitError(BoardError):
+    """The plan needs more of a resource than the board has (message: needed vs available)."""
+
+
+@dataclass(frozen=True)
+class Board:
+    """One supported board.
+
+    Members
+    -------
+    name: CLI name (``--board``).
+    description: human-readable board and device.
+    family: ``ecp5`` or ``ice40`` (selects the nextpnr flavour and packer).
+    device: FPGA part as nextpnr names it.
+    platform: ``module:Class`` of the amaranth-boards platform.
+    clock_hz: board oscillator frequency (Hz); the design runs on it directly (no PLL: the UART
+        link, not the compute, limits samples/s — see ``docs`` in :mod:`pipetrain.hdl.board`).
+    baud: default UART baud rate (bit/s); ``clock_hz / baud`` must be within 2 % of an integer.
+    luts, ffs: LUT4s and flip-flops.
+    multipliers: hard multipliers (ECP5 MULT18X18D, iCE40 SB_MAC16).
+    multiplier_width: widest signed operand one hard multiplier takes (bits).
+    bram_blocks, bram_block_bits: block RAMs and bits per block (ECP5 DP16KD 18 Kib, iCE40 EBR
+        4 Kib).
+    spram_blocks, spram_block_bits: iCE40 single-port RAMs (0 where absent).
+    bitstream_ext: the file the programmer takes (``bit`` or ``bin``).
+    synth_opts: extra options for Yosys' ``synth_<family>`` (``-dsp`` on iCE40 maps multipliers
+        to SB_MAC16).
+    """
+
+    name: str
+    description: str
+    family: str
+    device: str
+    platform: str
+    clock_hz: float
+    baud: int
+    luts: int
+    ffs: int
+    multipliers: int
+    multiplier_width: int
+    bram_blocks: int
+    bram_block_bits: int
+    spram_blocks: int
+    spram_block_bits: int
+    bitstream_ext: str
+    synth_opts: str = ""
+
+    @property
+    def bram_bits(self) -> int:
+        """Total block-RAM bits (EBR/DP16KD), excluding SPRAM."""
+        return self.bram_blocks * self.bram_block_bits
+
+    @property
+    def spram_bits(self) -> int:
+        """Total SPRAM bits (iCE40 UltraPlus; 0 elsewhere)."""
+        return self.spram_blocks * self.spram_block_bits
+
+    def platform_class(self) -> type:
+        """Import and return the amaranth-boards platform class.
+
+        Raises :class:`BoardError` when amaranth-boards is not installed (``pip install
+        pipetrain[boards]``).
+        """
+        module, cls = self.platform.split(":")
+        try:
+            return getattr(importlib.import_module(module), cls)
+        except ImportError as exc:
+            raise BoardError(
+                f"board {self.name!r} needs amaranth-boards: pip install 'pipetrain[boards]' "
+                f"({exc})"
+            ) from exc
+
+    def budget(self) -> dict[str, int]:
+        """Return the budget as a flat dict (the ``list-boards`` JSON)."""
+        return {
+            "luts": self.luts,
+            "ffs": self.ffs,
+            "multipliers": self.multipliers,
+            "multiplier_width": self.multiplier_width,
+            "bram_blocks": self.bram_blocks,
+            "bram_block_bits": self.bram_block_bits,
+            "bram_bits": self.bram_bits,
+            "spram_blocks": self.spram_blocks,
+            "spram_bits": self.spram_bits,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return every field plus the derived budget totals."""
+        return asdict(self) | {"bram_bits": self.bram_bits, "spram_bits": self.spram_bits}
+
+
+BOARDS: dict[str, Board] = {
+    b.name: b
+    for b in (
+        Board(
+            name="ulx3s-85f",
+            description="Radiona ULX3S, Lattice ECP5 LFE5U-85F",
+            family="ecp5",
+            device="LFE5U-85F",
+            platform="amaranth_boards.ulx3s:ULX3S_85F_Platform",
+            clock_hz=25e6,
+            baud=1_000_000,
+            luts=83_640,
+            ffs=83_640,
+            multipliers=156,
+            multiplier_width=18,
+            bram_blocks=208,
+            bram_block_bits=18 * 1024,
+            spram_blocks=0,
+            spram_block_bits=0,
+            bitstream_ext="bit",
+        ),
+        Board(
+            name="icebreaker",
+            description="1BitSquared iCEBreaker, Lattice iCE40UP5K",
+            family="ice40",
+            device="iCE40UP5K",
+            platform="amaranth_boards.icebreaker:ICEBreakerPlatform",
+            clock_hz=12e6,
+            baud=1_000_000,
+            luts=5_280,
+            ffs=5_280,
+            multipliers=8,
+            multiplier_width=16,
+            bram_blocks=30,
+            bram_block_bits=4 * 1024,
+            spram_blocks=4,
+            spram_block_bits=256 * 1024,
+            bitstream_ext="bin",
+            synth_opts="-dsp",
+        ),
+    )
+}
+
+
+def get_board(name: str) -> Board:
+    """Return the board called ``name``; :class:`BoardError` lists the known ones otherwise."""
+    try:
+        return BOARDS[name]
+    except KeyError:
+        raise BoardError(f"unknown board {name!r}; known boards: {', '.join(BOARDS)}") from None
+
+
+def plan_totals(plan: Any) -> dict[str, int]:
+    """Return the plan's ``memory_bits``, ``multipliers`` and ``memory_blocks`` (18 Kib units;
+    the sum over stages when the plan has no total)."""
+    blocks = getattr(plan, "memory_blocks", None)
+    if blocks is None:
+        blocks = sum(s.memory_blocks for s in plan.stages)
+    return {
+        "memory_bits": int(plan.memory_bits),
+        "multipliers": int(plan.multipliers),
+        "memory_blocks": int(blocks),
+    }
+
+
+def check_fit(plan: Any, board: Board, *, use_spram: bool = False) -> dict[str, dict[str, int]]:
+    """Check the plan against the board's budget; return ``{resource: {needed, available}}``.
+
+    - multipliers: ``plan.multipliers`` vs the board's hard multipliers.
+    - memory bits: ``plan.memory_bits`` vs block RAM bits (+ SPRAM if ``use_spram``: the
+      weight memories are read and written in the same cycle, so single-port SPRAM is only
+      usable by a design that maps memories onto it explicitly).
+    - memory blocks: the plan's 18 Kib blocks, as bits, vs block RAM bits (each lane's
+      memories are rounded up to whole blocks, so this is the tighter check on ECP5).
+
+    Raises :class:`BoardFitError` naming every resource that does not fit, with needed vs
+    available numbers.
+    """
+    t = plan_totals(plan)
+    ram_bits = board.bram_bits + (board.spram_bits if use_spram else 0)
+    ram_name = "block RAM" + (" + SPRAM" if use_spram else "")
+    rows = {
+        "multipliers": {"needed": t["multipliers"], "available": board.multipliers},
+        "memory_bits": {"needed": t["memory_bits"], "available": ram_bits},
+        "memory_block_bits": {
+            "needed": t["memory_blocks"] * PLAN_BLOCK_BITS,
+            "available": ram_bits,
+        },
+    }
+    problems = []
+    if t["multipliers"] > board.multipliers:
+        problems.append(f"{t['multipliers']} multipliers needed, {board.multipliers} available")
+    if t["memory_bits"] > ram_bits:
+        problems.append(f"{t['memory_bits']} memory bits needed, {ram_bits} available ({ram_name})")
+    elif rows["memory_block_bits"]["needed"] > ram_bits:
+        problems.append(
+            f"{t['memory_blocks']} block RAMs of 18 Kib needed "
+            f"({rows['memory_block_bits']['needed']} bits), {ram_bits} bits available ({ram_name})"
+        )
+    if problems:
+        raise BoardFitError(
+            f"{getattr(plan, 'name', 'the design')} does not fit {board.name} "
+            f"({board.description}): " + "; ".join(problems) + ". Use fewer lanes, narrower "
+            "formats or a smaller network, or a bigger board"
+        )
+    return rows

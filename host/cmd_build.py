@@ -1,0 +1,409 @@
+"""``pipetrain build``, ``deploy`` and ``list-boards``: bitstreams with the open toolchain.
+
+``build MODEL --board NAME`` compiles the model to a plan (clock = the board's), checks that it
+fits the board (:func:`pipetrain.hdl.boards.check_fit`), elaborates the board top (UART ↔ link
+engine ↔ ``NetworkTop(plan)``), and runs Yosys → nextpnr → icepack/ecppack through Amaranth's
+Lattice platform. The result is read from nextpnr's ``--report report.json``: achieved vs
+constrained Fmax and utilisation. A build whose inputs (every generated file, the build script
+and the tool commands) are unchanged is reused from ``DIR/build.json`` unless ``--force``.
+
+``deploy BITSTREAM --board NAME`` loads a bitstream with openFPGALoader (ULX3S) or iceprog
+(iCEBreaker); ``--dry-run`` prints the command only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..hdl.boards import BOARDS, Board, BoardError, check_fit, get_board, plan_totals
+from ..hdl.uart import UARTError
+from . import toolchain
+from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
+from .toolchain import ToolchainError
+
+__all__ = [
+    "BuildError",
+    "build_design",
+    "parse_report",
+    "plan_for_board",
+    "deploy_bitstream",
+]
+
+for _exc in (BoardError, UARTError, ToolchainError):
+    register_user_error(_exc)
+
+
+class BuildError(ToolchainError):
+    """A tool in the build failed or timed out; the message quotes its first error line."""
+
+
+register_user_error(BuildError)
+
+#: nextpnr report cell names → report keys (per family).
+_UTIL_KEYS: dict[str, dict[str, str]] = {
+    "ecp5": {
+        "luts": "TRELLIS_COMB",
+        "ffs": "TRELLIS_FF",
+        "multipliers": "MULT18X18D",
+        "bram_blocks": "DP16KD",
+        "lutram": "TRELLIS_RAMW",
+        "io": "TRELLIS_IO",
+    },
+    "ice40": {
+        "luts": "ICESTORM_LC",
+        "multipliers": "ICESTORM_DSP",
+        "bram_blocks": "ICESTORM_RAM",
+        "spram_blocks": "ICESTORM_SPRAM",
+        "io": "SB_IO",
+    },
+}
+
+
+def parse_report(report: dict[str, Any], family: str, yosys_log: str = "") -> dict[str, Any]:
+    """Return ``{"fmax_mhz", "clock_mhz", "clocks", "utilization"}`` from a nextpnr report.
+
+    ``report`` is nextpnr's ``--report`` JSON (``fmax: {clock: {achieved, constraint}}`` in MHz,
+    ``utilization: {cell type: {used, available}}``). ``fmax_mhz``/``clock_mhz`` are those of the
+    slowest-achieving clock. Utilisation keys: ``luts``, ``ffs``, ``multipliers``,
+    ``bram_blocks`` (+ ``spram_blocks``, ``lutram``, ``io``), each ``{used, available}``; on
+    iCE40 (LUT and FF share a logic cell) ``ffs.used`` is counted from the Yosys log's ``SB_DFF*``
+    cells. ``raw`` keeps every cell type.
+    """
+    clocks = {
+        name: {"achieved_mhz": v["achieved"], "constraint_mhz": v["constraint"]}
+        for name, v in report.get("fmax", {}).items()
+    }
+    if clocks:
+        worst = min(clocks.values(), key=lambda c: c["achieved_mhz"] - c["constraint_mhz"])
+        fmax, clock = worst["achieved_mhz"], worst["constraint_mhz"]
+    else:  # a purely combinational design has no clock
+        fmax = clock = float("nan")
+    raw = report.get("utilization", {})
+    util: dict[str, Any] = {}
+    for key, cell in _UTIL_KEYS[family].items():
+        if cell in raw:
+            util[key] = {"used": raw[cell]["used"], "available": raw[cell]["available"]}
+    if family == "ice40" and "luts" in util:
+        util["ffs"] = {"used": _ice40_ffs(yosys_log), "available": util["luts"]["available"]}
+    util["raw"] = raw
+    return {"fmax_mhz": fmax, "clock_mhz": clock, "clocks": clocks, "utilization": util}
+
+
+def _ice40_ffs(yosys_log: str) -> int:
+    """Sum the ``SB_DFF*`` cell counts of the last ``stat`` block in a Yosys log."""
+    # Yosys ≥ 0.5x ends with "Count including submodules" blocks; older ones "Number of cells"
+    last = max(yosys_log.rfind("Count including submodules"), yosys_log.rfind("Number of cells"))
+    text = yosys_log[last:] if last >= 0 else yosys_log
+    end = text.find("Executing")
+    text = text if end < 0 else text[:end]
+    total = 0
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:(\d+)\s+(?:[\d.]+\s+)?(SB_DFF\w*)|(SB_DFF\w*)\s+(\d+))\s*$", line)
+        if m:
+            total += int(m.group(1) or m.group(4))
+    return total
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if re.search(r"\bERROR\b|error:", line):
+            return line.strip()
+    tail = [x for x in log.strip().splitlines() if x.strip()]
+    return tail[-1].strip() if tail else "(no output)"
+
+
+def build_design(
+    board: Board,
+    top: Any,
+    out_dir: str | os.PathLike,
+    *,
+    name: str = "top",
+    force: bool = False,
+    timeout_s: float | None = None,
+    meta: dict[str, Any] | None = None,
+    echo: Any = None,
+) -> dict[str, Any]:
+    """Build ``top`` (an Amaranth elaboratable) for ``board`` in ``out_dir``; return the report.
+
+    Returns ``{"board", "bitstream", "fmax_mhz", "clock_mhz", "utilization", "build_s",
+    "cached", "digest", "timing_met", ...meta}`` (paths relative to the current directory,
+    Fmax/clock in MHz, ``build_s`` in seconds of this call). The build runs in ``out_dir``
+    given as a path relative to the working directory (YoWASP tools cannot see ``/tmp``).
+
+    Raises :class:`ToolchainError` for missing tools and :class:`BuildError` when a tool fails or
+    the build exceeds ``timeout_s`` (seconds).
+    """
+    t0 = time.monotonic()
+    echo = echo or (lambda msg: None)
+    commands = toolchain.configure(board.family)
+    platform = board.platform_class()()
+    out = Path(os.path.relpath(Path(out_dir).resolve(), Path.cwd()))
+    overrides: dict[str, Any] = {"nextpnr_opts": "--report report.json --timing-allow-fail"}
+    if board.synth_opts:
+        overrides["synth_opts"] = board.synth_opts
+    plan = platform.prepare(top, name, **overrides)
+    h = hashlib.sha256(plan.digest())
+    for env in sorted(commands):
+        h.update(f"{env}={Path(commands[env]).name}".encode())
+    digest = h.hexdigest()[:16]
+    bitstream = out / f"{name}.{board.bitstream_ext}"
+    stamp = out / "build.json"
+    if not force and stamp.is_file() and bitstream.is_file():
+        try:
+            cached = json.loads(stamp.read_text())
+        except json.JSONDecodeError:
+            cached = {}
+        if cached.get("digest") == digest:
+            return cached | {"cached": True, "build_s": round(time.monotonic() - t0, 3)}
+    slow = toolchain.first_run_tools(commands)
+    if slow:
+        echo(
+            f"first run of {', '.join(slow)}: compiling WebAssembly, 1–2.5 min each "
+            "(cached afterwards in ~/.cache/YoWASP)"
+        )
+    for stale in (out / "report.json", bitstream):
+        stale.unlink(missing_ok=True)
+    build_dir = plan.extract(str(out))
+    script = f"{plan.script}.sh"
+    try:
+        proc = subprocess.run(
+            ["sh", script],
+            cwd=build_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"the {board.name} build took longer than {timeout_s:.0f} s") from exc
+    log = proc.stdout + proc.stderr
+    (out / "build.log").write_text(log)
+    if proc.returncode != 0 or not bitstream.is_file():
+        tim = out / f"{name}.tim"
+        detail = _first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""
+        raise BuildError(
+            f"the {board.name} build failed: {_first_error(log) or detail} "
+            f"(full log: {out / 'build.log'})"
+        )
+    report_path = out / "report.json"
+    rpt = out / f"{name}.rpt"
+    parsed = parse_report(
+        json.loads(report_path.read_text()),
+        board.family,
+        rpt.read_text() if rpt.is_file() else "",
+    )
+    result = {
+        "board": board.name,
+        "bitstream": str(bitstream),
+        "fmax_mhz": parsed["fmax_mhz"],
+        "clock_mhz": parsed["clock_mhz"],
+        "timing_met": parsed["fmax_mhz"] >= parsed["clock_mhz"],
+        "clocks": parsed["clocks"],
+        "utilization": parsed["utilization"],
+        "build_s": round(time.monotonic() - t0, 3),
+        "cached": False,
+        "digest": digest,
+        "tools": {k: Path(v).name for k, v in commands.items()},
+        "nextpnr_report": str(report_path),
+    } | (meta or {})
+    stamp.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def plan_for_board(model: str, board: Board, seed: int = 0) -> Any:
+    """Compile ``model`` (built-in name or ``.py`` file) to a plan clocked at the board clock.
+
+    Lanes: one per stage — the UART bounds samples/s well below one lane's compute rate (see
+    :mod:`pipetrain.hdl.board`), so more lanes only cost multipliers and block RAM.
+    """
+    from ..compiler.config import TrainConfig
+    from ..compiler.models import load_model
+
+    try:  # the compiler's one-call entry point, when present
+        from ..compiler.compile import compile_model  # type: ignore[attr-defined]
+    except ImportError:
+        compile_model = None
+    if compile_model is not None:
+        return compile_model(model, clock_hz=board.clock_hz, seed=seed)
+    from ..compiler.build import build_plan
+    from ..compiler.frontend import trace
+
+    name, module, cfg = load_model(model, seed=seed)
+    ir = trace(module, name)
+    return build_plan(ir, TrainConfig.from_dict(cfg), clock_hz=board.clock_hz)
+
+
+def _board_option(func: Any) -> Any:
+    return click.option(
+        "--board",
+        "board_name",
+        required=True,
+        type=click.Choice(sorted(BOARDS)),
+        help="Target board (see `pipetrain list-boards`).",
+    )(func)
+
+
+@cli.command("build")
+@click.argument("model", required=False)
+@_board_option
+@click.option("--out", "out_dir", default=None, help="Build directory [build/<model>-<board>].")
+@click.option("--baud", type=int, default=None, help="UART baud rate [the board's default].")
+@click.option("--loopback", is_flag=True, help="Build the UART loopback design instead (no MODEL).")
+@click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
+@click.option("--seed", type=int, default=0, help="Model initialisation seed.")
+@json_option
+@user_errors
+def build_cmd(
+    model: str | None,
+    board_name: str,
+    out_dir: str | None,
+    baud: int | None,
+    loopback: bool,
+    force: bool,
+    timeout_s: float | None,
+    seed: int,
+    json_out: str | None,
+) -> None:
+    """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed)."""
+    from ..hdl.board import BoardTop, Loopback, network_core
+
+    board = get_board(board_name)
+    if loopback == (model is not None):
+        raise BoardError("give a MODEL or --loopback (not both)")
+    meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
+    if loopback:
+        core: Any = Loopback
+    else:
+        plan = plan_for_board(model, board, seed=seed)
+        fit = check_fit(plan, board)
+        meta |= {"plan_hash": plan.hash(), "plan": plan_totals(plan), "fit": fit}
+        try:
+            network_core  # noqa: B018
+            from ..hdl import link, top  # noqa: F401
+        except ImportError as exc:
+            raise BoardError(
+                f"the network top / link engine is not available yet ({exc}); "
+                "build --loopback to check the board flow"
+            ) from exc
+        core = lambda: network_core(plan)  # noqa: E731
+    top = BoardTop(board, core, baud=baud)
+    meta |= {"baud": top.baud, "uart_divisor": top.divisor}
+    design = "loopback" if loopback else Path(str(model)).stem
+    out = out_dir or os.path.join("build", f"{design}-{board.name}")
+    info(f"building {meta['design']} for {board.name} in {out} ...", json_out)
+    result = build_design(
+        board,
+        top,
+        out,
+        force=force,
+        timeout_s=timeout_s,
+        meta=meta,
+        echo=lambda msg: info(msg, json_out),
+    )
+    u = result["utilization"]
+
+    def frac(key: str) -> str:
+        if key not in u:
+            return "-"
+        return f"{u[key]['used']}/{u[key]['available']}"
+
+    info(
+        f"{result['bitstream']}: Fmax {result['fmax_mhz']:.1f} MHz "
+        f"(clock {result['clock_mhz']:.1f} MHz{'' if result['timing_met'] else ', NOT MET'}); "
+        f"LUTs {frac('luts')}, FFs {frac('ffs')}, multipliers {frac('multipliers')}, "
+        f"block RAM {frac('bram_blocks')}"
+        + (f", SPRAM {frac('spram_blocks')}" if "spram_blocks" in u else "")
+        + f"; {result['build_s']:.0f} s{' (cached)' if result['cached'] else ''}",
+        json_out,
+    )
+    emit_json(json_out, result)
+
+
+def deploy_bitstream(
+    board: Board, bitstream: str, *, flash: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
+    """Load ``bitstream`` onto ``board``; return ``{"command", "ran", "output"}``.
+
+    Raises :class:`BoardError` for a missing file or the wrong format (``.bit`` on ULX3S,
+    ``.bin`` on iCEBreaker) and :class:`ToolchainError` when the programmer is missing, cannot
+    start (e.g. libusb absent) or fails (e.g. no board attached).
+    """
+    path = Path(bitstream)
+    if not path.is_file():
+        raise BoardError(f"bitstream {bitstream!r} does not exist")
+    if path.suffix != f".{board.bitstream_ext}":
+        raise BoardError(
+            f"{board.name} takes a .{board.bitstream_ext} bitstream, got {path.name!r}"
+        )
+    cmd = toolchain.programmer_command(board.family, path, flash=flash)
+    if dry_run:
+        return {"command": cmd, "ran": False, "output": ""}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        raise ToolchainError(f"cannot run {cmd[0]}: {exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ToolchainError(f"{shlex.join(cmd)} did not finish in 300 s") from exc
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        if "error while loading shared libraries" in output:
+            lib = re.search(r"libraries: (\S+?):", output)
+            raise ToolchainError(
+                f"{Path(cmd[0]).name} cannot start: missing "
+                f"{lib.group(1) if lib else 'a shared library'} "
+                "(Debian/Ubuntu: apt install libusb-1.0-0 libftdi1-2)"
+            )
+        last = output.splitlines()[-1] if output else "(no output)"
+        raise ToolchainError(
+            f"programming {board.name} failed (exit {proc.returncode}): {last}. "
+            "Is the board connected and accessible (udev rules)?"
+        )
+    return {"command": cmd, "ran": True, "output": output}
+
+
+@cli.command("deploy")
+@click.argument("bitstream")
+@_board_option
+@click.option("--flash", is_flag=True, help="ULX3S: write the SPI flash (default: SRAM).")
+@click.option("--dry-run", is_flag=True, help="Print the programming command, do not run it.")
+@json_option
+@user_errors
+def deploy_cmd(
+    bitstream: str, board_name: str, flash: bool, dry_run: bool, json_out: str | None
+) -> None:
+    """Load BITSTREAM onto a board (openFPGALoader for ULX3S, iceprog for iCEBreaker)."""
+    board = get_board(board_name)
+    result = deploy_bitstream(board, bitstream, flash=flash, dry_run=dry_run)
+    info(shlex.join(result["command"]), json_out)
+    if result["ran"]:
+        info(f"programmed {board.name}", json_out)
+    emit_json(json_out, {"board": board.name, "bitstream": bitstream} | result)
+
+
+@cli.command("list-boards")
+@json_option
+@user_errors
+def list_boards_cmd(json_out: str | None) -> None:
+    """List supported boards and their resource budgets."""
+    rows = []
+    for b in BOARDS.values():
+        ram = f"{b.bram_blocks}×{b.bram_block_bits // 1024} Kib"
+        if b.spram_blocks:
+            ram += f" + SPRAM {b.spram_blocks}×{b.spram_block_bits // 1024} Kib"
+        rows.append(
+            f"{b.name:<11} {b.description}; {b.clock_hz / 1e6:g} MHz, UART {b.baud} baud; "
+            f"{b.luts} LUT4, {b.ffs} FF, {b.multipliers} multipliers "
+            f"({b.multiplier_width}×{b.multiplier_width}), RAM {ram}"
+        )
+    info("\n".join(rows), json_out)
+    emit_json(json_out, {"boards": [b.to_dict() for b in BOARDS.values()]})

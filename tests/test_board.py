@@ -1,0 +1,303 @@
+"""Boards: budgets, fit errors, the board top in simulation, report parsing, deploy, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from amaranth.sim import Simulator
+from click.testing import CliRunner
+from pipetrain.compiler.build import build_plan
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.hdl.board import BoardTop, Loopback
+from pipetrain.hdl.boards import BOARDS, BoardError, BoardFitError, check_fit, get_board
+from pipetrain.host import toolchain
+from pipetrain.host.cli import cli
+from pipetrain.host.cmd_build import deploy_bitstream, parse_report
+from pipetrain.host.toolchain import ToolchainError
+
+MLP_DIGITS = NetworkIR(
+    "mlp-digits", 64, (LayerIR("0", 64, 32, "relu"), LayerIR("2", 32, 10, "identity"))
+)
+
+
+def _runner() -> CliRunner:
+    from pipetrain.host import commands  # noqa: F401  (registers subcommands)
+
+    return CliRunner()
+
+
+# --- budgets and fitting -------------------------------------------------------------------
+
+
+def test_budgets_are_the_data_sheet_totals() -> None:
+    ecp5, ice = BOARDS["ulx3s-85f"], BOARDS["icebreaker"]
+    assert (ecp5.luts, ecp5.multipliers, ecp5.bram_blocks) == (83_640, 156, 208)
+    assert ecp5.bram_bits == 208 * 18_432 == 3_833_856
+    assert (ice.luts, ice.multipliers, ice.bram_blocks, ice.spram_blocks) == (5_280, 8, 30, 4)
+    assert ice.bram_bits == 122_880 and ice.spram_bits == 1_048_576
+    assert ice.synth_opts == "-dsp" and ice.bitstream_ext == "bin" and ecp5.bitstream_ext == "bit"
+
+
+def test_unknown_board_lists_known_ones() -> None:
+    with pytest.raises(BoardError, match="known boards: ulx3s-85f, icebreaker"):
+        get_board("arty")
+
+
+def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
+    plan = build_plan(MLP_DIGITS, TrainConfig())
+    rows = check_fit(plan, BOARDS["ulx3s-85f"])
+    assert rows["multipliers"] == {"needed": plan.multipliers, "available": 156}
+    assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
+    blocks = sum(s.memory_blocks for s in plan.stages)
+    assert rows["memory_block_bits"]["needed"] == blocks * 18_432
+
+
+def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
+    # 2 080 weights × (24 + 24) bits in stage 1 alone need more than the 30 EBRs (120 Kib)
+    plan = build_plan(MLP_DIGITS, TrainConfig())
+    blocks = sum(s.memory_blocks for s in plan.stages)
+    with pytest.raises(BoardFitError) as e:
+        check_fit(plan, BOARDS["icebreaker"])
+    msg = str(e.value)
+    assert f"{blocks} block RAMs of 18 Kib needed ({blocks * 18_432} bits)" in msg
+    assert "122880 bits available" in msg
+    # with SPRAM usable (a single-port-aware design) the same plan fits
+    assert check_fit(plan, BOARDS["icebreaker"], use_spram=True)["memory_bits"]["available"] == (
+        122_880 + 1_048_576
+    )
+
+
+def test_fit_error_names_every_resource() -> None:
+    plan = SimpleNamespace(name="big", memory_bits=4_000_000, multipliers=200, memory_blocks=300)
+    with pytest.raises(BoardFitError) as e:
+        check_fit(plan, BOARDS["ulx3s-85f"])
+    msg = str(e.value)
+    assert "200 multipliers needed, 156 available" in msg
+    assert "4000000 memory bits needed, 3833856 available" in msg
+
+
+# --- the board top in simulation -----------------------------------------------------------
+
+
+def _sim_board_loopback(data: list[int], seed: int) -> tuple[list[int], list[int]]:
+    """Run BoardTop(Loopback) on a scaled-down board (400 Hz clock, 100 baud → 4 cycles/bit,
+    heartbeat period 400 cycles); drive frames into rx_pin back to back, decode tx_pin."""
+    board = dataclasses.replace(BOARDS["icebreaker"], clock_hz=400, baud=100)
+    dut = BoardTop(board, Loopback, fifo_depth=8)
+    assert dut.divisor == 4
+    div = dut.divisor
+    rng = random.Random(seed)
+    got: list[int] = []
+    beats: list[int] = []
+
+    async def drive(ctx):
+        for byte in data:
+            for bit in [0] + [(byte >> i) & 1 for i in range(8)] + [1]:
+                ctx.set(dut.rx_pin, bit)
+                await ctx.tick().repeat(div)
+            ctx.set(dut.rx_pin, 1)
+            await ctx.tick().repeat(1 + rng.randrange(3))
+
+    async def decode(ctx):
+        cycles = 0
+        while len(got) < len(data):
+            _, _, tx = await ctx.tick().sample(dut.tx_pin)
+            cycles += 1
+            assert cycles < 20 * div * (len(data) + 4)
+            if tx == 0:  # start bit: sample the middle of each data bit
+                await ctx.tick().repeat(div // 2)
+                byte = 0
+                for i in range(8):
+                    await ctx.tick().repeat(div)
+                    byte |= ctx.get(dut.tx_pin) << i
+                await ctx.tick().repeat(div)
+                assert ctx.get(dut.tx_pin) == 1  # stop bit
+                got.append(byte)
+
+    async def watch(ctx):
+        async for _, _, leds in ctx.tick().sample(dut.led_pins):
+            beats.append(leds & 1)
+
+    sim = Simulator(dut)
+    sim.add_clock(1 / 400)
+    sim.add_testbench(watch, background=True)
+    sim.add_testbench(drive, background=True)
+    sim.add_testbench(decode)
+    sim.run()
+    return got, beats
+
+
+def test_board_top_loopback_echoes_bytes_and_beats() -> None:
+    rng = random.Random(3)
+    data = [rng.randrange(256) for _ in range(12)] + [0x00, 0xFF]
+    got, beats = _sim_board_loopback(data, seed=3)
+    assert got == data
+    # heartbeat toggles every clock_hz/2 = 200 cycles
+    edges = [i for i in range(1, len(beats)) if beats[i] != beats[i - 1]]
+    assert len(edges) >= 2 and all(b - a == 200 for a, b in zip(edges, edges[1:], strict=False))
+
+
+# --- nextpnr report parsing ----------------------------------------------------------------
+
+_YOSYS_TAIL = """
+=== design hierarchy ===
+
+        +----------Count including submodules.
+        |
+       22 cells
+        2   SB_RAM40_4K
+       74   SB_CARRY
+       28   SB_DFF
+       27   SB_DFFE
+       94   SB_DFFESR
+       31   SB_DFFSR
+      222   SB_LUT4
+
+2.60. Executing CHECK pass (checking for obvious problems).
+"""
+
+
+def test_parse_report_ice40() -> None:
+    report = {
+        "fmax": {"cd_sync.clk": {"achieved": 26.62, "constraint": 12.0}},
+        "utilization": {
+            "ICESTORM_LC": {"available": 5280, "used": 317},
+            "ICESTORM_RAM": {"available": 30, "used": 2},
+            "ICESTORM_DSP": {"available": 8, "used": 0},
+            "ICESTORM_SPRAM": {"available": 4, "used": 0},
+            "SB_IO": {"available": 39, "used": 5},
+        },
+    }
+    r = parse_report(report, "ice40", _YOSYS_TAIL)
+    assert (r["fmax_mhz"], r["clock_mhz"]) == (26.62, 12.0)
+    u = r["utilization"]
+    assert u["luts"] == {"used": 317, "available": 5280}
+    assert u["ffs"] == {"used": 28 + 27 + 94 + 31, "available": 5280}
+    assert u["bram_blocks"] == {"used": 2, "available": 30}
+    assert u["multipliers"] == {"used": 0, "available": 8}
+
+
+def test_parse_report_ecp5_worst_clock() -> None:
+    report = {
+        "fmax": {
+            "a": {"achieved": 80.0, "constraint": 25.0},
+            "b": {"achieved": 40.0, "constraint": 50.0},
+        },
+        "utilization": {
+            "TRELLIS_COMB": {"available": 83640, "used": 1000},
+            "TRELLIS_FF": {"available": 83640, "used": 700},
+            "MULT18X18D": {"available": 156, "used": 7},
+            "DP16KD": {"available": 208, "used": 16},
+        },
+    }
+    r = parse_report(report, "ecp5")
+    assert (r["fmax_mhz"], r["clock_mhz"]) == (40.0, 50.0)  # the clock that misses timing
+    assert r["utilization"]["ffs"] == {"used": 700, "available": 83640}
+    assert r["utilization"]["multipliers"]["used"] == 7
+
+
+# --- tools and deploy ----------------------------------------------------------------------
+
+
+def _stub(tmp_path: Path, name: str, rc: int, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(f'#!/bin/sh\necho "{text} $*"\nexit {rc}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_configure_picks_native_or_yowasp(monkeypatch: pytest.MonkeyPatch) -> None:
+    env: dict[str, str] = {}
+    try:
+        chosen = toolchain.configure("ice40", env)
+    except ToolchainError as e:
+        assert "pip install 'pipetrain[boards]'" in str(e)
+        return
+    assert set(chosen) == {"YOSYS", "NEXTPNR_ICE40", "ICEPACK"} and chosen == env
+    for name, cmd in chosen.items():
+        tool = toolchain.TOOLS[name]
+        assert Path(cmd).name in (tool.native, *tool.fallbacks)
+
+
+def test_configure_reports_a_bad_env_var() -> None:
+    with pytest.raises(ToolchainError, match="YOSYS='/nonexistent/yosys' \\(not found\\)"):
+        toolchain.configure("ice40", {"YOSYS": "/nonexistent/yosys"})
+
+
+def test_deploy_dry_run_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ofl = _stub(tmp_path, "ofl", 0, "ok")
+    monkeypatch.setenv("OPENFPGALOADER", ofl)
+    monkeypatch.delenv("ICEPROG", raising=False)
+    bit = tmp_path / "top.bit"
+    bit.write_bytes(b"\0")
+    r = deploy_bitstream(BOARDS["ulx3s-85f"], str(bit), dry_run=True)
+    assert r == {"command": [ofl, "-b", "ulx3s", "-m", str(bit)], "ran": False, "output": ""}
+    r = deploy_bitstream(BOARDS["ulx3s-85f"], str(bit), flash=True, dry_run=True)
+    assert r["command"][3] == "-f"
+    binf = tmp_path / "top.bin"
+    binf.write_bytes(b"\0")
+    iceprog = _stub(tmp_path, "iceprog-stub", 0, "ok")
+    monkeypatch.setenv("ICEPROG", iceprog)
+    assert deploy_bitstream(BOARDS["icebreaker"], str(binf), dry_run=True)["command"] == [
+        iceprog,
+        str(binf),
+    ]
+
+
+def test_deploy_cli_dry_run_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ICEPROG", _stub(tmp_path, "ip", 0, "ok"))
+    binf = tmp_path / "top.bin"
+    binf.write_bytes(b"\0")
+    res = _runner().invoke(
+        cli, ["deploy", str(binf), "--board", "icebreaker", "--dry-run", "--json", "-"]
+    )
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout[res.stdout.index("{") :])
+    assert payload["command"] == [os.environ["ICEPROG"], str(binf)] and payload["ran"] is False
+
+
+def test_deploy_runs_the_programmer_and_reports_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bit = tmp_path / "top.bit"
+    bit.write_bytes(b"\0")
+    monkeypatch.setenv("OPENFPGALOADER", _stub(tmp_path, "good", 0, "done"))
+    r = deploy_bitstream(BOARDS["ulx3s-85f"], str(bit))
+    assert r["ran"] and r["output"] == f"done -b ulx3s -m {bit}"
+    monkeypatch.setenv("OPENFPGALOADER", _stub(tmp_path, "bad", 1, "unable to open ftdi device"))
+    res = _runner().invoke(cli, ["deploy", str(bit), "--board", "ulx3s-85f"])
+    assert res.exit_code == 2
+    assert "programming ulx3s-85f failed (exit 1): unable to open ftdi device" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_deploy_rejects_wrong_file(tmp_path: Path) -> None:
+    with pytest.raises(BoardError, match="does not exist"):
+        deploy_bitstream(BOARDS["icebreaker"], str(tmp_path / "nope.bin"), dry_run=True)
+    bit = tmp_path / "top.bit"
+    bit.write_bytes(b"\0")
+    with pytest.raises(BoardError, match=r"icebreaker takes a \.bin bitstream"):
+        deploy_bitstream(BOARDS["icebreaker"], str(bit), dry_run=True)
+
+
+def test_list_boards_json() -> None:
+    res = _runner().invoke(cli, ["list-boards", "--json", "-"])
+    assert res.exit_code == 0
+    payload = json.loads(res.stdout[res.stdout.index("{") :])
+    by_name = {b["name"]: b for b in payload["boards"]}
+    assert by_name["icebreaker"]["spram_bits"] == 1_048_576
+    assert by_name["ulx3s-85f"]["multipliers"] == 156
+
+
+def test_build_fit_error_is_a_clean_cli_error() -> None:
+    res = _runner().invoke(cli, ["build", "mlp-digits", "--board", "icebreaker"])
+    assert res.exit_code == 2, res.output
+    assert "does not fit icebreaker" in res.output and "Traceback" not in res.output
