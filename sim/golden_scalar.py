@@ -1,0 +1,227 @@
+"""A literal, slow transcription of docs/numerics.md: the oracle for :mod:`.golden`'s speed-ups.
+
+Where :class:`~pipetrain.sim.golden.GoldenModel` ticks a pipeline with vectorised tensors and
+pre-computed blocks of random numbers, this module processes **one sample at a time** with
+Python integers, element by element, slot by slot, lane by lane, with the bit-serial LFSR
+(:func:`pipetrain.sim.lfsr.draw`), and gets the PB delays from a **queue of weight versions**
+per stage (DESIGN §2.1: the forward of a sample entering in tick t0 reads the weights after all
+updates of training samples that entered before t0 − D_s; its backward reads the newest).
+The tests require the two to agree bit for bit. Slow (pure Python): use small networks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..compiler.plan import Plan, QFormat, Stage
+from .fixed import U32_MAX, rhu, rne, rsr, sat_int
+from .lfsr import draw
+
+__all__ = ["ScalarResult", "run_scalar"]
+
+Matrix = list[list[int]]
+
+
+@dataclass
+class ScalarResult:
+    """Outcome of :func:`run_scalar`.
+
+    w, u: per stage, the final (M, N+1) memories as nested lists.
+    results: (sample, pred, loss_raw, train) per sample, in order.
+    saturations: per-stage counters, then the loss unit's.
+    ticks: the hardware ``ticks`` counter after the final flush (numerics §7).
+    samples_applied: training samples whose stage-1 update was applied.
+    """
+
+    w: list[Matrix]
+    u: list[Matrix]
+    results: list[tuple[int, int, int, bool]]
+    saturations: list[int]
+    ticks: int
+    samples_applied: int
+
+
+class _Stage:
+    def __init__(self, plan: Plan, st: Stage, w0: Matrix) -> None:
+        self.st, self.plan = st, plan
+        self.N, self.M, self.L = st.in_features, st.out_features, st.lanes
+        self.versions: list[tuple[Matrix, Matrix]] = [(w0, [[0] * (self.N + 1)] * self.M)]
+        self.lfsr = list(st.lfsr_seeds)
+        self.sat = 0
+
+    def count(self, v: int, fmt: QFormat) -> int:
+        c, n = sat_int(v, fmt)
+        self.sat += n
+        return c
+
+
+def _loss(plan: Plan, z: list[int], label: int) -> tuple[int, int, list[int], int]:
+    """(pred, loss_raw, δ, saturations) of numerics §4, one element at a time."""
+    lu = plan.loss
+    C, fy, fd = len(z), lu.z.frac, lu.d.frac
+    pred = max(range(C), key=lambda j: (z[j], -j))
+    sats = 0
+    delta = []
+    if lu.kind == "cross_entropy":
+        zmax = max(z)
+        e = [lu.exp_lut[min(rhu(zmax - zj, fy - lu.exp_lut_frac), len(lu.exp_lut) - 1)] for zj in z]
+        E = sum(e)
+        r = (1 << (lu.exp_frac + lu.recip_frac)) // E
+        p = [rhu(ej * r, lu.exp_frac) for ej in e]
+        for j in range(C):
+            d, n = sat_int(rhu(p[j], lu.recip_frac - fd) - (j == label) * (1 << fd), lu.d)
+            delta.append(d)
+            sats += n
+        return pred, p[label], delta, sats
+    loss = 0
+    for j in range(C):
+        diff = z[j] - (j == label) * (1 << fy)
+        loss += diff * diff
+        d, n = sat_int(rhu(diff * lu.mse_scale.value, fy + lu.mse_scale.frac - fd), lu.d)
+        delta.append(d)
+        sats += n
+    return pred, min(loss, U32_MAX), delta, sats
+
+
+def _act(st: Stage, z: int) -> int:
+    if st.activation == "relu":
+        return max(z, 0)
+    if st.activation == "leaky_relu" and z <= 0:
+        return rhu(z * st.negative_slope.value, st.negative_slope.frac)
+    return z
+
+
+def run_scalar(
+    plan: Plan, w0: list[Matrix], samples: list[tuple[list[int], int, bool]]
+) -> ScalarResult:
+    """Run quantised ``samples`` (x ints (N,), label, train) through the plan, then flush.
+
+    ``w0`` gives each stage's initial integer weights (M, N+1). Samples enter back to back
+    (``pb``) or 2S ticks apart (``sequential``: one in flight).
+    """
+    S = len(plan.stages)
+    stages = [
+        _Stage(plan, st, [row[:] for row in w]) for st, w in zip(plan.stages, w0, strict=True)
+    ]
+    stochastic = plan.rounding == "stochastic"
+    R = plan.round_bits
+    gap = 2 * S if plan.schedule == "sequential" else 1
+    entries: list[tuple[int, bool]] = []  # (entry tick, train) of samples so far
+    results, loss_sat, applied = [], 0, 0
+    for k, (x, label, train) in enumerate(samples):
+        t0 = k * gap
+        # ---- forward, each stage with its delayed weight version ---------------------------
+        stash = []
+        a = list(x)
+        for sg in stages:
+            st, f, upd = sg.st, sg.st.formats, sg.st.update
+            version = sum(1 for (tj, tr) in entries if tr and tj < t0 - st.delay)
+            w, u = sg.versions[version]
+            w_prev = sg.versions[version - 1][0] if version > 0 else w
+            xb = a + [1 << f.x.frac]
+            z, out, mask = [], [], []
+            for j in range(sg.M):
+                acc = 0
+                for i in range(sg.N + 1):
+                    what = w[j][i]
+                    if train and upd.lwp_horizon and upd.lwp_form == "v":
+                        what = w[j][i] - upd.lwp_horizon * u[j][i]
+                    elif train and upd.lwp_horizon:
+                        what = w[j][i] + upd.lwp_horizon * (w[j][i] - w_prev[j][i])
+                    acc += what * xb[i]
+                zj = sg.count(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y)
+                z.append(zj)
+                mask.append(zj > 0)
+                out.append(_act(st, zj))
+            stash.append((xb, mask))
+            a = out
+        pred, loss_raw, g, n = _loss(plan, a, label)
+        results.append((k, pred, loss_raw, train))
+        if not train:
+            entries.append((t0, train))
+            continue
+        loss_sat += n
+        # ---- backward and update with the newest weights -----------------------------------
+        for s in range(S - 1, -1, -1):
+            sg = stages[s]
+            st, f, c = sg.st, sg.st.formats, sg.st.update
+            xb, mask = stash[s]
+            w, u = sg.versions[-1]
+            delta = []
+            for j in range(sg.M):
+                if mask[j] or st.activation == "identity":
+                    delta.append(g[j])
+                elif st.activation == "leaky_relu":
+                    delta.append(rhu(g[j] * st.negative_slope.value, st.negative_slope.frac))
+                else:
+                    delta.append(0)
+            gin = None
+            if st.input_gradient:
+                gin = [
+                    sg.count(
+                        rhu(
+                            sum(w[j][i] * delta[j] for j in range(sg.M)),
+                            f.w.frac + f.d.frac - f.gin.frac,
+                        ),
+                        f.gin,
+                    )
+                    for i in range(sg.N)
+                ]
+            w1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
+            u1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
+            fw, fp = f.w.frac, f.d.frac + f.x.frac
+            for g_ in range(st.row_groups):
+                for i in range(sg.N + 1):
+                    for lane in range(sg.L):
+                        r_u = r_w = 0
+                        if stochastic:
+                            sg.lfsr[lane] = draw(
+                                sg.lfsr[lane], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
+                            )
+                            r_u = sg.lfsr[lane] & ((1 << R) - 1)
+                            r_w = (sg.lfsr[lane] >> R) & ((1 << R) - 1)
+                        j = g_ * sg.L + lane
+                        if j >= sg.M:
+                            continue  # padding lane: it drew, it does nothing else
+                        P = delta[j] * xb[i]
+
+                        def al(const, operand: int, ofrac: int, fto: int) -> int:
+                            if const.value == 0:
+                                return 0
+                            return (const.value * operand) << (fto - const.frac - ofrac)
+
+                        def rnd(v: int, kk: int, r: int) -> int:
+                            return rsr(v, kk, r, R) if stochastic else rne(v, kk)
+
+                        U = (
+                            al(c.momentum, u[j][i], fw, c.frac_u)
+                            + al(c.lr, P, fp, c.frac_u)
+                            + al(c.lr_wd, w[j][i], fw, c.frac_u)
+                        )
+                        un = sg.count(rnd(U, c.frac_u - fw, r_u), f.u)
+                        if c.sc:
+                            V = (
+                                al(c.sc_a, un, fw, c.frac_v)
+                                + al(c.sc_lr_b, P, fp, c.frac_v)
+                                + al(c.sc_lr_wd_b, w[j][i], fw, c.frac_v)
+                            )
+                            wn = sg.count(w[j][i] - rnd(V, c.frac_v - fw, r_w), f.w)
+                        else:
+                            wn = sg.count(w[j][i] - un, f.w)
+                        u1[j][i], w1[j][i] = un, wn
+            sg.versions.append((w1, u1))
+            g = gin
+        applied += 1
+        entries.append((t0, train))
+    if plan.schedule == "sequential":  # the counter advances once per sample (numerics §7)
+        ticks = len(samples)
+    else:
+        ticks = len(samples) - 1 + 2 * S if samples else 0
+    return ScalarResult(
+        w=[sg.versions[-1][0] for sg in stages],
+        u=[sg.versions[-1][1] for sg in stages],
+        results=results,
+        saturations=[min(sg.sat, U32_MAX) for sg in stages] + [min(loss_sat, U32_MAX)],
+        ticks=ticks,
+        samples_applied=applied,
+    )
