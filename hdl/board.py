@@ -24,7 +24,7 @@ from typing import Any
 
 from amaranth import Cat, Elaboratable, Module, Signal
 from amaranth.build import ResourceError
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .boards import Board
@@ -146,14 +146,18 @@ class BoardTop(Elaboratable):
             m.d.comb += [rx.rx.eq(self.rx_pin), self.tx_pin.eq(tx.tx)]
             m.d.comb += self.led_pins.eq(Cat(led_beat, stretch != 0, frame_err))
         else:
-            uart = platform.request("uart", 0)
-            m.d.comb += [rx.rx.eq(uart.rx.i), uart.tx.o.eq(tx.tx)]
+            uart = platform.request("uart", 0, dir="-")
+            m.submodules.rx_pin = rx_buf = io.Buffer("i", uart.rx)
+            m.submodules.tx_pin = tx_buf = io.Buffer("o", uart.tx)
+            m.d.comb += [rx.rx.eq(rx_buf.i), tx_buf.o.eq(tx.tx)]
             leds = []
             for i in range(3):
                 try:
-                    leds.append(platform.request("led", i))
+                    leds.append(platform.request("led", i, dir="-"))
                 except ResourceError:  # fewer LEDs on this board
                     break
-            for led, sig in zip(leds, (led_beat, stretch != 0, frame_err), strict=False):
-                m.d.comb += led.o.eq(sig)
+            sigs = (led_beat, stretch != 0, frame_err)
+            for i, (led, sig) in enumerate(zip(leds, sigs, strict=False)):
+                m.submodules[f"led{i}"] = buf = io.Buffer("o", led)
+                m.d.comb += buf.o.eq(sig)
         return m
