@@ -53,7 +53,7 @@ class TrainConfig:
     """
 
     schedule: str = "pb"
-    lr: float = 0.02
+    lr: float = 0.002
     momentum: float = 0.9
     weight_decay: float = 0.0
     batch_ref: int = 1

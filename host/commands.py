@@ -1,3 +1,4 @@
 """Registers every subcommand on :data:`pipetrain.host.cli.cli` (imported by ``main``)."""
 from . import cmd_sim  # noqa: F401
 from . import cmd_build  # noqa: F401
+from . import cmd_experiment  # noqa: F401

@@ -1,0 +1,736 @@
+"""Float Pipelined-Backpropagation reference trainer: the algorithmic truth (DESIGN §5, rung 1).
+
+:class:`ReferenceTrainer` trains an ``nn.Sequential``-style net of ``Linear`` layers and
+elementwise activations at batch size 1 with the schedules, mitigations and learning strategies
+of DESIGN §2, in float PyTorch. Backpropagation is written out by hand, one **stage** per
+``Linear`` layer together with the activation that follows it, so that the forward and the
+backward of a sample can use different weight versions.
+
+Weight versions (DESIGN §2.1, *derived*): version k of a stage is its weights after k updates.
+For sample n (0-based, counted from the start of training)
+
+* the forward at stage s uses version max(b, n − D_s), where b is the version at the last
+  pipeline flush (0 before any): the stage keeps a queue of its last D_s + 1 versions and the
+  forward reads the oldest one;
+* every backward — the input gradient and the weight gradient — uses version n, the newest;
+* the gradient outer(δ_s, x_s) (plus weight decay) makes version n + 1.
+
+This "version-queue" formulation processes one sample completely before the next and gives
+bit-identical weights to the tick-by-tick model of the hardware
+(:class:`pipetrain.sim.reference_tick.PBTickSimulator`; a test checks it). A flush
+(:meth:`ReferenceTrainer.flush`) collapses each queue to its newest version, because after
+the hardware drains its pipeline the next sample's forward sees every update so far.
+
+Local and interlocking learning (DESIGN §2.4): the net is split into K blocks at
+``config.blocks``; block k < K gets an auxiliary head (``config.head_stages`` Linear layers to
+the classes, ReLU between, seeded init) on its detached output. Which loss updates which
+block comes from :func:`pipetrain.compiler.schedule.update_losses` (through
+:func:`~pipetrain.compiler.schedule.stage_layout` or the plan). The gradient of loss L_t runs
+back from its output to the first stage of the lowest block it updates; blocks on the way that
+L_t does not update pass it through (input gradients only). Per sample, the errors of all
+losses that update a stage are summed before its single update. *Derived choice*: every
+backward of sample n (update stream or pass-through stream) uses version n of each stage; every
+forward (main and head stages) uses version n − D_s with the stage's own D_s from the layout.
+
+Updates, in velocity-in-weight-units form u = η·v (the form of ``docs/numerics.md`` §5, so the
+plan's constants are used directly)::
+
+    P  = outer(δ, [x, 1])                         # bias column last
+    u' = m·u + η·P + ηλ·w                         # = η·(m·v + g + λw): PyTorch SGD momentum
+    w' = w − u'                                   # no Spike Compensation
+    w' = w − (a·u' + bη·P + bηλ·w)                # SC: a = m^D, b = (1−m^D)/(1−m)
+
+Linear Weight Prediction (forward only, horizon H = D_s, on the forward version's values):
+``v`` form ŵ = w − H·u (= w − η·D·v); ``w`` form ŵ = w + H·(w − w_prev), w_prev the weights
+before that version's last update (w_prev = w for version 0).
+
+Sources: Kosson et al., "Pipelined Backpropagation at Scale", MLSys 2021, §3 (PB, SC, LWP);
+Gomez et al., "Interlocking Backpropagation", JMLR 2022, §3; the version bookkeeping is
+*derived* from the tick model (DESIGN §2.1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..compiler.config import ConfigError, TrainConfig
+from ..compiler.models import ModelError
+from ..compiler.plan import Plan
+from ..compiler.schedule import lwp_horizon, spike_compensation, stage_layout
+from .trainer import accuracy, stream_epochs
+
+__all__ = [
+    "SUPPORTED_MODULES",
+    "RANGE_KEYS",
+    "UnsupportedModelError",
+    "StageSpec",
+    "UpdateRule",
+    "parse_model",
+    "ReferenceTrainer",
+]
+
+#: Module types the reference trainer understands (``nn.Sequential`` nests are flattened).
+SUPPORTED_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.Tanh,
+    nn.Flatten,
+    nn.Identity,
+)
+_ACT_TYPES = {nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.Tanh: "tanh"}
+_SUPPORTED_TEXT = "nn.Sequential of " + ", ".join(f"nn.{t.__name__}" for t in SUPPORTED_MODULES)
+
+#: Keys of :attr:`ReferenceTrainer.ranges` (see there).
+RANGE_KEYS = ("x", "y", "d", "gin", "w", "u", "p")
+
+
+class UnsupportedModelError(ModelError):
+    """The model has a layer or structure the reference trainer cannot train.
+
+    The message names the module path, its type and the supported set.
+    """
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One weight stage: a Linear layer and the activation that follows it.
+
+    Members
+    -------
+    name: module path of the Linear layer in the user's model (``""`` for auxiliary heads).
+    in_features, out_features: N and M (elements).
+    bias: whether the layer has a bias (a bias-free layer keeps its bias column at 0).
+    activation: ``relu``, ``leaky_relu``, ``tanh`` or ``identity``.
+    negative_slope: LeakyReLU slope (0.0 otherwise).
+    head: True for an auxiliary-head stage.
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "identity"
+    negative_slope: float = 0.0
+    head: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateRule:
+    """Float constants of one stage's update and LWP (the ``.real`` of the plan's constants).
+
+    Members
+    -------
+    momentum: m.
+    lr: η.
+    lr_wd: η·λ.
+    sc: Spike Compensation on.
+    sc_a: a = m^D (1 without SC).
+    sc_lr_b: b·η, b = (1−m^D)/(1−m) (0 without SC).
+    sc_lr_wd_b: b·η·λ.
+    lwp_horizon: H in updates (0 = no LWP).
+    lwp_form: ``v`` or ``w``.
+    """
+
+    momentum: float
+    lr: float
+    lr_wd: float
+    sc: bool
+    sc_a: float
+    sc_lr_b: float
+    sc_lr_wd_b: float
+    lwp_horizon: int
+    lwp_form: str
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, delay: int) -> UpdateRule:
+        """Constants for a stage of delay ``delay`` (updates) from ``config``'s batch-1 values.
+
+        SC coefficients from :func:`~pipetrain.compiler.schedule.spike_compensation`, the LWP
+        horizon from :func:`~pipetrain.compiler.schedule.lwp_horizon` (the same calls the
+        plan builder makes).
+        """
+        m, lr, wd = config.momentum1, config.lr1, config.weight_decay
+        sc = "sc" in config.mitigation
+        a, b = spike_compensation(m, delay) if sc else (1.0, 0.0)
+        return cls(
+            momentum=m,
+            lr=lr,
+            lr_wd=lr * wd,
+            sc=sc,
+            sc_a=a,
+            sc_lr_b=b * lr,
+            sc_lr_wd_b=b * lr * wd,
+            lwp_horizon=lwp_horizon(delay, config.mitigation),
+            lwp_form=config.lwp_form,
+        )
+
+    @classmethod
+    def from_plan_stage(cls, stage) -> UpdateRule:  # stage: pipetrain.compiler.plan.Stage
+        """Constants of a plan stage (its ``update``'s ``.real`` values; nothing recomputed)."""
+        c = stage.update
+        return cls(
+            momentum=c.momentum.real,
+            lr=c.lr.real,
+            lr_wd=c.lr_wd.real,
+            sc=c.sc,
+            sc_a=c.sc_a.real if c.sc else 1.0,
+            sc_lr_b=c.sc_lr_b.real if c.sc else 0.0,
+            sc_lr_wd_b=c.sc_lr_wd_b.real if c.sc else 0.0,
+            lwp_horizon=c.lwp_horizon,
+            lwp_form=c.lwp_form,
+        )
+
+
+def _path(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _flatten(module: nn.Module, prefix: str, out: list[tuple[str, nn.Module]]) -> None:
+    for name, child in module.named_children():
+        path = _path(prefix, name)
+        if type(child) is nn.Sequential:
+            _flatten(child, path, out)
+        elif type(child) in SUPPORTED_MODULES:
+            out.append((path, child))
+        else:
+            raise UnsupportedModelError(
+                f"module {path!r} is a {type(child).__module__}.{type(child).__name__}; the "
+                f"reference trainer supports {_SUPPORTED_TEXT}"
+            )
+
+
+def parse_model(model: nn.Module) -> list[tuple[StageSpec, nn.Linear]]:
+    """Split ``model`` into stages: each Linear with the (at most one) activation after it.
+
+    Nested ``nn.Sequential`` containers are flattened; ``Flatten`` and ``Identity`` are
+    no-ops on a sample that is already a vector (N,).
+
+    Raises :class:`UnsupportedModelError` for a model that is not an ``nn.Sequential`` (or a
+    single ``nn.Linear``), a module type outside :data:`SUPPORTED_MODULES`, an activation
+    before the first Linear or two activations in a row, no Linear at all, or consecutive
+    Linear layers whose sizes do not chain.
+    """
+    if type(model) is nn.Linear:
+        items: list[tuple[str, nn.Module]] = [("", model)]
+    elif type(model) is nn.Sequential:
+        items = []
+        _flatten(model, "", items)
+    else:
+        raise UnsupportedModelError(
+            f"module '(root)' is a {type(model).__module__}.{type(model).__name__}; the "
+            f"reference trainer supports {_SUPPORTED_TEXT}"
+        )
+    stages: list[list] = []  # [path, linear, activation, slope]
+    for path, mod in items:
+        if type(mod) is nn.Linear:
+            if stages and stages[-1][1].out_features != mod.in_features:
+                raise UnsupportedModelError(
+                    f"module {path!r} (nn.Linear) takes {mod.in_features} inputs but the "
+                    f"layer before it gives {stages[-1][1].out_features}"
+                )
+            stages.append([path, mod, "identity", 0.0])
+        elif type(mod) in _ACT_TYPES:
+            if not stages:
+                raise UnsupportedModelError(
+                    f"module {path!r} ({type(mod).__name__}) comes before the first nn.Linear; "
+                    "a stage is a Linear layer followed by at most one activation"
+                )
+            if stages[-1][2] != "identity":
+                raise UnsupportedModelError(
+                    f"module {path!r} ({type(mod).__name__}) is a second activation after "
+                    f"nn.Linear {stages[-1][0]!r}; a stage has at most one activation"
+                )
+            stages[-1][2] = _ACT_TYPES[type(mod)]
+            if type(mod) is nn.LeakyReLU:
+                stages[-1][3] = float(mod.negative_slope)
+    if not stages:
+        raise UnsupportedModelError(
+            f"the model has no nn.Linear layer; the reference trainer supports {_SUPPORTED_TEXT}"
+        )
+    return [
+        (StageSpec(p, lin.in_features, lin.out_features, lin.bias is not None, act, slope), lin)
+        for p, lin, act, slope in stages
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Stage arithmetic shared by the version-queue trainer and the tick-by-tick simulator (so the
+# two perform the very same float operations and agree bit for bit).
+
+
+class Version(NamedTuple):
+    """One weight version of a stage.
+
+    Members
+    -------
+    w: weights (M, N+1), bias column last.
+    u: velocity in weight units (M, N+1), u = η·v.
+    prev: weights before this version's last update (LWP ``w`` form); ``w`` for version 0.
+    index: the version number k (updates applied since the start).
+    """
+
+    w: torch.Tensor
+    u: torch.Tensor
+    prev: torch.Tensor
+    index: int
+
+
+class _Stage:
+    """Runtime state of one stage: spec, constants, delay, and its queue of weight versions."""
+
+    def __init__(
+        self, spec: StageSpec, rule: UpdateRule, delay: int, w: torch.Tensor, keep: int
+    ) -> None:
+        self.spec = spec
+        self.rule = rule
+        self.delay = delay
+        self.n = spec.in_features
+        self.one = torch.tensor([1.0 if spec.bias else 0.0], dtype=w.dtype)
+        self.queue: deque[Version] = deque([Version(w, torch.zeros_like(w), w, 0)], maxlen=keep)
+
+    @property
+    def current(self) -> Version:
+        return self.queue[-1]
+
+    def collapse(self) -> None:
+        """Keep only the newest version (pipeline flushed)."""
+        newest = self.queue[-1]
+        self.queue.clear()
+        self.queue.append(newest)
+
+    def forward_weights(self, ver: Version) -> torch.Tensor:
+        """ŵ of ``ver``: LWP prediction with horizon H, or the weights themselves."""
+        h = self.rule.lwp_horizon
+        if h == 0:
+            return ver.w
+        if self.rule.lwp_form == "v":
+            return torch.add(ver.w, ver.u, alpha=-h)
+        return torch.add(ver.w, ver.w - ver.prev, alpha=h)
+
+    def forward(
+        self, w: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return (x_aug (N+1,), z (M,), a (M,)) of input ``x`` (N,) with weights ``w``."""
+        x_aug = torch.cat((x, self.one))
+        z = torch.mv(w, x_aug)
+        act = self.spec.activation
+        if act == "relu":
+            a = torch.relu(z)
+        elif act == "leaky_relu":
+            a = F.leaky_relu(z, self.spec.negative_slope)
+        elif act == "tanh":
+            a = torch.tanh(z)
+        else:
+            a = z
+        return x_aug, z, a
+
+    def delta(self, g: torch.Tensor, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Return δ = g ⊙ act'(z) (M,) from the error ``g`` (M,) at the stage output."""
+        act = self.spec.activation
+        if act == "relu":
+            return g * (z > 0)
+        if act == "leaky_relu":
+            return torch.where(z > 0, g, g * self.spec.negative_slope)
+        if act == "tanh":
+            return g * (1.0 - a * a)
+        return g
+
+    def input_grad(self, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """Return ∂L/∂x (N,) = W[:, :N]ᵀ δ with weights ``w`` (the bias column excluded)."""
+        return torch.mv(w[:, : self.n].t(), d)
+
+    def update(self, ver: Version, x_aug: torch.Tensor, d: torch.Tensor) -> Version:
+        """Apply the momentum (and SC) update with P = outer(δ, x_aug); return the new version."""
+        r = self.rule
+        u = torch.addr(ver.u, d, x_aug, beta=r.momentum, alpha=r.lr)
+        if r.lr_wd:
+            u.add_(ver.w, alpha=r.lr_wd)
+        if r.sc:
+            w = torch.add(ver.w, u, alpha=-r.sc_a)
+            if r.sc_lr_wd_b:
+                w.add_(ver.w, alpha=-r.sc_lr_wd_b)
+            w.addr_(d, x_aug, alpha=-r.sc_lr_b)
+        else:
+            w = ver.w - u
+        return Version(w, u, ver.w, ver.index + 1)
+
+
+def loss_gradient(kind: str, z: torch.Tensor, label: int) -> torch.Tensor:
+    """Return ∂L/∂z (C,) of one sample: cross-entropy p − onehot(y), or MSE 2(z − onehot)/C.
+
+    Source: PyTorch ``CrossEntropyLoss`` / ``MSELoss`` (mean reduction) at batch 1.
+    """
+    if kind == "cross_entropy":
+        g = torch.softmax(z, 0)
+        g[label] -= 1.0
+        return g
+    t = torch.zeros_like(z)
+    t[label] = 1.0
+    return (z - t) * (2.0 / z.numel())
+
+
+def _seeded_linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtype):
+    """nn.Linear's default init, U(−1/√N, 1/√N) for weights and bias, from ``gen``."""
+    bound = 1.0 / math.sqrt(n_in)
+    w = torch.rand(n_out, n_in + 1, generator=gen, dtype=torch.float64) * 2.0 - 1.0
+    return (w * bound).to(dtype)
+
+
+@dataclass(frozen=True)
+class _Role:
+    block: int
+    head: bool
+    losses: tuple[int, ...]
+    delay: int
+
+
+class ReferenceTrainer:
+    """Float PB / sequential trainer at batch size 1 (version-queue formulation).
+
+    Parameters
+    ----------
+    model: an ``nn.Sequential`` (nests flattened) of :data:`SUPPORTED_MODULES`; its
+        parameters are copied (the module is not modified).
+    config: schedule, mitigation, strategy, hyperparameters (batch-1 values ``lr1``,
+        ``momentum1`` are used), loss and seed.
+    plan: optional compiled plan; when given, delays, update/SC/LWP constants, update masks
+        and the loss kind are read from it (one source) and must match the model's shapes.
+    active_losses: 1-based losses that are switched on (default: all). A switched-off loss
+        produces no gradient anywhere (used to probe the interlocking update mask).
+    profile: record :attr:`ranges` (default True; costs ~30 % time).
+
+    Members
+    -------
+    target: ``"reference"``.
+    delays: D_s of every stage (main stages 1..S, then head stages), in updates.
+    stages: the :class:`StageSpec` of every stage in the same order.
+    num_losses: K (1 for the global strategy).
+    samples_trained, epochs_trained, saturations (always 0): see :class:`~.trainer.Trainer`.
+
+    Raises :class:`UnsupportedModelError` for an unsupported model, :class:`ConfigError` for a
+    plan that does not match the model, unknown ``active_losses`` or a bad block layout.
+    """
+
+    target = "reference"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        plan: Plan | None = None,
+        active_losses: set[int] | None = None,
+        *,
+        profile: bool = True,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        parsed = parse_model(model)
+        self._linears = [(spec.name, lin) for spec, lin in parsed]
+        main_specs = [spec for spec, _ in parsed]
+        S = len(main_specs)
+        dtype = parsed[0][1].weight.dtype
+        self.dtype = dtype
+        roles, rules = self._roles_and_rules(main_specs, config, plan)
+        self.num_losses = 1 + sum(1 for r in roles if r.head and _is_first_head(roles, r))
+        K = self.num_losses
+        if active_losses is None:
+            active_losses = set(range(1, K + 1))
+        bad = set(active_losses) - set(range(1, K + 1))
+        if bad:
+            raise ConfigError(f"active_losses {sorted(bad)} are not in 1..{K} (K = {K} losses)")
+        self.active_losses = frozenset(active_losses)
+        self.loss_kind = plan.loss.kind if plan is not None else config.loss
+        # block ends and head specs
+        ends = [max(s for s in range(1, S + 1) if roles[s - 1].block == k) for k in range(1, K + 1)]
+        self.block_ends = tuple(ends)
+        classes = main_specs[-1].out_features
+        specs = list(main_specs)
+        head_roles = [r for r in roles if r.head]
+        per_head = len(head_roles) // (K - 1) if K > 1 else 0
+        gen = torch.Generator().manual_seed(config.seed * 1000003 + 7919)
+        init: list[torch.Tensor] = []
+        for spec, lin in parsed:
+            b = lin.bias.detach() if lin.bias is not None else torch.zeros(spec.out_features)
+            init.append(torch.cat((lin.weight.detach(), b.to(dtype)[:, None]), 1).clone())
+        for k in range(1, K):
+            width = main_specs[ends[k - 1] - 1].out_features
+            for h in range(1, per_head + 1):
+                n_out = classes if h == per_head else width
+                act = "identity" if h == per_head else "relu"
+                specs.append(StageSpec("", width, n_out, True, act, 0.0, head=True))
+                init.append(_seeded_linear(width, n_out, gen, dtype))
+        if plan is not None:
+            for i, (spec, pst) in enumerate(zip(specs, plan.stages, strict=False)):
+                if (spec.in_features, spec.out_features) != (pst.in_features, pst.out_features):
+                    raise ConfigError(
+                        f"plan stage {i + 1} ({pst.name}) is {pst.in_features}→"
+                        f"{pst.out_features} but the model's stage {i + 1} is "
+                        f"{spec.in_features}→{spec.out_features}; recompile the plan"
+                    )
+        self.stages: tuple[StageSpec, ...] = tuple(specs)
+        self._roles = roles
+        self.delays: tuple[int, ...] = tuple(r.delay for r in roles)
+        self._st = [
+            _Stage(spec, rule, r.delay, w, self._keep(r.delay))
+            for spec, rule, r, w in zip(specs, rules, roles, init, strict=True)
+        ]
+        self._main = self._st[:S]
+        self._heads = [self._st[S + (k - 1) * per_head : S + k * per_head] for k in range(1, K)]
+        self._programs = self._backward_programs()
+        self.samples_trained = 0
+        self.epochs_trained = 0
+        self.saturations = 0
+        self.profile = profile
+        self.reset_ranges()
+
+    # ---- construction helpers ------------------------------------------------------------
+
+    @staticmethod
+    def _keep(delay: int) -> int:
+        return delay + 1
+
+    @staticmethod
+    def _roles_and_rules(
+        main_specs: list[StageSpec], config: TrainConfig, plan: Plan | None
+    ) -> tuple[list[_Role], list[UpdateRule]]:
+        S = len(main_specs)
+        if plan is not None:
+            mains = plan.main_stages
+            if len(mains) != S:
+                raise ConfigError(
+                    f"the plan has {len(mains)} main stages but the model has {S} Linear "
+                    "layers; recompile the plan for this model"
+                )
+            roles = [
+                _Role(s.block, s.role == "head", tuple(s.losses), s.delay) for s in plan.stages
+            ]
+            rules = [UpdateRule.from_plan_stage(s) for s in plan.stages]
+            return roles, rules
+        try:
+            layout = stage_layout(
+                S,
+                config.schedule,
+                config.strategy,
+                config.blocks,
+                config.distance,
+                config.rule,
+                config.head_stages,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        roles = [_Role(r.block, r.head, tuple(r.losses), r.delay) for r in layout]
+        rules = [UpdateRule.from_config(config, r.delay) for r in roles]
+        return roles, rules
+
+    def _backward_programs(self) -> dict[int, tuple[list[_Stage], list[tuple[int, bool]]]]:
+        """Per loss t: (head stages top-down, [(main stage index 0-based, updates?)…])."""
+        K = self.num_losses
+        S = len(self._main)
+        progs = {}
+        for t in range(1, K + 1):
+            heads = list(reversed(self._heads[t - 1])) if t < K else []
+            updated = [k for k in range(1, K + 1) if t in self._block_losses(k)]
+            chain: list[tuple[int, bool]] = []
+            if updated:
+                k_min = min(updated)
+                first = (self.block_ends[k_min - 2] + 1) if k_min > 1 else 1
+                top = self.block_ends[t - 1] if t < K else S
+                for s in range(top, first - 1, -1):
+                    chain.append((s - 1, t in self._roles[s - 1].losses))
+            progs[t] = (heads, chain)
+        return progs
+
+    def _block_losses(self, k: int) -> tuple[int, ...]:
+        return next(r.losses for r in self._roles if not r.head and r.block == k)
+
+    # ---- training --------------------------------------------------------------------------
+
+    def train(
+        self, x: torch.Tensor, y: torch.Tensor, epochs: int = 1, progress: bool = False
+    ) -> None:
+        """Stream ``epochs`` passes over ``x`` (n, N), ``y`` (n,) in epoch order; then flush."""
+        stream_epochs(self, x, y, epochs, self.config.seed, progress)
+
+    def flush(self) -> None:
+        """End of stream: every update is already applied here, so the queues collapse to the
+        newest version (the next forward sees all updates, as after a hardware flush)."""
+        for st in self._st:
+            st.collapse()
+
+    def train_sample(self, x: torch.Tensor, y: int | torch.Tensor) -> None:
+        """Forward sample ``x`` (N,) with stale versions, backward with the newest, update."""
+        label = int(y)
+        x = x.to(self.dtype)
+        main, S = self._main, len(self._main)
+        cache = []
+        h = x
+        for st in main:
+            x_aug, z, a = st.forward(st.forward_weights(st.queue[0]), h)
+            cache.append((h, x_aug, z, a))
+            h = a
+        n_st = len(self._st)
+        d_acc: list[torch.Tensor | None] = [None] * n_st
+        g_acc: list[torch.Tensor | None] = [None] * n_st
+        gin_acc: list[torch.Tensor | None] = [None] * n_st
+        head_x: dict[int, torch.Tensor] = {}
+        K = self.num_losses
+        for t in sorted(self.active_losses, reverse=True):
+            heads, chain = self._programs[t]
+            if t == K:
+                g = loss_gradient(self.loss_kind, cache[-1][3], label)
+            else:  # forward the head on the detached block output, backward through it
+                hh = cache[self.block_ends[t - 1] - 1][3]
+                hcache = []
+                for st in reversed(heads):
+                    x_aug, z, a = st.forward(st.forward_weights(st.queue[0]), hh)
+                    hcache.append((x_aug, z, a))
+                    hh = a
+                g = loss_gradient(self.loss_kind, hh, label)
+                for j, st in enumerate(heads):
+                    x_aug, z, a = hcache[-1 - j]
+                    d = st.delta(g, z, a)
+                    i = self._st.index(st)
+                    d_acc[i] = d
+                    head_x[i] = x_aug
+                    if j + 1 < len(heads) or chain:
+                        g = st.input_grad(st.current.w, d)
+            for c, (i, upd) in enumerate(chain):
+                st = main[i]
+                _, _, z, a = cache[i]
+                d = st.delta(g, z, a)
+                if upd:
+                    d_acc[i] = d if d_acc[i] is None else d_acc[i] + d
+                    g_acc[i] = g if g_acc[i] is None else g_acc[i] + g
+                if c + 1 < len(chain):
+                    g = st.input_grad(st.current.w, d)
+                    if upd:
+                        gin_acc[i] = g if gin_acc[i] is None else gin_acc[i] + g
+        for i, st in enumerate(self._st):
+            d = d_acc[i]
+            if i < S:
+                x_aug = cache[i][1]
+            else:
+                x_aug = head_x.get(i)
+                if x_aug is None:
+                    x_aug = torch.zeros(st.n + 1, dtype=self.dtype)
+            if d is None:
+                d = torch.zeros(st.spec.out_features, dtype=self.dtype)
+            new = st.update(st.current, x_aug, d)
+            st.queue.append(new)
+            if self.profile and i < S:
+                h_in, _, z, a = cache[i]
+                self._record(i, h_in, z, a, g_acc[i], gin_acc[i], new, d, x_aug)
+        self.samples_trained += 1
+
+    # ---- ranges ------------------------------------------------------------------------------
+
+    def reset_ranges(self) -> None:
+        """Clear :attr:`ranges`; ``w`` restarts at the current weights' max |value|."""
+        S = len(self._main)
+        self._acc = torch.zeros(S, 8, dtype=self.dtype)
+        self._acc_rows = [self._acc[i] for i in range(S)]
+        self._zero = torch.zeros((), dtype=self.dtype)
+        for i, st in enumerate(self._main):
+            self._acc[i, 5] = float(st.current.w.abs().max())
+            self._acc[i, 6] = float(st.current.u.abs().max())
+
+    def _record(self, i, x, z, a, g, gin, new: Version, d, x_aug) -> None:
+        inf = math.inf
+        nrm = torch.linalg.vector_norm
+        zero = self._zero
+        vals = torch.stack(
+            (
+                nrm(x, inf),
+                nrm(z, inf),
+                nrm(a, inf),
+                zero if g is None else nrm(g, inf),
+                zero if gin is None else nrm(gin, inf),
+                nrm(new.w, inf),
+                nrm(new.u, inf),
+                nrm(d, inf) * nrm(x_aug, inf),
+            )
+        )
+        row = self._acc_rows[i]
+        torch.maximum(row, vals, out=row)
+
+    @property
+    def ranges(self) -> dict[int, dict[str, float]]:
+        """Max |value| seen since :meth:`reset_ranges`, per main stage (1-based).
+
+        Keys: ``x`` stage input; ``y`` stage output (max over pre-activation z and the
+        activation output); ``d`` error at the stage output (summed over the losses that
+        update the stage); ``gin`` input gradient produced; ``w`` weights and bias; ``u``
+        velocity in weight units η·v; ``p`` products |δ_j·x_i| (bias input 1 included).
+        Empty-stream values are 0 (``w`` starts at the initial weights). Only recorded with
+        ``profile=True``.
+        """
+        out = {}
+        for i, row in enumerate(self._acc.tolist()):
+            out[i + 1] = {
+                "x": row[0],
+                "y": max(row[1], row[2]),
+                "d": row[3],
+                "gin": row[4],
+                "w": row[5],
+                "u": row[6],
+                "p": row[7],
+            }
+        return out
+
+    # ---- inference and export -----------------------------------------------------------------
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Return int64 (n,) argmax classes of ``x`` (n, N) with the newest weights (no LWP)."""
+        h = x.to(self.dtype)
+        for st in self._main:
+            w = st.current.w
+            z = torch.addmm(w[:, st.n], h, w[:, : st.n].t())
+            act = st.spec.activation
+            if act == "relu":
+                h = torch.relu(z)
+            elif act == "leaky_relu":
+                h = F.leaky_relu(z, st.spec.negative_slope)
+            elif act == "tanh":
+                h = torch.tanh(z)
+            else:
+                h = z
+        return torch.argmax(h, dim=1)
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Return the accuracy of :meth:`predict` on ``x`` (n, N) against ``y`` (n,)."""
+        return accuracy(self.predict(x), y)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Return ``{"<path>.weight": (M, N), "<path>.bias": (M,)}`` of the main stages.
+
+        Loads into the original model with ``model.load_state_dict`` (auxiliary heads are not
+        part of it; see :meth:`head_weights`).
+        """
+        out = {}
+        for (path, lin), st in zip(self._linears, self._main, strict=True):
+            w = st.current.w
+            pre = f"{path}." if path else ""
+            out[pre + "weight"] = w[:, : st.n].clone().to(lin.weight.dtype)
+            if lin.bias is not None:
+                out[pre + "bias"] = w[:, st.n].clone().to(lin.bias.dtype)
+        return out
+
+    def head_weights(self) -> list[torch.Tensor]:
+        """Return the auxiliary-head weights (M, N+1), bias column last, in stage order."""
+        return [st.current.w.clone() for st in self._st[len(self._main) :]]
+
+    def velocities(self) -> list[torch.Tensor]:
+        """Return every stage's velocity in PyTorch units v = u/η (M, N+1), bias column last."""
+        return [st.current.u / st.rule.lr for st in self._st]
+
+
+def _is_first_head(roles: list[_Role], r: _Role) -> bool:
+    return r is next(q for q in roles if q.head and q.block == r.block)
