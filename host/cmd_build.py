@@ -25,7 +25,16 @@ from typing import Any
 
 import click
 
-from ..hdl.boards import BOARDS, Board, BoardError, check_fit, get_board, plan_totals
+from ..compiler.build import PlanError
+from ..hdl.boards import (
+    BOARDS,
+    Board,
+    BoardError,
+    BoardFitError,
+    check_fit,
+    get_board,
+    plan_totals,
+)
 from ..hdl.uart import UARTError
 from . import toolchain
 from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
@@ -39,7 +48,7 @@ __all__ = [
     "deploy_bitstream",
 ]
 
-for _exc in (BoardError, UARTError, ToolchainError):
+for _exc in (BoardError, UARTError, ToolchainError, PlanError):
     register_user_error(_exc)
 
 
@@ -99,19 +108,48 @@ def parse_report(report: dict[str, Any], family: str, yosys_log: str = "") -> di
     return {"fmax_mhz": fmax, "clock_mhz": clock, "clocks": clocks, "utilization": util}
 
 
-def _ice40_ffs(yosys_log: str) -> int:
-    """Sum the ``SB_DFF*`` cell counts of the last ``stat`` block in a Yosys log."""
+def synth_cells(yosys_log: str) -> dict[str, int]:
+    """Return ``{cell type: count}`` of the last ``stat`` block (whole design) in a Yosys log."""
     # Yosys ≥ 0.5x ends with "Count including submodules" blocks; older ones "Number of cells"
     last = max(yosys_log.rfind("Count including submodules"), yosys_log.rfind("Number of cells"))
     text = yosys_log[last:] if last >= 0 else yosys_log
     end = text.find("Executing")
     text = text if end < 0 else text[:end]
-    total = 0
+    cells: dict[str, int] = {}
     for line in text.splitlines():
-        m = re.match(r"\s*(?:(\d+)\s+(?:[\d.]+\s+)?(SB_DFF\w*)|(SB_DFF\w*)\s+(\d+))\s*$", line)
+        m = re.match(r"\s*(?:(\d+)\s+(?:[\d.]+\s+)?([A-Z]\w*)|([A-Z]\w*)\s+(\d+))\s*$", line)
         if m:
-            total += int(m.group(1) or m.group(4))
-    return total
+            cells[m.group(2) or m.group(3)] = int(m.group(1) or m.group(4))
+    return cells
+
+
+def _ice40_ffs(yosys_log: str) -> int:
+    """Sum the ``SB_DFF*`` cell counts of the last ``stat`` block in a Yosys log."""
+    return sum(n for c, n in synth_cells(yosys_log).items() if c.startswith("SB_DFF"))
+
+
+#: Yosys cell types of the hard blocks, per family: board budget field → cell types.
+_SYNTH_HARD: dict[str, dict[str, tuple[str, ...]]] = {
+    "ice40": {
+        "multipliers": ("SB_MAC16",),
+        "bram_blocks": ("SB_RAM40_4K",),
+        "spram_blocks": ("SB_SPRAM256KA",),
+        "luts": ("SB_LUT4",),
+    },
+    "ecp5": {"multipliers": ("MULT18X18D",), "bram_blocks": ("DP16KD",), "luts": ("LUT4",)},
+}
+
+
+def synth_overflow(board: Board, cells: dict[str, int]) -> list[str]:
+    """Return "N <resource> needed, M available" for each hard resource the synthesised netlist
+    (``cells`` from :func:`synth_cells`) uses beyond the board's budget."""
+    out = []
+    for field, types in _SYNTH_HARD[board.family].items():
+        used = sum(cells.get(t, 0) for t in types)
+        avail = getattr(board, field)
+        if used > avail:
+            out.append(f"{used} {'/'.join(types)} needed, {avail} available")
+    return out
 
 
 def _first_error(log: str) -> str:
@@ -187,7 +225,16 @@ def build_design(
         raise BuildError(f"the {board.name} build took longer than {timeout_s:.0f} s") from exc
     log = proc.stdout + proc.stderr
     (out / "build.log").write_text(log)
+    rpt = out / f"{name}.rpt"
+    yosys_log = rpt.read_text() if rpt.is_file() else ""
     if proc.returncode != 0 or not bitstream.is_file():
+        over = synth_overflow(board, synth_cells(yosys_log)) if yosys_log else []
+        if over:
+            raise BoardFitError(
+                f"the synthesised design does not fit {board.name} ({board.description}): "
+                + "; ".join(over)
+                + f" (Yosys log: {rpt})"
+            )
         tim = out / f"{name}.tim"
         detail = _first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""
         raise BuildError(
@@ -195,12 +242,7 @@ def build_design(
             f"(full log: {out / 'build.log'})"
         )
     report_path = out / "report.json"
-    rpt = out / f"{name}.rpt"
-    parsed = parse_report(
-        json.loads(report_path.read_text()),
-        board.family,
-        rpt.read_text() if rpt.is_file() else "",
-    )
+    parsed = parse_report(json.loads(report_path.read_text()), board.family, yosys_log)
     result = {
         "board": board.name,
         "bitstream": str(bitstream),
@@ -219,27 +261,29 @@ def build_design(
     return result
 
 
-def plan_for_board(model: str, board: Board, seed: int = 0) -> Any:
+def plan_for_board(
+    model: str, board: Board, seed: int = 0, lanes: tuple[int, ...] | None = None
+) -> Any:
     """Compile ``model`` (built-in name or ``.py`` file) to a plan clocked at the board clock.
 
-    Lanes: one per stage — the UART bounds samples/s well below one lane's compute rate (see
-    :mod:`pipetrain.hdl.board`), so more lanes only cost multipliers and block RAM.
+    Lanes: ``lanes`` if given; otherwise the compiler's default balance, and if that plan does
+    not fit the board (:func:`check_fit`), one lane per stage — the UART bounds samples/s well
+    below one lane's compute rate (see :mod:`pipetrain.hdl.board`), so fewer lanes cost only
+    idle compute. Raises :class:`BoardFitError` when even that does not fit.
     """
-    from ..compiler.config import TrainConfig
-    from ..compiler.models import load_model
+    from ..compiler.compile import compile_model
 
-    try:  # the compiler's one-call entry point, when present
-        from ..compiler.compile import compile_model  # type: ignore[attr-defined]
-    except ImportError:
-        compile_model = None
-    if compile_model is not None:
-        return compile_model(model, clock_hz=board.clock_hz, seed=seed)
-    from ..compiler.build import build_plan
-    from ..compiler.frontend import trace
-
-    name, module, cfg = load_model(model, seed=seed)
-    ir = trace(module, name)
-    return build_plan(ir, TrainConfig.from_dict(cfg), clock_hz=board.clock_hz)
+    opts: dict[str, Any] = {"clock_hz": board.clock_hz, "seed": seed}
+    plan = compile_model(model, lanes=lanes, **opts)
+    if lanes is not None:
+        return plan
+    try:
+        check_fit(plan, board)
+        return plan
+    except BoardFitError:
+        if all(s.lanes == 1 for s in plan.stages):
+            raise
+    return compile_model(model, lanes=(1,), **opts)
 
 
 def _board_option(func: Any) -> Any:
@@ -261,6 +305,9 @@ def _board_option(func: Any) -> Any:
 @click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
 @click.option("--seed", type=int, default=0, help="Model initialisation seed.")
+@click.option(
+    "--lanes", default=None, help="Lanes per stage, e.g. 4 or 4,1 [the compiler's, fitted]."
+)
 @json_option
 @user_errors
 def build_cmd(
@@ -272,6 +319,7 @@ def build_cmd(
     force: bool,
     timeout_s: float | None,
     seed: int,
+    lanes: str | None,
     json_out: str | None,
 ) -> None:
     """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed)."""
@@ -284,7 +332,9 @@ def build_cmd(
     if loopback:
         core: Any = Loopback
     else:
-        plan = plan_for_board(model, board, seed=seed)
+        from ..compiler.lanes import parse_lanes
+
+        plan = plan_for_board(model, board, seed=seed, lanes=parse_lanes(lanes) if lanes else None)
         fit = check_fit(plan, board)
         meta |= {"plan_hash": plan.hash(), "plan": plan_totals(plan), "fit": fit}
         try:

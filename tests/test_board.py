@@ -298,6 +298,6 @@ def test_list_boards_json() -> None:
 
 
 def test_build_fit_error_is_a_clean_cli_error() -> None:
-    res = _runner().invoke(cli, ["build", "mlp-digits", "--board", "icebreaker"])
+    res = _runner().invoke(cli, ["build", "mlp-digits", "--board", "icebreaker", "--lanes", "1"])
     assert res.exit_code == 2, res.output
     assert "does not fit icebreaker" in res.output and "Traceback" not in res.output
