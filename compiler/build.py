@@ -7,6 +7,7 @@ Formats come from a :class:`FormatSpec` (static defaults here; ``auto`` calibrat
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,15 +17,28 @@ from .plan import (
     PLAN_VERSION,
     Const,
     LossUnit,
+    MemoryMap,
     Plan,
     QFormat,
     Stage,
     StageFormats,
     UpdateConstants,
 )
-from .schedule import lwp_horizon, spike_compensation, stage_layout
+from .schedule import lwp_horizon, spike_compensation, stage_layout, update_losses
 
-__all__ = ["FormatSpec", "PlanError", "build_plan", "stage_cycles", "loss_cycles", "lfsr_seeds"]
+__all__ = [
+    "FormatSpec",
+    "PlanError",
+    "PlanWarning",
+    "build_plan",
+    "stage_cycles",
+    "stage_slots",
+    "fewest_lanes",
+    "map_memory",
+    "multipliers_per_lane",
+    "loss_cycles",
+    "lfsr_seeds",
+]
 
 #: LFSR: x^32 + x^22 + x^2 + x + 1 (primitive; Xilinx XAPP052 table), Galois, left-shifting.
 LFSR_POLY = (1 << 32) | (1 << 22) | (1 << 2) | (1 << 1) | 1
@@ -37,10 +51,29 @@ MAX_SUM_BITS = 62
 CONST_MANTISSA_BITS = 18
 SLOPE_FRAC = 16
 BLOCK_RAM_BITS = 18 * 1024
+#: Aspect ratios (words, bits) of one 18 Kib block RAM in simple-dual-port mode (Xilinx RAMB18,
+#: Lattice ECP5 DP16KD): the parity bits make 9/18/36-bit words.
+BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = (
+    (16384, 1),
+    (8192, 2),
+    (4096, 4),
+    (2048, 9),
+    (1024, 18),
+    (512, 36),
+)
+#: A lane count leaving more than this fraction of lane slots idle gets a PlanWarning.
+IDLE_WARN_FRACTION = 0.25
+#: Widths allowed for activations/errors and for weights/velocities (bits).
+MAX_DATA_BITS = 32
+MAX_WEIGHT_BITS = 40
 
 
 class PlanError(ValueError):
     """The requested design is invalid or does not fit; the message gives the numbers."""
+
+
+class PlanWarning(UserWarning):
+    """The design is valid but wasteful (e.g. many idle lane slots); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +87,15 @@ class FormatSpec:
     logits: output format of the last stage (the loss unit's input).
     d: error format at each stage's output.
     w, u: weight and velocity formats of each stage (``u.frac`` must equal ``w.frac``).
+    ranges: calibrated max|value| per stage index (1-based, heads after the main stages) and
+        tensor name (``x``, ``y``, ``d``, ``gin``, ``w``, ``u``, …); build_plan checks that
+        every format holds its range and records it in ``Stage.calibrated``.
+    head_y, head_d, head_w, head_u: formats of the auxiliary-head stages in stage order (the
+        output, error, weights, velocities); missing entries default to ``logits``, the last
+        ``d``, ``w`` and ``u``. A head stage's input format is its attach stage's output format.
+    source: how the formats were chosen (``default``, ``auto``; ``+overrides`` appended).
+    notes: remarks of the format choice for the report (e.g. precision given up to keep the
+        update sum within 62 bits).
     """
 
     x: tuple[QFormat, ...]
@@ -62,6 +104,12 @@ class FormatSpec:
     w: tuple[QFormat, ...]
     u: tuple[QFormat, ...]
     ranges: dict = field(default_factory=dict)
+    head_y: tuple[QFormat, ...] = ()
+    head_d: tuple[QFormat, ...] = ()
+    head_w: tuple[QFormat, ...] = ()
+    head_u: tuple[QFormat, ...] = ()
+    source: str = "default"
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def default(cls, num_stages: int) -> FormatSpec:
@@ -147,6 +195,233 @@ def _ceil_log2(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
+def multipliers_per_lane(input_gradient: bool, sc: bool) -> int:
+    """Multipliers of one lane: forward MAC and update product (2), input-gradient MAC (+1),
+    momentum and learning-rate scaling (+1, +1 more for the Spike Compensation sum)."""
+    return (3 if input_gradient else 2) + (2 if sc else 1)
+
+
+def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int | None:
+    """Return the fewest lanes L with ``stage_cycles(N, M, L)`` ≤ ``target_cycles`` (cycles),
+    or None when even one lane per row (L = M, N+1 cycles) is too slow.
+
+    With g = ⌊T/(N+1)⌋ row groups allowed, L = ⌈M/g⌉; this L also has the fewest idle lane
+    slots among the lane counts that need g groups.
+    """
+    groups = target_cycles // (in_features + 1)
+    if groups < 1:
+        return None
+    return -(-out_features // min(groups, out_features))
+
+
+def map_memory(name: str, banks: int, depth: int, width: int) -> MemoryMap:
+    """Map ``banks`` banks of ``depth`` × ``width`` bits onto 18 Kib block RAMs.
+
+    Each bank picks the block aspect ratio of :data:`BLOCK_RAM_CONFIGS` (16K×1 … 512×36, the
+    simple-dual-port modes of Xilinx RAMB18 and Lattice ECP5 DP16KD) that needs the fewest blocks,
+    ⌈depth/d⌉·⌈width/w⌉ (ties: the deeper configuration). A zero-sized memory uses no blocks.
+    Small memories may be put in LUT RAM by synthesis, so the count is an upper bound.
+    """
+    if depth <= 0 or width <= 0 or banks <= 0:
+        return MemoryMap(name, banks, depth, width, 0, 0, 0, 0)
+    best = min(BLOCK_RAM_CONFIGS, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
+    per = -(-depth // best[0]) * -(-width // best[1])
+    return MemoryMap(name, banks, depth, width, best[0], best[1], per, banks * per)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One stage of the layout before it becomes a :class:`Stage` (internal)."""
+
+    index: int
+    name: str
+    role: str
+    block: int
+    losses: tuple[int, ...]
+    delay: int
+    derivation: str
+    in_features: int
+    out_features: int
+    activation: str
+    negative_slope: float
+    attach: int
+    grad_losses: tuple[int, ...]
+    gin_losses: tuple[int, ...]
+    head_pos: int  # 0-based index among head stages, −1 for main stages
+
+
+def stage_slots(ir: NetworkIR, config: TrainConfig) -> list[_Slot]:
+    """Return every stage of the design in order: main stages 1..S, then auxiliary-head stages.
+
+    Delays and update losses come from :func:`~pipetrain.compiler.schedule.stage_layout`. Head
+    of block k (k < K) attaches to the output of main stage ``config.blocks[k−1]``; it has
+    ``config.head_stages`` Linear stages: hidden ones h_k → h_k with ReLU (h_k = the attach
+    stage's width, *derived*: the smallest head that keeps the block's width), the last one
+    h_k → classes without activation, followed by loss unit L_k.
+
+    Streams (DESIGN §2.4): a main stage in block k back-propagates loss t if t ≥ k and t updates
+    some block j ≤ k; it sends an input gradient for the streams that the previous stage also
+    carries. Head stages carry their own loss L_k; head stage 1 sends its input gradient into
+    the attach stage only if that stage carries L_k.
+
+    Raises :class:`PlanError` for bad block boundaries (from ``stage_layout``).
+    """
+    S = len(ir.layers)
+    try:
+        roles = stage_layout(
+            S,
+            config.schedule,
+            config.strategy,
+            config.blocks,
+            config.distance,
+            config.rule,
+            config.head_stages,
+        )
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    ends = list(config.blocks) + [S] if config.strategy != "global" else [S]
+    K = len(ends)
+
+    def updates(j: int) -> tuple[int, ...]:
+        return update_losses(K, j, config.strategy, config.distance, config.rule)
+
+    def carried(k: int) -> tuple[int, ...]:
+        return tuple(t for t in range(k, K + 1) if any(t in updates(j) for j in range(1, k + 1)))
+
+    slots: list[_Slot] = []
+    for role in roles[:S]:
+        s = role.position
+        layer = ir.layers[s - 1]
+        streams = carried(role.block)
+        prev = carried(roles[s - 2].block) if s > 1 else ()
+        gin = tuple(t for t in streams if t in prev)
+        slots.append(
+            _Slot(
+                index=s,
+                name=layer.name,
+                role="main",
+                block=role.block,
+                losses=role.losses,
+                delay=role.delay,
+                derivation=role.derivation,
+                in_features=layer.in_features,
+                out_features=layer.out_features,
+                activation=layer.activation,
+                negative_slope=layer.negative_slope,
+                attach=s - 1,
+                grad_losses=streams,
+                gin_losses=gin,
+                head_pos=-1,
+            )
+        )
+    head_pos = 0
+    h = 0
+    for role in roles[S:]:
+        k = role.block
+        h = h + 1 if slots[-1].role == "head" and slots[-1].block == k else 1
+        end = ends[k - 1]
+        width = ir.layers[end - 1].out_features
+        last = h == config.head_stages
+        if h == 1:
+            attach, gin = end, ((k,) if k in carried(k) else ())
+        else:
+            attach, gin = role.position - 1, (k,)
+        slots.append(
+            _Slot(
+                index=role.position,
+                name=f"head{k}.{h - 1}",
+                role="head",
+                block=k,
+                losses=role.losses,
+                delay=role.delay,
+                derivation=role.derivation,
+                in_features=width,
+                out_features=ir.classes if last else width,
+                activation="identity" if last else "relu",
+                negative_slope=0.0,
+                attach=attach,
+                grad_losses=(k,),
+                gin_losses=gin,
+                head_pos=head_pos,
+            )
+        )
+        head_pos += 1
+    return slots
+
+
+def _slot_formats(fs: FormatSpec, slots: list[_Slot], slot: _Slot) -> StageFormats:
+    """Resolve the :class:`StageFormats` of one stage from a :class:`FormatSpec`."""
+    S = sum(1 for s in slots if s.role == "main")
+    if slot.role == "main":
+        i = slot.index - 1
+        fy = fs.x[i + 1] if i + 1 < S else fs.logits
+        gin = fs.d[i - 1] if slot.gin_losses else None
+        return StageFormats(x=fs.x[i], y=fy, d=fs.d[i], gin=gin, w=fs.w[i], u=fs.u[i])
+    j = slot.head_pos
+
+    def pick(seq: tuple[QFormat, ...], k: int, default: QFormat) -> QFormat:
+        return seq[k] if k < len(seq) else default
+
+    y = pick(fs.head_y, j, fs.logits)
+    d = pick(fs.head_d, j, fs.d[-1])
+    if slot.attach <= S:  # first head stage: reads the attach stage's output
+        x = fs.x[slot.attach] if slot.attach < S else fs.logits
+        gin = fs.d[slot.attach - 1] if slot.gin_losses else None
+    else:
+        x = pick(fs.head_y, j - 1, fs.logits)
+        gin = pick(fs.head_d, j - 1, fs.d[-1])
+    return StageFormats(
+        x=x, y=y, d=d, gin=gin, w=pick(fs.head_w, j, fs.w[-1]), u=pick(fs.head_u, j, fs.u[-1])
+    )
+
+
+def _check_formats(slot: _Slot, f: StageFormats, observed: dict[str, float]) -> None:
+    where = f"stage {slot.index} ({slot.name})"
+    for tensor in ("x", "y", "d", "gin", "w", "u"):
+        fmt = getattr(f, tensor)
+        if fmt is None:
+            continue
+        lo, hi = (2, MAX_DATA_BITS) if tensor not in ("w", "u") else (2, MAX_WEIGHT_BITS)
+        if not lo <= fmt.bits <= hi:
+            raise PlanError(
+                f"{where}: format {tensor} = {fmt} has {fmt.bits} bits; allowed {lo}..{hi}"
+            )
+        seen = observed.get(tensor)
+        if seen is not None and seen > fmt.max_value:
+            need = math.floor(math.log2(seen)) + 1
+            raise PlanError(
+                f"{where}: calibrated max|{tensor}| = {seen:.6g} does not fit {tensor} = {fmt} "
+                f"(largest value {fmt.max_value:.6g}); it needs ≥ {need} integer bits"
+            )
+    if f.u.frac != f.w.frac:
+        raise PlanError(
+            f"{where}: velocity format u = {f.u} must have as many fraction bits as the weight "
+            f"format w = {f.w} ({f.u.frac} ≠ {f.w.frac}); u is stored in weight units"
+        )
+
+
+def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat) -> LossUnit:
+    fl, fe, fr = 3, 15, 16
+    size = 16 << fl  # covers e^0 … e^−16
+    lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
+    if z.frac <= fl:
+        raise PlanError(
+            f"logit format {z} needs more than {fl} fraction bits (the exp LUT steps by 2^-{fl})"
+        )
+    return LossUnit(
+        kind=kind,
+        classes=classes,
+        z=z,
+        d=d,
+        exp_lut_frac=fl,
+        exp_frac=fe,
+        exp_lut=lut,
+        recip_frac=fr,
+        mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
+        cycles=loss_cycles(kind, classes, fe, fr),
+    )
+
+
 def build_plan(
     ir: NetworkIR,
     config: TrainConfig,
@@ -157,78 +432,112 @@ def build_plan(
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
-    ``lanes`` gives L per main stage (default 1 each). Raises :class:`PlanError` when a stage's
-    update sum exceeds 62 bits, lanes exceed a stage's rows, formats disagree, or the memory
-    exceeds ``memory_budget_bits`` (0 = no budget).
+    Stages: the main stages 1..S, then (strategies ``local``/``interlocking``) the auxiliary-head
+    stages of :func:`stage_slots`, with delays from ``schedule.stage_layout``.
+
+    ``lanes`` gives L per main stage (default 1 each), or per stage including heads; with S
+    entries each head stage gets the fewest lanes that keep it within the slowest main stage
+    (:func:`fewest_lanes`). A lane count leaving more than :data:`IDLE_WARN_FRACTION` of the
+    lane slots idle (⌈M/L⌉·L − M of ⌈M/L⌉·L) issues a :class:`PlanWarning`.
+
+    ``formats.ranges`` (calibrated max|value| per stage index and tensor) are checked against
+    the formats and recorded in ``Stage.calibrated``.
+
+    Raises :class:`PlanError`: a stage's update sum or accumulator exceeds 62 bits; lanes
+    outside 1..M (one lane per output row at most) or a lane list of the wrong length; a format
+    that cannot hold its calibrated range, has too few/many bits, or a velocity frac ≠ weight
+    frac; logits with ≤ 3 fraction bits; bad block boundaries; memory above
+    ``memory_budget_bits`` (0 = no budget).
     """
     layers = ir.layers
     S = len(layers)
+    slots = stage_slots(ir, config)
+    H = len(slots) - S
     fs = formats or FormatSpec.default(S)
+    if len(fs.x) != S or len(fs.d) != S or len(fs.w) != S or len(fs.u) != S:
+        raise PlanError(f"the format spec covers {len(fs.x)} stages but the network has {S} stages")
     lanes = list(lanes) if lanes is not None else [1] * S
-    if len(lanes) != S:
-        raise PlanError(f"lanes has {len(lanes)} entries but the network has {S} stages")
-    if config.strategy != "global":
-        # Auxiliary-head stages need their own IR; the HDL path supports the global strategy.
+    if len(lanes) not in (S, S + H):
         raise PlanError(
-            f"strategy {config.strategy!r} is not supported by the hardware plan yet "
-            "(use the reference trainer for local/interlocking experiments)"
+            f"lanes has {len(lanes)} entries but the network has {S} main stages"
+            + (f" and {H} head stages (give {S} or {S + H})" if H else "")
         )
-    roles = stage_layout(
-        S,
-        config.schedule,
-        config.strategy,
-        config.blocks,
-        config.distance,
-        config.rule,
-        config.head_stages,
-    )
+    if len(lanes) == S and H:
+        main_max = max(
+            stage_cycles(ly.in_features, ly.out_features, L)[1]
+            for ly, L in zip(layers, lanes, strict=True)
+            if L >= 1
+        )
+        for sl in slots[S:]:
+            fit = fewest_lanes(sl.in_features, sl.out_features, main_max)
+            lanes.append(fit if fit is not None else sl.out_features)
     stages = []
-    for i, (layer, role) in enumerate(zip(layers, roles, strict=True)):
-        L = lanes[i]
-        if not 1 <= L <= layer.out_features:
+    for sl, L in zip(slots, lanes, strict=True):
+        where = f"stage {sl.index} ({sl.name})"
+        if not 1 <= L <= sl.out_features:
             raise PlanError(
-                f"stage {i + 1} ({layer.name}): lanes={L} must be in 1..{layer.out_features} "
-                f"(one lane per output row at most)"
+                f"{where}: lanes={L} must be in 1..{sl.out_features} "
+                f"(one lane per output row at most; the stage has {sl.out_features} rows)"
             )
-        fx, fd, fw, fu = fs.x[i], fs.d[i], fs.w[i], fs.u[i]
-        fy = fs.x[i + 1] if i + 1 < S else fs.logits
-        if fu.frac != fw.frac:
-            raise PlanError(
-                f"stage {i + 1}: velocity frac {fu.frac} must equal weight frac {fw.frac}"
+        groups, cycles = stage_cycles(sl.in_features, sl.out_features, L)
+        idle = groups * L - sl.out_features
+        if idle / (groups * L) > IDLE_WARN_FRACTION:
+            same = fewest_lanes(sl.in_features, sl.out_features, cycles)
+            warnings.warn(
+                PlanWarning(
+                    f"{where}: {L} lanes over {sl.out_features} rows leave {idle} of "
+                    f"{groups * L} lane slots idle ({idle / (groups * L):.0%} > "
+                    f"{IDLE_WARN_FRACTION:.0%}); {same} lanes give the same {cycles} cycles"
+                ),
+                stacklevel=2,
             )
-        upd = _update_constants(config, role.delay, fx, fd, fw, fu)
+        f = _slot_formats(fs, slots, sl)
+        observed = dict(fs.ranges.get(sl.index, {}))
+        _check_formats(sl, f, observed)
+        upd = _update_constants(config, sl.delay, f.x, f.d, f.w, f.u)
         if upd.sum_bits > MAX_SUM_BITS:
             raise PlanError(
-                f"stage {i + 1} ({layer.name}): the update sum needs {upd.sum_bits} bits "
-                f"(> {MAX_SUM_BITS}); use fewer fraction bits for x ({fx}), d ({fd}) or w ({fw})"
+                f"{where}: the update sum needs {upd.sum_bits} bits (> {MAX_SUM_BITS}); use "
+                f"fewer fraction bits for x ({f.x}), d ({f.d}) or w ({f.w})"
             )
-        groups, cycles = stage_cycles(layer.in_features, layer.out_features, L)
-        n_w = layer.out_features * (layer.in_features + 1)
-        stash_entry = layer.in_features * fx.bits + layer.out_features
-        stash_bits = (role.delay + 1) * stash_entry
-        wbits, vbits = n_w * fw.bits, n_w * fu.bits
-        prev_bits = wbits if (upd.lwp_horizon and upd.lwp_form == "w") else 0
-        per_lane_words = groups * (layer.in_features + 1)
-        blocks = L * (
-            math.ceil(per_lane_words * fw.bits / BLOCK_RAM_BITS)
-            + math.ceil(per_lane_words * fu.bits / BLOCK_RAM_BITS)
-        ) + math.ceil(stash_bits / BLOCK_RAM_BITS)
-        what_bits = fw.bits + _ceil_log2(upd.lwp_horizon + 1) + 1
+        N, M = sl.in_features, sl.out_features
+        n_w = M * (N + 1)
+        stash_depth = sl.delay + 1
+        stash_bits = stash_depth * (N * f.x.bits + M)
+        wbits, vbits = n_w * f.w.bits, n_w * f.u.bits
+        lwp_w = bool(upd.lwp_horizon and upd.lwp_form == "w")
+        prev_bits = wbits if lwp_w else 0
+        words = groups * (N + 1)
+        memories = (
+            map_memory("weights", L, words, f.w.bits),
+            map_memory("velocities", L, words, f.u.bits),
+            *((map_memory("prev_weights", L, words, f.w.bits),) if lwp_w else ()),
+            map_memory("stash_x", 1, stash_depth * N, f.x.bits),
+            map_memory("stash_mask", 1, stash_depth, M),
+        )
+        what_bits = f.w.bits + _ceil_log2(upd.lwp_horizon + 1) + 1
+        acc_fwd = what_bits + f.x.bits + _ceil_log2(N + 1) + 1
+        acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+        if max(acc_fwd, acc_bwd) > MAX_SUM_BITS:
+            raise PlanError(
+                f"{where}: accumulators need {acc_fwd} (forward) / {acc_bwd} (input gradient) "
+                f"bits (> {MAX_SUM_BITS}); use narrower formats"
+            )
         stages.append(
             Stage(
-                index=i + 1,
-                name=layer.name,
-                role="main",
-                block=role.block,
-                losses=role.losses,
-                in_features=layer.in_features,
-                out_features=layer.out_features,
-                activation=layer.activation,
-                negative_slope=Const.of(layer.negative_slope, SLOPE_FRAC),
-                delay=role.delay,
-                delay_derivation=role.derivation,
-                input_gradient=i > 0,
-                stash_depth=role.delay + 1,
+                index=sl.index,
+                name=sl.name,
+                role=sl.role,
+                block=sl.block,
+                losses=sl.losses,
+                in_features=N,
+                out_features=M,
+                activation=sl.activation,
+                negative_slope=Const.of(sl.negative_slope, SLOPE_FRAC),
+                delay=sl.delay,
+                delay_derivation=sl.derivation,
+                input_gradient=bool(sl.gin_losses),
+                stash_depth=stash_depth,
                 stash_bits=stash_bits,
                 lanes=L,
                 row_groups=groups,
@@ -236,42 +545,39 @@ def build_plan(
                 weight_bits=wbits,
                 velocity_bits=vbits,
                 memory_bits=wbits + vbits + stash_bits + prev_bits,
-                memory_blocks=blocks,
-                multipliers=L * ((3 if i > 0 else 2) + (2 if upd.sc else 1)),
-                formats=StageFormats(
-                    x=fx, y=fy, d=fd, gin=fs.d[i - 1] if i > 0 else None, w=fw, u=fu
-                ),
+                memory_blocks=sum(m.blocks for m in memories),
+                multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc),
+                formats=f,
                 update=upd,
-                lfsr_seeds=lfsr_seeds(config.seed, i + 1, L),
-                acc_fwd_bits=what_bits + fx.bits + _ceil_log2(layer.in_features + 1) + 1,
-                acc_bwd_bits=fw.bits + fd.bits + _ceil_log2(layer.out_features) + 1,
+                lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
+                acc_fwd_bits=acc_fwd,
+                acc_bwd_bits=acc_bwd,
+                attach=sl.attach,
+                grad_losses=sl.grad_losses,
+                gin_losses=sl.gin_losses,
+                memories=memories,
+                calibrated={k: float(v) for k, v in sorted(observed.items())},
             )
         )
     classes = layers[-1].out_features
-    fl, fe, fr = 3, 15, 16
-    size = 16 << fl  # covers e^0 … e^−16
-    lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
-    if fs.logits.frac <= fl:
-        raise PlanError(f"logit format {fs.logits} needs more than {fl} fraction bits")
-    loss = LossUnit(
-        kind=ir.loss,
-        classes=classes,
-        z=fs.logits,
-        d=fs.d[-1],
-        exp_lut_frac=fl,
-        exp_frac=fe,
-        exp_lut=lut,
-        recip_frac=fr,
-        mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
-        cycles=loss_cycles(ir.loss, classes, fe, fr),
+    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1])
+    # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit
+    head_losses = tuple(
+        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d)
+        for st in stages[S:]
+        if st.activation == "identity"
     )
-    tick = max(s.cycles_per_tick for s in stages) + loss.cycles + TICK_OVERHEAD
-    ideal = tick if config.schedule == "pb" else 2 * S * tick
+    loss_max = max([loss.cycles] + [hl.cycles for hl in head_losses])
+    tick = max(s.cycles_per_tick for s in stages) + loss_max + TICK_OVERHEAD
+    ideal = tick if config.schedule == "pb" else 2 * len(stages) * tick
     memory = sum(s.memory_bits for s in stages)
     if memory_budget_bits and memory > memory_budget_bits:
+        worst = max(stages, key=lambda s: s.memory_bits)
         raise PlanError(
-            f"the design needs {memory} memory bits but the budget is {memory_budget_bits}; "
-            "use narrower formats or a smaller network"
+            f"the design needs {memory} memory bits ({memory / 1024:.1f} Kib) but the budget is "
+            f"{memory_budget_bits} bits ({memory_budget_bits / 1024:.1f} Kib); the largest is "
+            f"stage {worst.index} ({worst.name}) with {worst.memory_bits} bits; use narrower "
+            "formats, a smaller network or a shorter delay (schedule/strategy)"
         )
     train = config.to_dict() | {"lr1": config.lr1, "momentum1": config.momentum1}
     return Plan(
@@ -299,4 +605,6 @@ def build_plan(
         multipliers=sum(s.multipliers for s in stages),
         memory_budget_bits=memory_budget_bits,
         train=train,
+        head_losses=head_losses,
+        memory_blocks=sum(s.memory_blocks for s in stages),
     )

@@ -18,7 +18,16 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["QFormat", "Const", "StageFormats", "UpdateConstants", "Stage", "LossUnit", "Plan"]
+__all__ = [
+    "QFormat",
+    "Const",
+    "StageFormats",
+    "UpdateConstants",
+    "MemoryMap",
+    "Stage",
+    "LossUnit",
+    "Plan",
+]
 
 PLAN_VERSION = 1
 
@@ -157,6 +166,36 @@ class UpdateConstants:
 
 
 @dataclass(frozen=True)
+class MemoryMap:
+    """How one of a stage's memories maps onto 18 Kib block RAMs (``build.map_memory``).
+
+    A memory with ``banks`` identical banks (one per lane for weights/velocities), each
+    ``depth`` words of ``width`` bits, uses the block aspect ratio ``config_depth`` ×
+    ``config_width`` that needs the fewest blocks: ``blocks_per_bank`` =
+    ⌈depth/config_depth⌉·⌈width/config_width⌉, ``blocks`` = banks·blocks_per_bank.
+
+    Members
+    -------
+    name: ``weights``, ``velocities``, ``prev_weights`` (LWP ``w`` form), ``stash_x`` or
+        ``stash_mask``.
+    banks: independent banks (lanes for weights/velocities, 1 for the stash).
+    depth: words per bank.
+    width: bits per word.
+    config_depth, config_width: the chosen block aspect ratio (words × bits).
+    blocks_per_bank, blocks: block RAMs per bank and in total.
+    """
+
+    name: str
+    banks: int
+    depth: int
+    width: int
+    config_depth: int
+    config_width: int
+    blocks_per_bank: int
+    blocks: int
+
+
+@dataclass(frozen=True)
 class Stage:
     """One pipeline stage: a Linear layer with its activation, memories and update logic.
 
@@ -186,6 +225,16 @@ class Stage:
     update: update constants.
     lfsr_seeds: per-lane LFSR seeds (non-zero, 32 bit).
     acc_fwd_bits, acc_bwd_bits: accumulator widths of the forward and input-gradient sums.
+    attach: for a head stage, the main stage whose output it reads (head stage 1) — the
+        previous head stage otherwise; for a main stage, s − 1 (0 = the input).
+    grad_losses: losses whose error this stage back-propagates (1-based): the ones in
+        ``losses`` (δ·x updates these weights) plus pass-through streams (interlocking: only
+        the input gradient is formed, DESIGN §2.4). Global: (K,) everywhere.
+    gin_losses: the streams whose input gradient this stage sends back (empty when
+        ``input_gradient`` is False).
+    memories: block-RAM mapping of each memory (18 Kib blocks; sums to ``memory_blocks``).
+    calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
+        ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     """
 
     index: int
@@ -215,6 +264,11 @@ class Stage:
     lfsr_seeds: tuple[int, ...]
     acc_fwd_bits: int
     acc_bwd_bits: int
+    attach: int = 0
+    grad_losses: tuple[int, ...] = ()
+    gin_losses: tuple[int, ...] = ()
+    memories: tuple[MemoryMap, ...] = ()
+    calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -271,6 +325,9 @@ class Plan:
     memory_bits, multipliers: totals over the stages.
     memory_budget_bits: the budget validated against (0 = none).
     train: the float training settings (``TrainConfig.to_dict()``, plus ``lr1``/``momentum1``).
+    head_losses: one loss unit per auxiliary head (local/interlocking), in block order; loss
+        unit k reads the last stage of head k and is loss L_k.
+    memory_blocks: 18 Kib block RAMs over all stages.
     """
 
     version: int
@@ -297,11 +354,18 @@ class Plan:
     multipliers: int
     memory_budget_bits: int
     train: dict[str, Any]
+    head_losses: tuple[LossUnit, ...] = ()
+    memory_blocks: int = 0
 
     @property
     def main_stages(self) -> tuple[Stage, ...]:
         """The stages of the main network (no auxiliary heads), in order."""
         return tuple(s for s in self.stages if s.role == "main")
+
+    @property
+    def head_stages(self) -> tuple[Stage, ...]:
+        """The auxiliary-head stages (local/interlocking learning), in order."""
+        return tuple(s for s in self.stages if s.role == "head")
 
     @property
     def delays(self) -> tuple[int, ...]:
@@ -355,8 +419,13 @@ def _from_jsonable(tp: Any, value: Any) -> Any:
         return None if value is None else _from_jsonable(args[0], value)
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
+        # fields added later with defaults may be absent from older plan files
         return tp(
-            **{f.name: _from_jsonable(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)}
+            **{
+                f.name: _from_jsonable(hints[f.name], value[f.name])
+                for f in dataclasses.fields(tp)
+                if f.name in value
+            }
         )
     if origin is tuple:
         (arg, *_) = typing.get_args(tp)

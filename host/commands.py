@@ -2,3 +2,4 @@
 from . import cmd_sim  # noqa: F401
 from . import cmd_build  # noqa: F401
 from . import cmd_experiment  # noqa: F401
+from . import cmd_compile  # noqa: F401

@@ -1,0 +1,360 @@
+"""Choosing fixed-point formats: range calibration with the float reference trainer.
+
+Like hls4ml's ``auto`` precision, but for *training* tensors (DESIGN §4): the float PB
+reference trainer (:class:`pipetrain.sim.reference.ReferenceTrainer`) trains the network on
+calibration data with the real schedule and records max|value| of every tensor of every stage;
+each tensor then gets the fewest integer bits that hold ``headroom`` × its observed maximum and
+the rest of its width as fraction bits:
+
+* activations ``x``/``y`` and errors ``d``/``gin``: :data:`DATA_BITS` (16) bits;
+* weights ``w``: :data:`WEIGHT_BITS` (24) bits; velocities ``u``: ``u.frac = w.frac`` (they are
+  stored in weight units) and as many bits as u's range needs, at least 24.
+
+Tensors shared by two stages (stage s's output ``y`` is stage s+1's input ``x``; stage s's
+error ``d`` is stage s+1's input gradient ``gin``) get one format from the larger of the two
+observations. The update sum ``m·u + η·δx + ηλ·w`` is aligned to the finest of its terms' fraction
+bits (docs/numerics.md §5) and must fit 62 bits; where it would not, the error format gives up
+fraction bits (more headroom) until it does, and a note says so. Auxiliary heads are not
+profiled by the reference trainer: their stages take the last main stage's formats.
+
+Explicit overrides (``--format s1.x=Q3.12``, ``--format w=Q3.20``) win over the calibration;
+see :func:`apply_overrides`. Source: *derived* (range profiling as in hls4ml's ``auto``
+precision and DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from .build import (
+    MAX_SUM_BITS,
+    FormatSpec,
+    PlanError,
+    _update_constants,
+    stage_slots,
+)
+from .config import TrainConfig
+from .frontend import trace
+from .ir import NetworkIR
+from .plan import QFormat
+
+__all__ = [
+    "HEADROOM",
+    "DATA_BITS",
+    "WEIGHT_BITS",
+    "TENSORS",
+    "FormatError",
+    "parse_qformat",
+    "parse_format_overrides",
+    "format_for_range",
+    "auto_formats",
+    "apply_overrides",
+    "ir_sequential",
+]
+
+#: Calibrated max|value| × HEADROOM must fit the format (one spare integer bit).
+HEADROOM = 2.0
+#: Width of activations and errors (bits).
+DATA_BITS = 16
+#: Width of weights, and the least width of velocities (bits).
+WEIGHT_BITS = 24
+#: Tensor names of a stage that have a format.
+TENSORS = ("x", "y", "d", "gin", "w", "u")
+_GLOBAL_KEYS = (*TENSORS, "logits")
+
+
+class FormatError(PlanError):
+    """A ``--format`` override is malformed, names an unknown stage/tensor, or conflicts."""
+
+
+def parse_qformat(text: str, bits: int | None = None) -> QFormat:
+    """Parse ``Qi.f`` (i integer bits without the sign, f fraction bits; i may be negative)
+    into a QFormat of i + f + 1 bits. Raises :class:`FormatError`."""
+    m = re.fullmatch(r"\s*[Qq](-?\d+)\.(\d+)\s*", text)
+    if not m:
+        raise FormatError(
+            f"format {text!r} is not Qi.f (i integer bits, f fraction bits, e.g. Q3.12 = 16 bits)"
+        )
+    i, f = int(m.group(1)), int(m.group(2))
+    if i + f + 1 < 2:
+        raise FormatError(f"format {text!r} has {i + f + 1} bits; at least 2 are needed")
+    return QFormat(i + f + 1, f)
+
+
+def parse_format_overrides(items: list[str] | tuple[str, ...]) -> dict[str, QFormat]:
+    """Parse ``["s1.x=Q3.12", "w=Q3.20"]`` into ``{"s1.x": QFormat(16, 12), …}``.
+
+    Keys: a tensor (``x y d gin w u logits``) for every stage, or ``s<k>.<tensor>`` for stage k
+    (1-based; heads after the main stages). Raises :class:`FormatError`.
+    """
+    out: dict[str, QFormat] = {}
+    for item in items:
+        if "=" not in item:
+            raise FormatError(
+                f"--format {item!r} must be KEY=Qi.f, e.g. s1.x=Q3.12 or w=Q3.20 (keys: "
+                f"{', '.join(_GLOBAL_KEYS)} or s<stage>.<tensor>)"
+            )
+        key, value = (t.strip() for t in item.split("=", 1))
+        if not (key in _GLOBAL_KEYS or re.fullmatch(r"s\d+\.(x|y|d|gin|w|u)", key)):
+            raise FormatError(
+                f"--format key {key!r} is unknown; use one of {', '.join(_GLOBAL_KEYS)} (all "
+                "stages) or s<stage>.<tensor> with tensor in x, y, d, gin, w, u (e.g. s2.d)"
+            )
+        fmt = parse_qformat(value)
+        if key in out and out[key] != fmt:
+            raise FormatError(f"--format {key} is given twice ({out[key]} and {fmt})")
+        out[key] = fmt
+    return out
+
+
+def format_for_range(max_abs: float, bits: int, headroom: float = HEADROOM) -> QFormat:
+    """Return Q(bits, f) with the most fraction bits f whose largest value ≥ headroom·max_abs.
+
+    A zero range (a tensor that stayed 0) gets 0 integer bits. Units: max_abs in real value.
+    """
+    need = headroom * max_abs
+    if not math.isfinite(need):
+        raise PlanError(f"a calibrated range is not finite ({max_abs}); training diverged")
+    if need <= 0:
+        return QFormat(bits, bits - 1)
+    i = math.ceil(math.log2(need))
+    while QFormat(bits, bits - 1 - i).max_value < need:
+        i += 1
+    while QFormat(bits, bits - i).max_value >= need:  # log2 rounding: take the tighter one
+        i -= 1
+    return QFormat(bits, bits - 1 - i)
+
+
+def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
+    """Return an ``nn.Sequential`` of the IR's layers sharing the model's Linear modules.
+
+    The reference trainer then sees exactly the chain the front end accepted (custom
+    container modules, Dropout and Flatten removed).
+    """
+    mods: list[nn.Module] = []
+    for layer in ir.layers:
+        mods.append(model.get_submodule(layer.name))
+        if layer.activation == "relu":
+            mods.append(nn.ReLU())
+        elif layer.activation == "leaky_relu":
+            mods.append(nn.LeakyReLU(layer.negative_slope))
+    return nn.Sequential(*mods)
+
+
+def _int_bits(fmt: QFormat) -> int:
+    return fmt.bits - 1 - fmt.frac
+
+
+def auto_formats(
+    model: nn.Module,
+    config: TrainConfig,
+    x_sample: torch.Tensor,
+    y_sample: torch.Tensor,
+    samples: int | None = None,
+    overrides: Mapping[str, QFormat] | None = None,
+    headroom: float = HEADROOM,
+    ir: NetworkIR | None = None,
+) -> FormatSpec:
+    """Calibrate formats on ``x_sample`` float (n, N), ``y_sample`` int64 (n,).
+
+    Streams ``samples`` samples (default n·config.epochs, the whole training run) through the
+    float reference trainer with ``config``'s schedule and hyperparameters, in
+    :func:`pipetrain.host.data.epoch_order` order (full passes, then the first samples of the
+    data for the rest), then picks formats (module docstring) and applies ``overrides``.
+    The model's parameters are not changed. ``FormatSpec.ranges[s]`` holds stage s's observed
+    max|value| per tensor.
+
+    Raises :class:`~pipetrain.compiler.frontend.CompileError` for a model the front end rejects
+    and :class:`PlanError` for bad overrides or a diverged calibration run.
+    """
+    from ..sim.reference import ReferenceTrainer  # sim depends on compiler, not vice versa
+
+    if ir is None:
+        ir = trace(model, type(model).__name__, config.loss)
+    S = len(ir.layers)
+    n = int(x_sample.shape[0])
+    if x_sample.ndim != 2 or x_sample.shape[1] != ir.in_features:
+        raise PlanError(
+            f"calibration data has shape {tuple(x_sample.shape)} but the network takes "
+            f"(samples, {ir.in_features})"
+        )
+    total = n * config.epochs if samples is None else int(samples)
+    if total < 1:
+        raise PlanError(f"calibration needs at least one sample, got {total}")
+    # the trainer copies the parameters: the user's model is not modified
+    trainer = ReferenceTrainer(ir_sequential(model, ir), config, profile=True)
+    full, rest = divmod(total, n)
+    if full:
+        trainer.train(x_sample, y_sample, epochs=full)
+    if rest:
+        trainer.train(x_sample[:rest], y_sample[:rest], epochs=1)
+    ranges = {s: dict(v) for s, v in trainer.ranges.items()}
+
+    def r(stage: int, key: str) -> float:
+        return float(ranges.get(stage, {}).get(key, 0.0))
+
+    act = [r(1, "x")] + [max(r(s, "y"), r(s + 1, "x")) for s in range(1, S)] + [r(S, "y")]
+    err = [max(r(s, "d"), r(s + 1, "gin") if s < S else 0.0) for s in range(1, S + 1)]
+    xs = [format_for_range(v, DATA_BITS, headroom) for v in act[:S]]
+    logits = format_for_range(act[S], DATA_BITS, headroom)
+    ds = [format_for_range(v, DATA_BITS, headroom) for v in err]
+    ws = [format_for_range(r(s, "w"), WEIGHT_BITS, headroom) for s in range(1, S + 1)]
+    us = []
+    for s, w in enumerate(ws, start=1):
+        iu = _int_bits(format_for_range(r(s, "u"), WEIGHT_BITS, headroom))
+        us.append(QFormat(max(WEIGHT_BITS, iu + 1 + w.frac), w.frac))
+    notes: list[str] = []
+    ys = [*xs[1:], logits]
+    slots = stage_slots(ir, config)
+    for s in range(S):  # keep the update sum within 62 bits (numerics.md §5)
+        delay = slots[s].delay
+        while _update_constants(config, delay, xs[s], ds[s], ws[s], us[s]).sum_bits > MAX_SUM_BITS:
+            ds[s] = QFormat(ds[s].bits, ds[s].frac - 1)
+            if _int_bits(ds[s]) > DATA_BITS:
+                raise PlanError(
+                    f"stage {s + 1}: no 16-bit error format keeps the update sum within "
+                    f"{MAX_SUM_BITS} bits; lower the learning-rate precision or x ({xs[s]})"
+                )
+        base = format_for_range(err[s], DATA_BITS, headroom)
+        if ds[s] != base:
+            notes.append(
+                f"stage {s + 1}: d widened from {base} to {ds[s]} so the update sum fits "
+                f"{MAX_SUM_BITS} bits"
+            )
+    head_slots = slots[S:]
+    head_y = tuple(
+        logits if sl.activation == "identity" else (xs[sl.attach] if sl.attach < S else logits)
+        for sl in head_slots
+    )
+    fs = FormatSpec(
+        x=tuple(xs),
+        logits=ys[-1],
+        d=tuple(ds),
+        w=tuple(ws),
+        u=tuple(us),
+        ranges=ranges,
+        head_y=head_y,
+        head_d=(ds[-1],) * len(head_slots),
+        head_w=(ws[-1],) * len(head_slots),
+        head_u=(us[-1],) * len(head_slots),
+        source="auto",
+        notes=tuple(notes),
+    )
+    return apply_overrides(fs, overrides or {}, ir, config)
+
+
+def apply_overrides(
+    fs: FormatSpec, overrides: Mapping[str, QFormat], ir: NetworkIR, config: TrainConfig
+) -> FormatSpec:
+    """Return ``fs`` with explicit formats applied; stage-specific keys win over global ones.
+
+    Global keys: ``x`` (every stage input), ``y`` (every stage output, logits included), ``d``
+    (every error), ``gin`` (every input gradient = the previous stage's ``d``), ``w``, ``u``,
+    ``logits``. Stage keys ``s<k>.<tensor>`` address the shared tensor (``s1.y`` is ``s2.x``;
+    ``s2.gin`` is ``s1.d``). A head stage's ``x``/``gin`` belong to its attach stage: set them
+    there. When ``w`` is overridden but ``u`` is not, ``u`` keeps its integer bits and takes
+    ``w``'s fraction bits. Raises :class:`FormatError` for an unknown stage, a head ``x``/``gin``,
+    or two stage keys that set one tensor differently.
+    """
+    if not overrides:
+        return fs
+    S = len(ir.layers)
+    slots = stage_slots(ir, config)
+    H = len(slots) - S
+    x, d, w, u = list(fs.x), list(fs.d), list(fs.w), list(fs.u)
+    logits = fs.logits
+    hy, hd, hw, hu = (list(t) for t in (fs.head_y, fs.head_d, fs.head_w, fs.head_u))
+    # heads without explicit entries inherit the last stage's formats: materialise them
+    hy += [logits] * (H - len(hy))
+    hd += [d[-1]] * (H - len(hd))
+    hw += [w[-1]] * (H - len(hw))
+    hu += [u[-1]] * (H - len(hu))
+
+    # canonical cells: ("x", i) = input of main stage i+1 (i = S: logits), ("d", i), ("w", i),
+    # ("u", i); ("hy"/"hd"/"hw"/"hu", j) for head stage j
+    def cells(key: str) -> list[tuple[str, int]]:
+        if key == "x":
+            return [("x", i) for i in range(S)]
+        if key == "y":
+            return [("x", i) for i in range(1, S + 1)] + [("hy", j) for j in range(H)]
+        if key == "logits":
+            return [("x", S)]
+        if key == "d":
+            return [("d", i) for i in range(S)] + [("hd", j) for j in range(H)]
+        if key == "gin":
+            return [("d", sl.index - 2) for sl in slots[1:S] if sl.gin_losses]
+        if key in ("w", "u"):
+            return [(key, i) for i in range(S)] + [("h" + key, j) for j in range(H)]
+        k_str, tensor = key[1:].split(".")
+        k = int(k_str)
+        if not 1 <= k <= S + H:
+            raise FormatError(
+                f"--format {key}: there is no stage {k} (stages 1..{S + H}"
+                + (f", heads {S + 1}..{S + H}" if H else "")
+                + ")"
+            )
+        if k <= S:
+            cell = {
+                "x": ("x", k - 1),
+                "y": ("x", k),
+                "d": ("d", k - 1),
+                "w": ("w", k - 1),
+                "u": ("u", k - 1),
+            }.get(tensor)
+            if tensor == "gin":
+                if k == 1:
+                    raise FormatError(f"--format {key}: stage 1 has no input gradient")
+                cell = ("d", k - 2)
+            return [cell]
+        j = k - S - 1
+        if tensor in ("x", "gin"):
+            raise FormatError(
+                f"--format {key}: a head stage's {tensor} is its attach stage's "
+                f"{'output' if tensor == 'x' else 'error'}; set s{slots[k - 1].attach}."
+                f"{'y' if tensor == 'x' else 'd'} instead"
+            )
+        return [({"y": "hy", "d": "hd", "w": "hw", "u": "hu"}[tensor], j)]
+
+    values: dict[tuple[str, int], QFormat] = {}
+    for key in sorted(overrides, key=lambda k: k.startswith("s")):  # global keys first
+        fmt = overrides[key]
+        specific = key.startswith("s")
+        for cell in cells(key):
+            if specific and cell in values and values[cell][1] and values[cell][0] != fmt:
+                raise FormatError(
+                    f"--format {key}={fmt} conflicts with --format {values[cell][2]}="
+                    f"{values[cell][0]} (the same tensor)"
+                )
+            values[cell] = (fmt, specific, key)
+    store = {"x": x, "d": d, "w": w, "u": u, "hy": hy, "hd": hd, "hw": hw, "hu": hu}
+    for (kind, i), (fmt, _, _) in values.items():
+        if kind == "x" and i == S:
+            logits = fmt
+        else:
+            store[kind][i] = fmt
+    for wk, uk in (("w", "u"), ("hw", "hu")):
+        for i in range(len(store[wk])):
+            if (wk, i) in values and (uk, i) not in values:
+                old = store[uk][i]
+                iu = _int_bits(old)
+                frac = store[wk][i].frac
+                store[uk][i] = QFormat(max(iu + 1 + frac, 2), frac)
+    return dataclasses.replace(
+        fs,
+        x=tuple(x),
+        logits=logits,
+        d=tuple(d),
+        w=tuple(w),
+        u=tuple(u),
+        head_y=tuple(hy),
+        head_d=tuple(hd),
+        head_w=tuple(hw),
+        head_u=tuple(hu),
+        source=fs.source + "+overrides",
+    )

@@ -1,0 +1,256 @@
+"""Compile a model into a plan and its artifacts: front end → formats → lanes → plan → files.
+
+:func:`compile_model` is the library form of ``pipetrain compile``. The artifacts are written by
+the callables of :data:`ARTIFACT_WRITERS` into a temporary sibling folder of ``out_dir`` that is
+renamed into place at the end, so a failed compile leaves nothing behind (and an earlier
+output folder intact).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from .build import FormatSpec, PlanError, build_plan
+from .calibrate import apply_overrides, auto_formats, parse_format_overrides
+from .config import TrainConfig
+from .frontend import trace
+from .ir import NetworkIR
+from .lanes import choose_lanes
+from .models import ModelError, load_model
+from .plan import Plan, QFormat
+from .report import render_report
+
+__all__ = [
+    "CompileResult",
+    "ArtifactWriter",
+    "ARTIFACT_WRITERS",
+    "write_plan_json",
+    "write_report_md",
+    "compile_model",
+    "compile_result",
+]
+
+
+@dataclass
+class CompileResult:
+    """Everything a compile produced (what the artifact writers get).
+
+    Members
+    -------
+    name: model name (built-in name or the model file's stem).
+    model: the user's module (parameters as initialised with ``config.seed``).
+    ir: the traced network.
+    config: the resolved training settings.
+    formats: the format spec the plan was built from (with calibrated ranges for ``auto``).
+    plan: the plan.
+    warnings: warning messages (front end, lanes) for the report and the CLI.
+    out_dir: the final output folder (None when nothing is written).
+    files: names of the files written into ``out_dir``.
+    """
+
+    name: str
+    model: nn.Module
+    ir: NetworkIR
+    config: TrainConfig
+    formats: FormatSpec
+    plan: Plan
+    warnings: list[str] = field(default_factory=list)
+    out_dir: Path | None = None
+    files: list[str] = field(default_factory=list)
+
+
+#: An artifact writer: ``writer(result, folder)`` writes its files into ``folder`` (a
+#: temporary folder that becomes ``result.out_dir``) and returns their names.
+ArtifactWriter = Callable[[CompileResult, Path], Sequence[str]]
+
+
+def write_plan_json(result: CompileResult, folder: Path) -> Sequence[str]:
+    """Write ``plan.json`` (canonical JSON, :meth:`Plan.to_json`)."""
+    (folder / "plan.json").write_text(result.plan.to_json() + "\n")
+    return ["plan.json"]
+
+
+def write_report_md(result: CompileResult, folder: Path) -> Sequence[str]:
+    """Write ``report.md`` (:func:`pipetrain.compiler.report.render_report`)."""
+    text = render_report(
+        result.plan,
+        warnings=result.warnings,
+        notes=result.formats.notes,
+        formats_source=result.formats.source,
+    )
+    (folder / "report.md").write_text(text + "\n")
+    return ["report.md"]
+
+
+#: The artifacts of a compile, written in order. HDL hook: the Verilog writer
+#: (``DIR/<name>.v``) is appended here as one more ArtifactWriter.
+ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md]
+
+
+def _load(
+    model_spec: str | nn.Module, seed: int
+) -> tuple[str, nn.Module, dict | TrainConfig | None]:
+    if isinstance(model_spec, nn.Module):
+        return type(model_spec).__name__, model_spec, None
+    if not isinstance(model_spec, str):
+        raise ModelError(
+            f"model must be a built-in name, a .py path or an nn.Module, got "
+            f"{type(model_spec).__name__}"
+        )
+    return load_model(model_spec, seed=seed)
+
+
+def compile_result(
+    model_spec: str | nn.Module,
+    config: TrainConfig | None = None,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    config_overrides: Mapping | None = None,
+    formats: str | FormatSpec = "auto",
+    format_overrides: Mapping[str, QFormat] | Sequence[str] | None = None,
+    data: str = "digits",
+    calib_samples: int | None = None,
+    lanes: Sequence[int] | None = None,
+    target_cycles: int | None = None,
+    max_multipliers: int | None = None,
+    memory_budget_bits: int = 0,
+    clock_hz: float = 50e6,
+    writers: Sequence[ArtifactWriter] | None = None,
+    name: str | None = None,
+    seed: int | None = None,
+) -> CompileResult:
+    """Compile ``model_spec`` and return the :class:`CompileResult`; see :func:`compile_model`."""
+    overrides = dict(config_overrides or {})
+    if seed is not None:
+        overrides["seed"] = seed
+    seed0 = overrides.get("seed")
+    loaded_name, model, file_config = _load(model_spec, seed0 if seed0 is not None else 0)
+    if config is None:
+        config = TrainConfig.from_dict(file_config)
+    config = config.replace(**overrides)
+    if seed0 is None and config.seed != 0 and isinstance(model_spec, str):
+        # the model file's config chose another seed: initialise with it
+        loaded_name, model, _ = _load(model_spec, config.seed)
+    name = name or loaded_name
+    caught: list[str] = []
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        ir = trace(model, name, config.loss)
+        if isinstance(format_overrides, (list, tuple)):
+            fmt_over = parse_format_overrides(format_overrides)
+        else:
+            fmt_over = dict(format_overrides or {})
+        chosen = choose_lanes(ir, config, lanes, target_cycles, max_multipliers)  # fail fast
+        if fmt_over:  # check the override keys before a calibration run
+            apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
+        if isinstance(formats, FormatSpec):
+            spec = apply_overrides(formats, fmt_over, ir, config)
+        elif formats == "default":
+            spec = apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
+        elif formats == "auto":
+            from ..host.data import load_data  # host data loading; compiler stays torch-only
+
+            ds = load_data(data)
+            if ds.features != ir.in_features:
+                raise PlanError(
+                    f"calibration data {ds.name!r} has {ds.features} features but model "
+                    f"{name!r} takes {ir.in_features} inputs"
+                )
+            if ds.classes > ir.classes:
+                raise PlanError(
+                    f"calibration data {ds.name!r} has {ds.classes} classes but model "
+                    f"{name!r} has {ir.classes} outputs"
+                )
+            spec = auto_formats(
+                model, config, ds.x_train, ds.y_train, calib_samples, fmt_over, ir=ir
+            )
+        else:
+            raise PlanError(f"formats must be 'auto', 'default' or a FormatSpec, got {formats!r}")
+        plan = build_plan(ir, config, spec, chosen, clock_hz, memory_budget_bits)
+    for rec in records:
+        caught.append(str(rec.message))
+    result = CompileResult(name, model, ir, config, spec, plan, caught)
+    if out_dir is not None:
+        _write_artifacts(result, Path(out_dir), ARTIFACT_WRITERS if writers is None else writers)
+    return result
+
+
+def compile_model(
+    model_spec: str | nn.Module,
+    config: TrainConfig | None = None,
+    out_dir: str | os.PathLike | None = None,
+    **options,
+) -> Plan:
+    """Compile a model into a :class:`Plan`; with ``out_dir`` also write the artifacts.
+
+    ``model_spec``: a built-in name (``mlp-digits``), a ``.py`` file defining ``model`` (and
+    optionally ``config``), or an ``nn.Module``. ``config``: the training settings (default: the
+    model file's ``config``, else :class:`TrainConfig` defaults); ``config_overrides`` (a dict of
+    TrainConfig fields, ``None`` values ignored) are applied on top.
+
+    Options: ``formats`` (``"auto"``: calibrate on ``data``'s training set with
+    :func:`~pipetrain.compiler.calibrate.auto_formats`, ``calib_samples`` samples; ``"default"``:
+    :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
+    ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
+    (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
+    ``clock_hz``, ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand
+    for ``config_overrides={"seed": …}``).
+
+    ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
+    written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing
+    ``out_dir`` is replaced only if it is empty or holds a ``plan.json`` (an earlier compile).
+
+    Raises :class:`~pipetrain.compiler.models.ModelError` (incl. ``CompileError``) for a bad
+    model, :class:`~pipetrain.compiler.config.ConfigError` for bad settings,
+    :class:`~pipetrain.compiler.build.PlanError` (incl. ``FormatError``) for a design that is
+    invalid or does not fit, :class:`~pipetrain.host.data.DataError` for bad calibration data.
+    """
+    return compile_result(model_spec, config, out_dir, **options).plan
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path.resolve().parent
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def _write_artifacts(result: CompileResult, out: Path, writers: Sequence[ArtifactWriter]) -> None:
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"output path {str(out)!r} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "plan.json").is_file():
+        raise PlanError(
+            f"output folder {str(out)!r} is not empty and holds no plan.json (not an earlier "
+            "compile); refusing to replace it — choose another --out"
+        )
+    base = _nearest_existing(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=base))
+    old: Path | None = None
+    try:
+        files: list[str] = []
+        result.out_dir = out
+        for writer in writers:
+            files.extend(writer(result, tmp))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / "previous")
+        os.replace(tmp, out)
+        result.files = files
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / "previous").exists() and not out.exists():
+            os.replace(old / "previous", out)  # put the earlier output back
+        result.out_dir = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""Choosing lanes (parallel MAC units per stage, FINN's "folding") for the lockstep tick.
+
+A tick lasts as long as the slowest stage (DESIGN §3), so lanes are worth adding only where a
+stage is slower than the others. Stage cycles come from
+:func:`pipetrain.compiler.build.stage_cycles`: ⌈M/L⌉·(N+1) for N inputs, M rows, L lanes.
+
+Policies (exactly one applies; :func:`choose_lanes`):
+
+* explicit: ``lanes=(8,)`` for every main stage, or one entry per main stage (``8,2``), or one
+  per stage including auxiliary heads. Heads not listed get the fewest lanes that keep them
+  within the slowest main stage.
+* ``target_cycles=T``: every stage gets the fewest lanes whose pass takes ≤ T cycles.
+* ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers (so
+  the slowest stage sets the tick and no stage has more lanes than T needs).
+* default: T = the pass of the largest stage (most cycles at one lane) with
+  :data:`DEFAULT_LANES` lanes (or one lane per row if it has fewer rows); every other stage
+  gets the fewest lanes meeting T. For mlp-digits (64→32→10) that is 4 and 1 lanes, 520
+  cycles.
+
+Source: *derived* from the lockstep tick model (DESIGN §3); the "fewest lanes that meet the
+slowest stage" balancing follows FINN's folding heuristic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .build import (
+    PlanError,
+    fewest_lanes,
+    multipliers_per_lane,
+    stage_cycles,
+    stage_slots,
+)
+from .config import TrainConfig
+from .ir import NetworkIR
+
+__all__ = ["DEFAULT_LANES", "parse_lanes", "choose_lanes", "lanes_for_target"]
+
+#: Lanes given to the largest stage by default; the others are balanced to its cycles.
+DEFAULT_LANES = 4
+
+
+def parse_lanes(text: str) -> tuple[int, ...]:
+    """Parse ``"4"`` or ``"8,2"`` into lane counts. Raises :class:`PlanError` on bad text."""
+    try:
+        values = tuple(int(v) for v in text.replace(" ", "").split(","))
+    except ValueError:
+        raise PlanError(
+            f"--lanes {text!r} is not a number or a comma-separated list of numbers (e.g. 4 or 8,2)"
+        ) from None
+    if any(v < 1 for v in values):
+        raise PlanError(f"--lanes {text!r}: every lane count must be ≥ 1")
+    return values
+
+
+def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> tuple[int, ...]:
+    """Return the fewest lanes per stage (main, then heads) with each pass ≤ ``target_cycles``.
+
+    Raises :class:`PlanError` when a stage cannot reach the target even with one lane per row
+    (its pass then takes N+1 cycles).
+    """
+    out = []
+    for sl in stage_slots(ir, config):
+        L = fewest_lanes(sl.in_features, sl.out_features, target_cycles)
+        if L is None:
+            raise PlanError(
+                f"--target-cycles {target_cycles} is below what stage {sl.index} ({sl.name}, "
+                f"{sl.in_features}→{sl.out_features}) can do: even one lane per row needs "
+                f"{sl.in_features + 1} cycles"
+            )
+        out.append(L)
+    return tuple(out)
+
+
+def _multipliers(ir: NetworkIR, config: TrainConfig, lanes: Sequence[int]) -> int:
+    sc = "sc" in config.mitigation
+    return sum(
+        L * multipliers_per_lane(bool(sl.gin_losses), sc)
+        for sl, L in zip(stage_slots(ir, config), lanes, strict=True)
+    )
+
+
+def choose_lanes(
+    ir: NetworkIR,
+    config: TrainConfig,
+    lanes: Sequence[int] | None = None,
+    target_cycles: int | None = None,
+    max_multipliers: int | None = None,
+) -> tuple[int, ...]:
+    """Return the lanes of every stage (main stages, then auxiliary heads).
+
+    See the module docstring for the policies. Raises :class:`PlanError` when more than one
+    policy is given, a list has the wrong length, a lane count exceeds a stage's rows, the
+    target is unreachable, or even one lane per stage exceeds ``max_multipliers``.
+    """
+    given = [n for n, v in (("--lanes", lanes), ("--target-cycles", target_cycles),
+                            ("--max-multipliers", max_multipliers)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise PlanError(f"give only one of {', '.join(given)} (they all choose the lanes)")
+    slots = stage_slots(ir, config)
+    S = len(ir.layers)
+    if lanes is not None:
+        lanes = tuple(lanes)
+        if len(lanes) == 1:
+            lanes = lanes * S
+        if len(lanes) not in (S, len(slots)):
+            raise PlanError(
+                f"--lanes has {len(lanes)} entries but the network has {S} main stages"
+                + (f" and {len(slots) - S} head stages" if len(slots) > S else "")
+                + f"; give one number for all stages or {S} numbers"
+            )
+        for sl, L in zip(slots, lanes, strict=False):
+            if not 1 <= L <= sl.out_features:
+                raise PlanError(
+                    f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.out_features} "
+                    f"(one lane per output row at most; the stage has {sl.out_features} rows)"
+                )
+        if len(lanes) == S and len(slots) > S:
+            slowest = max(
+                stage_cycles(sl.in_features, sl.out_features, L)[1]
+                for sl, L in zip(slots, lanes, strict=False)
+            )
+            lanes = lanes + tuple(
+                fewest_lanes(sl.in_features, sl.out_features, slowest) or sl.out_features
+                for sl in slots[S:]
+            )
+        return lanes
+    if target_cycles is not None:
+        if target_cycles < 1:
+            raise PlanError(f"--target-cycles must be ≥ 1, got {target_cycles}")
+        return lanes_for_target(ir, config, target_cycles)
+    if max_multipliers is not None:
+        candidates = sorted(
+            {
+                stage_cycles(sl.in_features, sl.out_features, L)[1]
+                for sl in slots
+                for L in range(1, sl.out_features + 1)
+            }
+        )
+        floor = max(sl.in_features + 1 for sl in slots)
+        for T in candidates:
+            if T < floor:
+                continue
+            choice = lanes_for_target(ir, config, T)
+            if _multipliers(ir, config, choice) <= max_multipliers:
+                return choice
+        smallest = _multipliers(ir, config, [1] * len(slots))
+        raise PlanError(
+            f"--max-multipliers {max_multipliers} is below the smallest design: one lane per "
+            f"stage already uses {smallest} multipliers"
+        )
+    largest = max(slots, key=lambda sl: stage_cycles(sl.in_features, sl.out_features, 1)[1])
+    L = min(DEFAULT_LANES, largest.out_features)
+    return lanes_for_target(
+        ir, config, stage_cycles(largest.in_features, largest.out_features, L)[1]
+    )

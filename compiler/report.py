@@ -1,0 +1,286 @@
+"""Human- and machine-readable summaries of a :class:`~pipetrain.compiler.plan.Plan`.
+
+* :func:`stage_table` — the per-stage table ``pipetrain compile`` prints (aligned Markdown);
+* :func:`format_table` — every tensor's format against its calibrated range;
+* :func:`render_report` — ``report.md``: both tables, totals, loss units, notes and warnings;
+* :func:`plan_summary` — the JSON result of ``pipetrain compile --json``.
+
+Every number is read from the plan (nothing is recomputed here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .plan import Plan, QFormat, Stage
+
+__all__ = [
+    "markdown_table",
+    "stage_table",
+    "totals_text",
+    "format_table",
+    "render_report",
+    "plan_summary",
+]
+
+_TENSORS = ("x", "y", "d", "gin", "w", "u")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Return an aligned Markdown table (readable as plain text too); numbers right-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    numeric = [all(_is_number(r[i]) for r in cells) and bool(cells) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        out = []
+        for v, w, num in zip(values, widths, numeric, strict=True):
+            out.append(v.rjust(w) if num else v.ljust(w))
+        return "| " + " | ".join(out) + " |"
+
+    sep = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+            for w, num in zip(widths, numeric, strict=True)
+        )
+        + "|"
+    )
+    return "\n".join([line(headers), sep, *(line(r) for r in cells)])
+
+
+def _is_number(text: str) -> bool:
+    if text in ("", "–", "total"):
+        return True
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def _fmt(f: QFormat | None) -> str:
+    return "–" if f is None else str(f)
+
+
+def _layer(st: Stage) -> str:
+    return st.name if st.role == "main" else f"{st.name} (head)"
+
+
+def stage_table(plan: Plan) -> str:
+    """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, cycles per
+    tick, memory (bits and 18 Kib blocks), multipliers and the x/y/d/w/u formats."""
+    headers = (
+        "stage", "layer", "shape", "act", "D_s", "stash", "lanes", "cycles/tick",
+        "memory bits", "BRAM18", "mults", "x", "y", "d", "gin", "w", "u",
+    )  # fmt: skip
+    rows = []
+    for st in plan.stages:
+        f = st.formats
+        rows.append(
+            (
+                st.index,
+                _layer(st),
+                f"{st.in_features}→{st.out_features}",
+                st.activation,
+                st.delay,
+                st.stash_depth,
+                st.lanes,
+                st.cycles_per_tick,
+                st.memory_bits,
+                st.memory_blocks,
+                st.multipliers,
+                _fmt(f.x),
+                _fmt(f.y),
+                _fmt(f.d),
+                _fmt(f.gin),
+                _fmt(f.w),
+                _fmt(f.u),
+            )
+        )
+    rows.append(
+        (
+            "total", "", "", "", "", "", sum(s.lanes for s in plan.stages), "",
+            plan.memory_bits, plan.memory_blocks, plan.multipliers, "", "", "", "", "", "",
+        )
+    )  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def totals_text(plan: Plan) -> str:
+    """Return the tick, throughput and memory totals as a few lines of text."""
+    slowest = max(plan.stages, key=lambda s: s.cycles_per_tick)
+    losses = [plan.loss, *plan.head_losses]
+    loss_cycles = max(lu.cycles for lu in losses)
+    overhead = plan.tick_cycles - slowest.cycles_per_tick - loss_cycles
+    lines = [
+        f"tick: {plan.tick_cycles} cycles = slowest stage {slowest.index} "
+        f"({slowest.cycles_per_tick}) + loss unit ({loss_cycles}) + overhead ({overhead})",
+        f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
+        f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
+        f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) in "
+        f"{plan.memory_blocks} 18 Kib block RAMs"
+        + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
+        f"multipliers: {plan.multipliers}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
+        f"plan hash: {plan.hash}",
+    ]
+    return "\n".join(lines)
+
+
+def format_table(plan: Plan) -> str:
+    """Return every stage tensor's format, its largest value and the calibrated max|value|
+    (with the ratio format max / observed, the headroom; '–' where not calibrated)."""
+    headers = ("stage", "tensor", "format", "bits", "format max", "observed max", "headroom")
+    rows = []
+    for st in plan.stages:
+        for t in _TENSORS:
+            f = getattr(st.formats, t)
+            if f is None:
+                continue
+            seen = st.calibrated.get(t)
+            rows.append(
+                (
+                    st.index,
+                    t,
+                    str(f),
+                    f.bits,
+                    f"{f.max_value:.6g}",
+                    "–" if seen is None else f"{seen:.6g}",
+                    "–" if not seen else f"{f.max_value / seen:.2f}",
+                )
+            )
+    return markdown_table(headers, rows)
+
+
+def render_report(
+    plan: Plan,
+    warnings: Sequence[str] = (),
+    notes: Sequence[str] = (),
+    formats_source: str = "",
+) -> str:
+    """Return ``report.md``: settings, stage table, totals, loss units, formats, notes,
+    warnings and each stage's delay derivation."""
+    t = plan.train
+    lines = [
+        f"# pipetrain plan: {plan.name}",
+        "",
+        f"- schedule `{plan.schedule}`, mitigation `{plan.mitigation}`"
+        + (f" (LWP form `{plan.lwp_form}`)" if "lwp" in plan.mitigation else "")
+        + f", strategy `{plan.strategy}`"
+        + (
+            f" (distance {plan.distance}, rule `{plan.rule}`, blocks end after "
+            f"{', '.join(str(b) for b in t.get('blocks', []))})"
+            if plan.strategy != "global"
+            else ""
+        ),
+        f"- η = {t['lr']}, m = {t['momentum']}, λ = {t['weight_decay']} at batch "
+        f"{t['batch_ref']} → batch 1: η₁ = {t['lr1']:.6g}, m₁ = {t['momentum1']:.6g}",
+        f"- loss `{plan.loss.kind}` over {plan.loss.classes} classes; rounding "
+        f"`{plan.rounding}`; formats: {formats_source or 'given'}",
+        f"- input: {plan.in_features} features",
+        "",
+        "## Stages",
+        "",
+        stage_table(plan),
+        "",
+        "```",
+        totals_text(plan),
+        "```",
+        "",
+        "## Delays",
+        "",
+    ]
+    for st in plan.stages:
+        lines.append(
+            f"- stage {st.index} ({_layer(st)}): D = {st.delay} — {st.delay_derivation}; "
+            f"updated by loss {', '.join(f'L{k}' for k in st.losses)}"
+            + (
+                f"; back-propagates {', '.join(f'L{k}' for k in st.grad_losses)}"
+                if st.grad_losses
+                else ""
+            )
+            + (
+                f"; sends input gradient of {', '.join(f'L{k}' for k in st.gin_losses)}"
+                if st.gin_losses
+                else "; no input gradient"
+            )
+        )
+    lines += ["", "## Memories (18 Kib block RAMs)", ""]
+    mem_rows = [
+        (
+            st.index,
+            m.name,
+            m.banks,
+            m.depth,
+            m.width,
+            f"{m.config_depth}×{m.config_width}",
+            m.blocks,
+        )
+        for st in plan.stages
+        for m in st.memories
+    ]
+    lines.append(
+        markdown_table(
+            ("stage", "memory", "banks", "depth", "width", "block mode", "blocks"), mem_rows
+        )  # fmt: skip
+    )
+    lines += ["", "## Formats", "", format_table(plan), ""]
+    lu_rows = [
+        (name, lu.kind, lu.classes, str(lu.z), str(lu.d), lu.cycles)
+        for name, lu in [("L_K (main)", plan.loss)]
+        + [(f"L{k} (head {k})", lu) for k, lu in enumerate(plan.head_losses, start=1)]
+    ]
+    lines += [
+        "## Loss units",
+        "",
+        markdown_table(("loss", "kind", "classes", "logits", "error", "cycles"), lu_rows),
+        "",
+    ]
+    if notes:
+        lines += ["## Notes", "", *(f"- {n}" for n in notes), ""]
+    if warnings:
+        lines += ["## Warnings", "", *(f"- {w}" for w in warnings), ""]
+    return "\n".join(lines)
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """Return the JSON result of ``pipetrain compile``: plan hash, per-stage numbers, totals.
+
+    Keys: ``plan_hash``, ``name``, ``stages`` (``index``, ``name``, ``role``, ``block``,
+    ``in_features``, ``out_features``, ``delay``, ``stash_depth``, ``lanes``,
+    ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``),
+    ``tick_cycles``, ``ideal_cycles_per_sample``, ``samples_per_s``, ``memory_bits``,
+    ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``.
+    """
+    return {
+        "plan_hash": plan.hash,
+        "name": plan.name,
+        "schedule": plan.schedule,
+        "strategy": plan.strategy,
+        "stages": [
+            {
+                "index": st.index,
+                "name": st.name,
+                "role": st.role,
+                "block": st.block,
+                "in_features": st.in_features,
+                "out_features": st.out_features,
+                "delay": st.delay,
+                "stash_depth": st.stash_depth,
+                "lanes": st.lanes,
+                "cycles_per_tick": st.cycles_per_tick,
+                "memory_bits": st.memory_bits,
+                "memory_blocks": st.memory_blocks,
+                "multipliers": st.multipliers,
+                "formats": {t: _fmt(getattr(st.formats, t)) for t in _TENSORS},
+            }
+            for st in plan.stages
+        ],
+        "tick_cycles": plan.tick_cycles,
+        "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
+        "samples_per_s": plan.samples_per_s,
+        "memory_bits": plan.memory_bits,
+        "memory_blocks": plan.memory_blocks,
+        "multipliers": plan.multipliers,
+    }

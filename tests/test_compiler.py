@@ -1,0 +1,484 @@
+"""Compiler: torch.fx front end, plan building (heads, validation, memories), lanes, formats."""
+
+import itertools
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pipetrain.compiler.build import (
+    FormatSpec,
+    PlanError,
+    PlanWarning,
+    build_plan,
+    map_memory,
+    multipliers_per_lane,
+    stage_cycles,
+)
+from pipetrain.compiler.calibrate import (
+    DATA_BITS,
+    HEADROOM,
+    WEIGHT_BITS,
+    FormatError,
+    apply_overrides,
+    auto_formats,
+    format_for_range,
+    parse_format_overrides,
+    parse_qformat,
+)
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.frontend import CompileError, trace
+from pipetrain.compiler.lanes import choose_lanes, parse_lanes
+from pipetrain.compiler.models import ModelError, build_mlp, load_model
+from pipetrain.compiler.plan import Plan, QFormat
+from pipetrain.host.data import load_digits
+from torch import nn
+
+
+def _ir(spec="mlp-digits"):
+    name, model, _ = load_model(spec)
+    return trace(model, name)
+
+
+# ---- front end ----------------------------------------------------------------------------
+
+
+def test_trace_builtin_models():
+    ir = _ir("mlp-digits-deep")
+    assert ir.in_features == 64 and ir.classes == 10
+    assert [(ly.name, ly.in_features, ly.out_features, ly.activation) for ly in ir.layers] == [
+        ("0", 64, 32, "relu"),
+        ("2", 32, 32, "relu"),
+        ("4", 32, 32, "relu"),
+        ("6", 32, 10, "identity"),
+    ]
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+        self.act = nn.LeakyReLU(0.125)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.act(self.fc(x)))
+
+
+class _Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.flat = nn.Flatten()
+        self.body = _Block()
+        self.skip = nn.Identity()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.skip(self.body(self.flat(x))))
+
+
+def test_trace_nested_modules_leaky_slope_and_dropout_warning():
+    with pytest.warns(UserWarning, match=r"'body.drop' \(Dropout, p=0.1\) is compiled as identity"):
+        ir = trace(_Nested(), "nested", "mse")
+    assert ir.loss == "mse"
+    assert [(ly.name, ly.activation, ly.negative_slope) for ly in ir.layers] == [
+        ("body.fc", "leaky_relu", 0.125),
+        ("head", "identity", 0.0),
+    ]
+
+
+class _Func(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.fc, self.out, self.how = nn.Linear(4, 4), nn.Linear(4, 2), how
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "torch.relu":
+            h = torch.relu(h)
+        elif self.how == "F.relu":
+            h = F.relu(h)
+        elif self.how == "add":
+            h = h + 1
+        elif self.how == "control":
+            if h.sum() > 0:  # data-dependent: fx cannot trace
+                h = -h
+        elif self.how == "skip":
+            h = self.fc(x) + x
+        return self.out(h)
+
+
+class _Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(self.conv(x))
+
+
+BAD_MODELS = {
+    "lstm": (nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)), ["'1'", "LSTM", "supported"]),
+    "conv": (_Conv(), ["'conv'", "Conv2d", "supported"]),
+    "tanh": (nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)), ["'1'", "Tanh"]),
+    "torch.relu": (_Func("torch.relu"), ["torch", "relu", "nn.ReLU()", "test_compiler.py"]),
+    "F.relu": (_Func("F.relu"), ["torch.nn.functional.relu", "test_compiler.py"]),
+    "add": (_Func("add"), ["operator 'add'", "supported"]),
+    "control": (_Func("control"), ["cannot be traced", "control flow", "test_compiler.py"]),
+    "skip": (_Func("skip"), ["plain chain"]),
+    "act-first": (nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), ["'0'", "ReLU", "before the first"]),
+    "two-acts": (
+        nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.LeakyReLU(), nn.Linear(4, 2)),
+        ["'2'", "LeakyReLU", "follows another activation"],
+    ),
+    "sizes": (nn.Sequential(nn.Linear(4, 5), nn.Linear(4, 2)), ["'1'", "expects 4", "produces 5"]),
+    "no-bias": (nn.Sequential(nn.Linear(4, 2, bias=False)), ["'0'", "no bias"]),
+    "no-linear": (nn.Sequential(nn.Flatten()), ["no nn.Linear"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_trace_rejects_unsupported_models_with_path_type_and_supported_set(case):
+    model, needles = BAD_MODELS[case]
+    with pytest.raises(CompileError) as info:
+        trace(model, "bad")
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    assert isinstance(info.value, ModelError)  # the CLI reports it as a user error
+
+
+def test_trace_rejects_non_module():
+    with pytest.raises(CompileError, match="is a dict, not a torch.nn.Module"):
+        trace({"a": 1}, "x")
+
+
+# ---- plan: delays, heads, streams ---------------------------------------------------------
+
+
+def test_pb_and_sequential_delays_and_cycles():
+    ir = _ir("mlp-digits-deep")
+    plan = build_plan(ir, TrainConfig(), lanes=[4, 3, 3, 1])
+    assert plan.delays == (7, 5, 3, 1)  # 2(S−s)+1, S = 4
+    assert [s.stash_depth for s in plan.stages] == [8, 6, 4, 2]
+    assert [s.cycles_per_tick for s in plan.stages] == [8 * 65, 11 * 33, 11 * 33, 10 * 33]
+    # tick = slowest stage + loss unit (3·10 + 15 + 16 + 4 = 65) + overhead 4
+    assert plan.tick_cycles == 520 + 65 + 4 == plan.ideal_cycles_per_sample
+    seq = build_plan(ir, TrainConfig(schedule="sequential"), lanes=[4, 3, 3, 1])
+    assert seq.delays == (0, 0, 0, 0)
+    assert seq.ideal_cycles_per_sample == 2 * 4 * 589
+    assert [s.input_gradient for s in plan.stages] == [False, True, True, True]
+
+
+HEAD_CONFIGS = [
+    dict(strategy="local", blocks=(2,)),
+    dict(strategy="local", blocks=(1, 3), schedule="sequential"),
+    dict(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2),
+    dict(strategy="interlocking", blocks=(1, 2), distance=2, rule="sum"),
+]
+
+
+@pytest.mark.parametrize("cfg", HEAD_CONFIGS, ids=lambda c: f"{c['strategy']}-{c['blocks']}")
+def test_head_stage_delays_equal_reference_trainer(cfg):
+    from pipetrain.sim.reference import ReferenceTrainer
+
+    name, model, _ = load_model("mlp-digits-deep")
+    config = TrainConfig(**cfg)
+    plan = build_plan(trace(model, name), config, lanes=[1, 1, 1, 1])
+    ref = ReferenceTrainer(model, config)
+    assert plan.delays == ref.delays
+    assert [(s.in_features, s.out_features) for s in plan.stages] == [
+        (spec.in_features, spec.out_features) for spec in ref.stages
+    ]
+    assert len(plan.head_losses) == len(config.blocks)
+
+
+def test_interlocking_streams_and_heads():
+    # K = 4 blocks of one stage each, d = 1, two-stage heads: block k is updated by L_{k+1}
+    ir = _ir("mlp-digits-deep")
+    cfg = TrainConfig(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2)
+    plan = build_plan(ir, cfg, lanes=[1, 1, 1, 1])
+    rows = [
+        (s.index, s.role, s.block, s.losses, s.grad_losses, s.gin_losses, s.attach, s.delay)
+        for s in plan.stages
+    ]
+    assert rows == [
+        (1, "main", 1, (2,), (2,), (), 0, 7),
+        (2, "main", 2, (3,), (2, 3), (2,), 1, 7),  # L2 passes through to block 1
+        (3, "main", 3, (4,), (3, 4), (3,), 2, 3),
+        (4, "main", 4, (4,), (4,), (4,), 3, 1),
+        (5, "head", 1, (1,), (1,), (), 1, 3),  # L1 updates no block: no input gradient
+        (6, "head", 1, (1,), (1,), (1,), 5, 1),
+        (7, "head", 2, (2,), (2,), (2,), 2, 3),
+        (8, "head", 2, (2,), (2,), (2,), 7, 1),
+        (9, "head", 3, (3,), (3,), (3,), 3, 3),
+        (10, "head", 3, (3,), (3,), (3,), 9, 1),
+    ]
+    heads = plan.head_stages
+    assert [(s.name, s.in_features, s.out_features, s.activation) for s in heads[:2]] == [
+        ("head1.0", 32, 32, "relu"),
+        ("head1.1", 32, 10, "identity"),
+    ]
+    assert heads[0].formats.gin is None and heads[1].formats.gin == heads[1].formats.d
+    # local: the first stage of block 2 is detached
+    local = build_plan(ir, TrainConfig(strategy="local", blocks=(2,)), lanes=[1, 1, 1, 1])
+    assert [s.input_gradient for s in local.stages] == [False, True, False, True, True]
+
+
+def test_bad_blocks_are_a_plan_error():
+    with pytest.raises(PlanError, match="strictly increasing"):
+        build_plan(_ir(), TrainConfig(strategy="local", blocks=(2,)))
+
+
+# ---- plan: validation and memories --------------------------------------------------------
+
+
+def test_map_memory_picks_fewest_blocks():
+    m = map_memory("weights", 4, 520, 24)  # 520 words: 1024×18 needs 2 per bank, as 512×36
+    assert (m.config_depth, m.config_width, m.blocks_per_bank, m.blocks) == (1024, 18, 2, 8)
+    assert map_memory("w", 1, 330, 24).blocks == 1  # 512×36
+    assert map_memory("w", 1, 4096, 4).blocks == 1  # 4K×4
+    assert map_memory("w", 1, 4097, 4).blocks == 2
+    assert map_memory("w", 2, 16384, 3).blocks == 2 * 3  # 16K×1, three wide
+    assert map_memory("w", 1, 0, 16).blocks == 0
+
+
+def test_stage_memory_and_blocks():
+    plan = build_plan(_ir(), TrainConfig(), lanes=[4, 1])
+    s1, s2 = plan.stages
+    # weights + velocities 32×65×24 each, stash (3+1)·(64·16 + 32)
+    assert s1.memory_bits == 2 * 32 * 65 * 24 + 4 * (64 * 16 + 32) == 104064
+    assert s1.memory_blocks == 8 + 8 + 1 + 1 == sum(m.blocks for m in s1.memories)
+    assert s2.memory_bits == 2 * 10 * 33 * 24 + 2 * (32 * 16 + 10)
+    assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks
+    assert s1.multipliers == 4 * multipliers_per_lane(False, False) == 12
+
+
+def test_too_many_lanes_and_idle_lanes():
+    ir = _ir()
+    with pytest.raises(PlanError, match=r"lanes=11 must be in 1..10 .*10 rows"):
+        build_plan(ir, TrainConfig(), lanes=[1, 11])
+    with pytest.raises(PlanError, match="lanes has 3 entries"):
+        build_plan(ir, TrainConfig(), lanes=[1, 1, 1])
+    with pytest.warns(PlanWarning, match=r"leave 6 of 16 lane slots idle \(38% > 25%\); 5 lanes"):
+        build_plan(ir, TrainConfig(), lanes=[1, 8])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_plan(ir, TrainConfig(), lanes=[4, 5])  # 0 idle: no warning
+
+
+def test_memory_budget():
+    ir = _ir()
+    with pytest.raises(PlanError, match=r"needs 120948 memory bits .* budget is 100000 bits"):
+        build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=100_000)
+    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=120948).memory_bits == (
+        120948
+    )
+
+
+def test_format_validation():
+    ir = _ir()
+    fs = FormatSpec.default(2)
+    small = FormatSpec(fs.x, fs.logits, fs.d, fs.w, fs.u, ranges={2: {"x": 40.0, "w": 1.0}})
+    with pytest.raises(PlanError, match=r"stage 2 \(2\): calibrated max\|x\| = 40 does not fit"):
+        build_plan(ir, TrainConfig(), small)
+    bad_u = FormatSpec(fs.x, fs.logits, fs.d, fs.w, (QFormat(24, 19), QFormat(24, 20)))
+    with pytest.raises(PlanError, match=r"velocity format u = Q4.19 .* \(19 ≠ 20\)"):
+        build_plan(ir, TrainConfig(), bad_u)
+    wide = FormatSpec(fs.x, fs.logits, (QFormat(16, 40), fs.d[1]), fs.w, fs.u)
+    with pytest.raises(PlanError, match=r"stage 1 \(0\): the update sum needs \d+ bits \(> 62\)"):
+        build_plan(ir, TrainConfig(), wide)
+
+
+def test_plan_json_round_trip_exact():
+    ir = _ir("mlp-digits-deep")
+    x, y = load_digits().x_train[:200], load_digits().y_train[:200]
+    cfg = TrainConfig(strategy="interlocking", blocks=(2,), distance=1, mitigation="sc+lwp")
+    name, model, _ = load_model("mlp-digits-deep")
+    fs = auto_formats(model, cfg, x, y, samples=200, ir=ir)
+    plan = build_plan(ir, cfg, fs, choose_lanes(ir, cfg))
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.hash == plan.hash
+    assert again.stages[0].calibrated == plan.stages[0].calibrated != {}
+    assert again.stages[-1].memories == plan.stages[-1].memories
+
+
+# ---- lanes --------------------------------------------------------------------------------
+
+
+def test_lane_policies():
+    ir, deep = _ir(), _ir("mlp-digits-deep")
+    cfg = TrainConfig()
+    # default: largest stage (64→32) at 4 lanes = 8·65 = 520 cycles; others fewest lanes ≤ 520
+    assert choose_lanes(ir, cfg) == (4, 1)
+    assert choose_lanes(deep, cfg) == (4, 3, 3, 1)  # 32 rows in ⌊520/33⌋ = 15 groups → 3
+    assert choose_lanes(ir, cfg, lanes=parse_lanes("8,2")) == (8, 2)
+    assert choose_lanes(ir, cfg, lanes=parse_lanes("2")) == (2, 2)
+    # target 400: stage 1 may take ⌊400/65⌋ = 6 groups → ⌈32/6⌉ = 6 lanes (390 cycles)
+    assert choose_lanes(ir, cfg, target_cycles=400) == (6, 1)
+    with pytest.raises(PlanError, match="one lane per row needs 65 cycles"):
+        choose_lanes(ir, cfg, target_cycles=50)
+    with pytest.raises(PlanError, match="lanes=16 must be in 1..10"):
+        choose_lanes(ir, cfg, lanes=(16,))
+    with pytest.raises(PlanError, match="give only one of --lanes, --target-cycles"):
+        choose_lanes(ir, cfg, lanes=(1,), target_cycles=100)
+    with pytest.raises(PlanError, match="not a number"):
+        parse_lanes("4,x")
+    # heads not listed get the fewest lanes that keep within the slowest main stage
+    local = TrainConfig(strategy="local", blocks=(1,))
+    assert choose_lanes(ir, local, lanes=(4, 1)) == (4, 1, 1)
+
+
+@pytest.mark.parametrize("budget", [7, 16, 40, 100, 200])
+def test_max_multipliers_is_the_fastest_design_within_budget(budget):
+    ir, cfg = _ir(), TrainConfig()
+    per = [multipliers_per_lane(False, False), multipliers_per_lane(True, False)]  # 3, 4
+    lanes = choose_lanes(ir, cfg, max_multipliers=budget)
+
+    def cost(ls):
+        return sum(p * L for p, L in zip(per, ls, strict=True))
+
+    def tick(ls):
+        return max(stage_cycles(ly.in_features, ly.out_features, L)[1]
+                   for ly, L in zip(ir.layers, ls, strict=True))  # fmt: skip
+
+    best = min(
+        tick(ls) for ls in itertools.product(range(1, 33), range(1, 11)) if cost(ls) <= budget
+    )
+    assert cost(lanes) <= budget and tick(lanes) == best
+    # not over-provisioned: removing a lane from any stage makes it slower than the tick
+    for i, L in enumerate(lanes):
+        if L > 1:
+            fewer = list(lanes)
+            fewer[i] -= 1
+            ly = ir.layers[i]
+            assert stage_cycles(ly.in_features, ly.out_features, L - 1)[1] > best
+
+
+def test_max_multipliers_too_small():
+    with pytest.raises(PlanError, match="one lane per stage already uses 7 multipliers"):
+        choose_lanes(_ir(), TrainConfig(), max_multipliers=6)
+
+
+# ---- formats ------------------------------------------------------------------------------
+
+
+def test_format_for_range_and_parsing():
+    assert format_for_range(1.0, 16) == QFormat(16, 13)  # needs 2.0 → Q2.13 (max 3.9999)
+    assert format_for_range(0.99, 16) == QFormat(16, 14)  # 1.98 fits Q1.14 (max 1.99994)
+    assert format_for_range(0.6, 24) == QFormat(24, 22)
+    assert format_for_range(0.003, 16) == QFormat(16, 22)  # Q-7.22: 0.0078 max
+    assert format_for_range(0.0, 16) == QFormat(16, 15)
+    assert parse_qformat("Q3.12") == QFormat(16, 12)
+    assert parse_qformat("Q-2.17") == QFormat(16, 17)
+    with pytest.raises(FormatError, match="not Qi.f"):
+        parse_qformat("16.12")
+    assert parse_format_overrides(["s1.x=Q3.12", "w=Q3.20"]) == {
+        "s1.x": QFormat(16, 12),
+        "w": QFormat(24, 20),
+    }
+    for bad, msg in [("x", "KEY=Qi.f"), ("s1.q=Q1.2", "unknown"), ("z=Q1.2", "unknown")]:
+        with pytest.raises(FormatError, match=msg):
+            parse_format_overrides([bad])
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    name, model, _ = load_model("mlp-digits-deep")
+    ds = load_digits()
+    cfg = TrainConfig()
+    ir = trace(model, name)
+    before = [p.clone() for p in model.parameters()]
+    fs = auto_formats(model, cfg, ds.x_train, ds.y_train, samples=1000, ir=ir)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    return ir, cfg, fs
+
+
+def test_auto_formats_hold_every_calibrated_max_with_headroom(calibrated):
+    ir, cfg, fs = calibrated
+    plan = build_plan(ir, cfg, fs, choose_lanes(ir, cfg))
+    assert fs.source == "auto" and not fs.notes
+    checked = 0
+    for st in plan.stages:
+        f = st.formats
+        assert (f.x.bits, f.y.bits, f.d.bits, f.w.bits) == (DATA_BITS,) * 3 + (WEIGHT_BITS,)
+        assert f.u.frac == f.w.frac and f.u.bits >= WEIGHT_BITS
+        for t in ("x", "y", "d", "gin", "w", "u"):
+            fmt, seen = getattr(f, t), st.calibrated.get(t)
+            if fmt is None or not seen:
+                continue
+            assert fmt.max_value >= HEADROOM * seen, (st.index, t, str(fmt), seen)
+            if t != "u":  # tight: one integer bit less would not hold the shared tensor's max
+                shared = max(plan.stages[s - 1].calibrated[t2] for s, t2 in _shared(st.index, t, 4))
+                tighter = QFormat(fmt.bits, fmt.frac + 1)
+                assert tighter.max_value < HEADROOM * shared, (st.index, t)
+            checked += 1
+    assert checked == 4 * 6 - 1  # 4 stages × 6 tensors, stage 1 has no gin
+    # the observations are real numbers from training, e.g. input pixels are in [0, 1]
+    assert plan.stages[0].calibrated["x"] == 1.0
+    assert plan.stages[0].formats.x == QFormat(16, 13)
+
+
+def _shared(stage, tensor, S):
+    """The (stage, tensor) cells that share one format with (stage, tensor)."""
+    cells = {(stage, tensor)}
+    if tensor == "y" and stage < S:
+        cells.add((stage + 1, "x"))
+    if tensor == "x" and stage > 1:
+        cells.add((stage - 1, "y"))
+    if tensor == "d" and stage < S:
+        cells.add((stage + 1, "gin"))
+    if tensor == "gin":
+        cells.add((stage - 1, "d"))
+    return cells
+
+
+def test_format_overrides_win(calibrated):
+    ir, cfg, fs = calibrated
+    over = apply_overrides(
+        fs,
+        parse_format_overrides(["w=Q3.20", "s1.y=Q6.9", "s2.w=Q2.21", "s3.gin=Q4.11"]),
+        ir,
+        cfg,
+    )
+    assert over.w == (QFormat(24, 20), QFormat(24, 21), QFormat(24, 20), QFormat(24, 20))
+    assert [u.frac for u in over.u] == [20, 21, 20, 20]  # u follows w's fraction bits
+    assert over.x[1] == QFormat(16, 9)  # s1.y is s2.x
+    assert over.d[1] == QFormat(16, 11)  # s3.gin is s2.d
+    assert over.x[0] == fs.x[0] and over.source == "auto+overrides"
+    with pytest.raises(FormatError, match="conflicts"):
+        apply_overrides(fs, parse_format_overrides(["s1.y=Q6.9", "s2.x=Q5.10"]), ir, cfg)
+    with pytest.raises(FormatError, match="no stage 9"):
+        apply_overrides(fs, parse_format_overrides(["s9.x=Q6.9"]), ir, cfg)
+    with pytest.raises(FormatError, match="stage 1 has no input gradient"):
+        apply_overrides(fs, parse_format_overrides(["s1.gin=Q6.9"]), ir, cfg)
+    # an override too narrow for the calibrated range is refused by build_plan
+    narrow = apply_overrides(fs, parse_format_overrides(["s1.y=Q0.15"]), ir, cfg)
+    with pytest.raises(PlanError, match=r"calibrated max\|y\| = .* does not fit y = Q0.15"):
+        build_plan(ir, cfg, narrow)
+
+
+def test_auto_formats_keep_update_sum_within_62_bits():
+    # batch-1 scaling from B = 128 makes η₁ ≈ 6e-6: its 18-bit constant has ~35 fraction bits
+    name, model, _ = load_model("mlp-digits")
+    ds = load_digits()
+    cfg = TrainConfig(lr=0.1, batch_ref=128)
+    ir = trace(model, name)
+    fs = auto_formats(model, cfg, ds.x_train, ds.y_train, samples=300, ir=ir)
+    plan = build_plan(ir, cfg, fs, choose_lanes(ir, cfg))
+    assert max(s.update.sum_bits for s in plan.stages) <= 62
+    assert fs.notes and all("so the update sum fits 62 bits" in n for n in fs.notes)
+    assert math.isclose(cfg.lr1, 0.1 / 128 * (1 - 0.9 ** (1 / 128)) / 0.1)
+
+
+def test_auto_formats_for_a_custom_module():
+    model = nn.Sequential(nn.Flatten(), build_mlp([64, 16, 10], nn.LeakyReLU))
+    ds = load_digits()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ir = trace(model, "custom")
+    fs = auto_formats(model, TrainConfig(), ds.x_train, ds.y_train, samples=100, ir=ir)
+    assert set(fs.ranges) == {1, 2} and fs.ranges[1]["x"] == 1.0
+    with pytest.raises(PlanError, match=r"shape \(5, 3\) but the network takes \(samples, 64\)"):
+        auto_formats(model, TrainConfig(), torch.zeros(5, 3), torch.zeros(5), ir=ir)
