@@ -1,0 +1,66 @@
+"""The stochastic-rounding LFSR (docs/numerics.md §6): polynomial, steps, fast generator."""
+
+import pytest
+from pipetrain.compiler.build import LFSR_POLY, build_plan
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.sim.lfsr import (
+    LaneLFSRs,
+    draw,
+    gf2_mulmod,
+    multiplicative_order_is_full,
+    prime_factors,
+    step,
+    x_pow,
+)
+
+
+def test_plan_polynomial_is_x32_x22_x2_x_1():
+    ir = NetworkIR("t", 4, (LayerIR("0", 4, 3),))
+    plan = build_plan(ir, TrainConfig())
+    assert plan.lfsr_poly == LFSR_POLY == (1 << 32) | (1 << 22) | 0b111
+    assert (plan.lfsr_width, plan.lfsr_leap, plan.round_bits) == (32, 32, 16)
+
+
+def test_polynomial_is_primitive():
+    """x has order 2^32 − 1: x^(2^32−1) ≡ 1 and x^((2^32−1)/q) ≢ 1 for q | 2^32 − 1."""
+    order = (1 << 32) - 1
+    assert prime_factors(order) == [3, 5, 17, 257, 65537]
+    assert x_pow(order, LFSR_POLY) == 1
+    for q in (3, 5, 17, 257, 65537):
+        assert x_pow(order // q, LFSR_POLY) != 1
+    assert multiplicative_order_is_full(LFSR_POLY)
+    # a reducible polynomial fails: x^32 + 1 = (x + 1)^32
+    assert not multiplicative_order_is_full((1 << 32) | 1)
+
+
+def test_step_is_multiplication_by_x():
+    assert step(1, LFSR_POLY) == 2
+    # bit 31 set: shifted out and the feedback taps x^22 + x^2 + x + 1 come in
+    assert step(0x8000_0000, LFSR_POLY) == (1 << 22) | 0b111
+    assert step(0x8000_0001, LFSR_POLY) == (1 << 22) | 0b101
+    s = 0x1234_5678
+    assert step(s, LFSR_POLY) == gf2_mulmod(s, 2, LFSR_POLY)
+    # one draw = 32 steps = multiplication by x^32
+    assert draw(s, LFSR_POLY) == gf2_mulmod(s, x_pow(32, LFSR_POLY), LFSR_POLY)
+    assert draw(1, LFSR_POLY) == x_pow(32, LFSR_POLY) == (1 << 22) | 0b111
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 64, 1000])
+def test_fast_generator_equals_step_by_step(count):
+    seeds = [1, 0xDEAD_BEEF, 0xFFFF_FFFF, 0x8000_0000]
+    gen = LaneLFSRs(seeds, LFSR_POLY)
+    first = gen.draws(count)
+    second = gen.draws(5)  # continues where the first block ended
+    assert first.shape == (4, count) and gen.draws_taken == count + 5
+    for lane, s in enumerate(seeds):
+        seq = []
+        for _ in range(count + 5):
+            s = draw(s, LFSR_POLY)
+            seq.append(s)
+        assert [int(v) for v in first[lane]] + [int(v) for v in second[lane]] == seq
+
+
+def test_generator_rejects_zero_seed():
+    with pytest.raises(ValueError, match="non-zero"):
+        LaneLFSRs([0], LFSR_POLY)
