@@ -27,11 +27,17 @@ __all__ = [
 _TENSORS = ("x", "y", "d", "gin", "w", "u")
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Return an aligned Markdown table (readable as plain text too); numbers right-aligned."""
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[str] = ()
+) -> str:
+    """Return an aligned Markdown table (readable as plain text too); numeric columns are
+    right-aligned except the columns named in ``left``."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    numeric = [all(_is_number(r[i]) for r in cells) and bool(cells) for i in range(len(headers))]
+    numeric = [
+        h not in left and all(_is_number(r[i]) for r in cells) and bool(cells)
+        for i, h in enumerate(headers)
+    ]
 
     def line(values: Sequence[str]) -> str:
         out = []
@@ -105,7 +111,7 @@ def stage_table(plan: Plan) -> str:
             plan.memory_bits, plan.memory_blocks, plan.multipliers, "", "", "", "", "", "",
         )
     )  # fmt: skip
-    return markdown_table(headers, rows)
+    return markdown_table(headers, rows, left=("layer",))
 
 
 def totals_text(plan: Plan) -> str:
@@ -249,7 +255,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
     Keys: ``plan_hash``, ``name``, ``stages`` (``index``, ``name``, ``role``, ``block``,
     ``in_features``, ``out_features``, ``delay``, ``stash_depth``, ``lanes``,
-    ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``),
+    ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``
+    (tensor → ``Qi.f`` string, null where the stage has none)),
     ``tick_cycles``, ``ideal_cycles_per_sample``, ``samples_per_s``, ``memory_bits``,
     ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``.
     """
@@ -273,7 +280,10 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                 "memory_bits": st.memory_bits,
                 "memory_blocks": st.memory_blocks,
                 "multipliers": st.multipliers,
-                "formats": {t: _fmt(getattr(st.formats, t)) for t in _TENSORS},
+                "formats": {
+                    t: None if getattr(st.formats, t) is None else str(getattr(st.formats, t))
+                    for t in _TENSORS
+                },
             }
             for st in plan.stages
         ],
