@@ -3,7 +3,7 @@
 Every function here is the literal definition from ``docs/numerics.md`` §1; the golden model
 (:mod:`pipetrain.sim.golden`) is written with nothing else, and the RTL implements the same
 operations. ``rhu``, ``rne``, ``rsr`` and ``align`` use only Python operators, so they work on
-``torch.int64`` tensors *and* on Python ints (the scalar oracle in
+``torch.int64`` tensors, numpy int64 arrays *and* Python ints (the scalar oracle in
 :mod:`pipetrain.sim.golden_scalar` uses them that way). Floats appear only in
 :func:`quantise`, the host boundary.
 
@@ -28,15 +28,20 @@ U32_MAX = (1 << 32) - 1
 T = TypeVar("T", int, torch.Tensor)
 
 
-def sat(v: torch.Tensor, fmt: QFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def sat(v: torch.Tensor, fmt: QFormat) -> tuple[torch.Tensor, int]:
     """Clamp ``v`` (int64, any shape) to ``[fmt.min_int, fmt.max_int]`` (numerics §1 ``sat``).
 
-    Returns ``(clamped, count)``: ``count`` is a 0-d int64 tensor holding how many elements the
-    clamp changed (each adds one to the owning saturation counter). The count is a tensor so
-    hot loops can accumulate it without a host sync; ``int(count)`` gives the number.
+    Returns ``(clamped, count)``: ``count`` is how many elements the clamp changed (each adds
+    one to the owning saturation counter). When nothing is out of range ``v`` itself is
+    returned (one min/max reduction, no copy).
     """
+    if v.numel() == 0:
+        return v, 0
+    lo, hi = torch.aminmax(v)
+    if int(lo) >= fmt.min_int and int(hi) <= fmt.max_int:
+        return v, 0
     out = v.clamp(fmt.min_int, fmt.max_int)
-    return out, (out != v).sum()
+    return out, int((out != v).sum())
 
 
 def sat_int(v: int, fmt: QFormat) -> tuple[int, int]:
@@ -104,7 +109,7 @@ def align(v: T, f_from: int, f_to: int) -> T:
     return v << (f_to - f_from)
 
 
-def quantise(x: torch.Tensor, fmt: QFormat) -> tuple[torch.Tensor, torch.Tensor]:
+def quantise(x: torch.Tensor, fmt: QFormat) -> tuple[torch.Tensor, int]:
     """Host-side quantisation ``sat(round_half_even(x·2^frac), fmt)`` (numerics §2, §3).
 
     ``x`` is any real tensor; the product is formed in float64 (scaling by a power of two is
@@ -116,6 +121,6 @@ def quantise(x: torch.Tensor, fmt: QFormat) -> tuple[torch.Tensor, torch.Tensor]
         raise ValueError("cannot quantise NaN or infinite values")
     scaled = torch.round(xd * 2.0**fmt.frac)
     lo, hi = float(fmt.min_int), float(fmt.max_int)
-    count = ((scaled < lo) | (scaled > hi)).sum()
+    count = int(((scaled < lo) | (scaled > hi)).sum())
     out = scaled.clamp(lo, hi).to(torch.int64).clamp(fmt.min_int, fmt.max_int)
     return out, count

@@ -200,17 +200,26 @@ class _StageEngine:
             self.lfsr = LaneLFSRs(st.lfsr_seeds, plan.lfsr_poly, plan.lfsr_leap)
         self._block: tuple[torch.Tensor, torch.Tensor | None, np.ndarray] | None = None
         self._block_pos = 0
-        self.lfsr_state: tuple[int, ...] | None = (
-            tuple(int(s) for s in st.lfsr_seeds) if self.stochastic else None
-        )
+        self._last_draw: tuple[np.ndarray, int] | None = None
         w_int, _ = quantise(torch.cat([weight, bias[:, None]], dim=1), self.fw)
         self.w = w_int
         self.u = torch.zeros_like(w_int)
         self.track_prev = self.H > 0 and self.form == "w"
         self.w_prev = w_int if self.track_prev else None
         self.stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.sat = torch.zeros((), dtype=torch.int64)
+        self.sat = 0
         self.updates = 0
+
+    @property
+    def lfsr_state(self) -> tuple[int, ...] | None:
+        """Per-lane LFSR states after the last update (the seeds before any; None when
+        rounding is nearest-even)."""
+        if not self.stochastic:
+            return None
+        if self._last_draw is None:
+            return tuple(int(s) for s in self.spec.lfsr_seeds)
+        last, b = self._last_draw
+        return tuple(int(s) for s in last[b])
 
     # -- forward (numerics §3) -------------------------------------------------------------
     def w_hat(self, predict: bool) -> torch.Tensor:
@@ -247,19 +256,19 @@ class _StageEngine:
             # slot (g, i) of update b is draw b·C + g·(N+1) + i of lane l, row j = g·L + l
             grid = st.reshape(self.L, DRAW_BLOCK, self.G, self.N + 1).transpose(1, 2, 0, 3)
             grid = grid.reshape(DRAW_BLOCK, self.G * self.L, self.N + 1)[:, : self.M]
+            # numpy here: these block-sized tensors are where torch's intra-op threads cost most
             mask = np.uint64((1 << self.R) - 1)
-            r_u = torch.from_numpy((grid & mask).astype(np.int64))
-            add_u = rsr_addend(r_u, self.k_u, self.R)
+            add_u = torch.from_numpy(rsr_addend((grid & mask).astype(np.int64), self.k_u, self.R))
             add_w = None
             if self.sc:
-                r_w = torch.from_numpy(((grid >> np.uint64(self.R)) & mask).astype(np.int64))
-                add_w = rsr_addend(r_w, self.k_v, self.R)
+                r_w = ((grid >> np.uint64(self.R)) & mask).astype(np.int64)
+                add_w = torch.from_numpy(rsr_addend(r_w, self.k_v, self.R))
             self._block = (add_u, add_w, last)
             self._block_pos = 0
         add_u, add_w, last = self._block
         b = self._block_pos
         self._block_pos += 1
-        self.lfsr_state = tuple(int(s) for s in last[b])
+        self._last_draw = (last, b)
         return add_u[b], (add_w[b] if add_w is not None else None)
 
     def _round(self, v: torch.Tensor, k: int, addend: torch.Tensor | None) -> torch.Tensor:
@@ -374,7 +383,7 @@ class GoldenModel:
         self.sequential = plan.schedule == "sequential"
         self._fwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
         self._bwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
-        self._loss_sat = torch.zeros((), dtype=torch.int64)
+        self._loss_sat = 0
         self._clock = 0  # tick-model clock (sequential: 2S clock ticks per sample)
         self._seq_ticks = 0
         self._last_entry: int | None = None

@@ -123,6 +123,11 @@ def _byte_tables(multiplier: int, poly: int) -> np.ndarray:
     return tables
 
 
+@lru_cache(maxsize=256)
+def _power_tables(leap: int, i: int, poly: int) -> np.ndarray:
+    return _byte_tables(x_pow(leap << i, poly), poly)
+
+
 def _apply(tables: np.ndarray, states: np.ndarray) -> np.ndarray:
     out = tables[0][states & np.uint64(0xFF)]
     for p in range(1, tables.shape[0]):
@@ -151,7 +156,7 @@ class LaneLFSRs:
 
     def _power_tables(self, i: int) -> np.ndarray:
         """Byte tables of the map state ↦ state·x^(leap·2^i)."""
-        return _byte_tables(x_pow(self.leap << i, self.poly), self.poly)
+        return _power_tables(self.leap, i, self.poly)
 
     def draws(self, count: int) -> np.ndarray:
         """Advance every lane by ``count`` draws; return the states after each draw, shape
