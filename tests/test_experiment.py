@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
 from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_experiment import format_table
+from pipetrain.host.cmd_experiment import _make_mlp, format_table
 
 
 def test_experiment_json_shape_and_plot(tmp_path: Path) -> None:
@@ -76,3 +78,16 @@ def test_format_table_rows() -> None:
     }
     lines = format_table([row]).splitlines()
     assert lines[1].split() == ["4", "pb+sc", "0.01", "0.9123", "±", "0.0100", "(3)"]
+
+
+def test_kaiming_init_option() -> None:
+    torch.manual_seed(0)
+    model = _make_mlp([64, 32, 10], "kaiming")
+    first = model[0]
+    w = first.weight.detach()
+    assert torch.equal(first.bias, torch.zeros(32))
+    bound = math.sqrt(6.0 / 64)  # He uniform for ReLU: gain √2 · √(3 / fan_in)
+    assert float(w.abs().max()) <= bound
+    assert float(w.abs().max()) > 0.9 * bound  # 2048 draws reach the edge
+    r = CliRunner().invoke(cli, ["experiment", "--init", "xavier", "--no-progress"])
+    assert r.exit_code == 2 and "xavier" in r.output
