@@ -414,7 +414,12 @@ class ReferenceTrainer:
     delays: D_s of every stage (main stages 1..S, then head stages), in updates.
     stages: the :class:`StageSpec` of every stage in the same order.
     num_losses: K (1 for the global strategy).
+    block_ends: last main stage (1-based) of each block.
     samples_trained, epochs_trained, saturations (always 0): see :class:`~.trainer.Trainer`.
+
+    Auxiliary heads (local/interlocking) are initialised like ``nn.Linear`` (U(±1/√N) for
+    weights and biases) from a ``torch.Generator`` seeded ``config.seed·1000003 + 7919``, in
+    stage order, so the global RNG is untouched; :meth:`head_weights` returns them.
 
     Raises :class:`UnsupportedModelError` for an unsupported model, :class:`ConfigError` for a
     plan that does not match the model, unknown ``active_losses`` or a bad block layout.
