@@ -74,6 +74,15 @@ def test_link_trains_real_network_top_like_golden():
     # training changed the weights (the comparison above is not of two untouched memories)
     assert not np.array_equal(back[0]["w"], mem[plan.stages[0].name]["w"].numpy())
 
+    # inference after training: forward only, then a flush (golden: one batch, same ticks)
+    xi = np.random.default_rng(5).uniform(-1.5, 1.5, size=(3, 4))
+    yi = torch.tensor([1, 0, 1])
+    inf = cli.infer(xi, yi.tolist())
+    pred, loss_raw = golden.infer(torch.tensor(xi), yi)
+    assert [r.sample for r in inf] == [n, n + 1, n + 2] and not any(r.train for r in inf)
+    assert [r.pred for r in inf] == pred.tolist()
+    assert [r.loss for r in inf] == loss_raw.tolist()
+
     c = cli.counters()
     assert c.samples_trained == n == golden.samples_trained == cli.train_samples_sent
     assert c.ticks == golden.ticks

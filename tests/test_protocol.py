@@ -36,7 +36,7 @@ from pipetrain.host.protocol import (
 from pipetrain.host.transport import FaultyTransport, LoopbackTransport
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
