@@ -19,12 +19,15 @@ Job keys: ``fields`` (flat payload layouts of ``sample_in``, ``result_out``, ``w
 * ``{"op": "counters"}`` → ``samples_trained``, ``ticks``, ``saturations`` (S + 1 values).
 
 Result: ``{"ops": [...], "results": [{sample, pred, loss, train}, …], "result_cycles": [...]
-(clock edge after each result's transfer, counted from the end of reset), "cycles": total}``.
+(clock edge after each result's transfer, counted from the end of reset), "cycles": total,
+"handshakes": backpressure seen (randomised mode: beats refused by the DUT, beats offered
+while the bench held ready low)}``. Each op result also has ``wall_s`` and ``sim_cycles``.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import cocotb
@@ -121,11 +124,11 @@ class _Bench:
         dut = self.dut
         await ReadOnly()
         n = int(self.job["counters"])
-        if hasattr(dut, "saturations"):
+        if hasattr(dut, "saturations__0"):  # Out(32).array(S + 1): one port per element
+            sats = [getattr(dut, f"saturations__{i}").value.to_unsigned() for i in range(n)]
+        else:  # one packed port
             raw = dut.saturations.value.to_unsigned()
             sats = [(raw >> (32 * i)) & 0xFFFFFFFF for i in range(n)]
-        else:
-            sats = [getattr(dut, f"saturations__{i}").value.to_unsigned() for i in range(n)]
         out = {
             "samples_trained": dut.samples_trained.value.to_unsigned(),
             "ticks": dut.ticks.value.to_unsigned(),
@@ -153,13 +156,23 @@ class _Bench:
         }
         for op in self.job["ops"]:
             self.current = op["op"]
-            ops.append(await handlers[op["op"]](op))
+            t_wall, t_sim = time.perf_counter(), self.now()
+            r = await handlers[op["op"]](op)
+            r["wall_s"] = time.perf_counter() - t_wall
+            r["sim_cycles"] = self.now() - t_sim
+            ops.append(r)
         bg.cancel()
         return {
             "ops": ops,
             "results": self.results.beats,
             "result_cycles": self.result_times,
             "cycles": self.now(),
+            "handshakes": {
+                "sample_in_stalls": self.samples.stalls,
+                "result_out_refused": self.results.refused,
+                "wacc_cmd_stalls": self.cmds.stalls,
+                "wacc_rsp_refused": self.rsps.refused,
+            },
         }
 
 

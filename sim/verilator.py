@@ -63,7 +63,7 @@ BASE_BUILD_ARGS: tuple[str, ...] = (
     "0",
 )
 
-_MAKEFLAGS = ("CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3")
+_MAKEFLAGS = ("CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3", "OPT_FAST=-O2")
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,7 @@ def build_key(verilog: str, toplevel: str, waves: str | None = None, public: str
         f"waves={waves}",
         f"public={public}",
         f"args={BASE_BUILD_ARGS}",
+        f"make={_MAKEFLAGS}",
         verilog,
     ):
         h.update(part.encode())

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ...compiler.plan import Plan
-from ..verilator import RTLBuild, build_verilog, cache_root, run_cocotb
+from ..verilator import RTLBuild, build_key, build_verilog, cache_root, run_cocotb
 from .layout import fields_to_json, flatten_layout
 
 __all__ = [
@@ -112,7 +112,9 @@ def build_network(plan: Plan, *, waves: str | None = None, rebuild: bool = False
     t0 = time.perf_counter()
     index_dir = cache_root() / "index"
     index_dir.mkdir(parents=True, exist_ok=True)
-    pre = hashlib.sha256(f"{plan.to_json()}|{hdl_source_hash()}|{waves}".encode()).hexdigest()
+    # plan + generator version + the toolchain/recipe part of the build key (empty Verilog)
+    recipe = build_key("", TOPLEVEL, waves)
+    pre = hashlib.sha256(f"{plan.to_json()}|{hdl_source_hash()}|{recipe}".encode()).hexdigest()
     entry = index_dir / f"{pre[:24]}.json"
     if entry.is_file() and not rebuild:
         info = json.loads(entry.read_text())
@@ -155,6 +157,8 @@ class RTLRun:
     cycles: total simulated cycles; ``stream_cycles``: from the first sample beat to the last
         one accepted; ``flush_cycles``: the flush; ``stream_start``: cycle of the first beat.
     sim_s: seconds inside the testbench body; ``wall_s``: the whole simulator process.
+    handshakes: backpressure counts seen by the bench (randomised handshakes only).
+    op_stats: per operation ``{"op", "wall_s", "sim_cycles"}``.
     """
 
     results: list[tuple[int, int, int, int]]
@@ -168,6 +172,8 @@ class RTLRun:
     stream_start: int
     sim_s: float
     wall_s: float
+    handshakes: dict[str, int] = field(default_factory=dict)
+    op_stats: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _memory_commands(
@@ -283,6 +289,11 @@ def run_network(
         stream_start=int(stream_r["start"]),
         sim_s=float(res["python_s"]),
         wall_s=float(res["wall_s"]),
+        handshakes=dict(res.get("handshakes", {})),
+        op_stats=[
+            {"op": op["op"], "wall_s": r["wall_s"], "sim_cycles": r["sim_cycles"]}
+            for op, r in zip(ops, op_res, strict=True)
+        ],
     )
 
 
@@ -481,6 +492,13 @@ class SimReport:
         }
 
 
+def _train_speed(rtl: RTLRun) -> float:
+    """Simulated cycles per second while streaming and flushing (no weight access)."""
+    ops = [o for o in rtl.op_stats if o["op"] in ("stream", "flush")]
+    wall = sum(o["wall_s"] for o in ops)
+    return sum(o["sim_cycles"] for o in ops) / wall if wall > 0 else 0.0
+
+
 def _steady_cycles_per_sample(rtl: RTLRun) -> float:
     rc = rtl.result_cycles
     if len(rc) >= 2:
@@ -595,5 +613,7 @@ def check_network(
             "ticks": rtl.counters["ticks"],
             "samples_trained": rtl.counters["samples_trained"],
             "saturations": rtl.counters["saturations"],
+            "handshakes": rtl.handshakes,
+            "train_cycles_per_s": _train_speed(rtl),
         },
     )

@@ -1,0 +1,188 @@
+"""Regression cases for the RTL check: small networks over the design space.
+
+A :class:`Case` names a network (layer sizes, activation), its lanes, the training algorithm
+(schedule, mitigation, rounding, loss, momentum, weight decay) and a format set; :func:`prepare`
+compiles it (:func:`pipetrain.compiler.compile.compile_result`) and draws a seeded sample stream
+with a few inference-only samples mixed in. :data:`SMOKE_CASES` is the fixed set the default
+test run covers; :func:`random_cases` draws more for ``--runslow``.
+
+Format sets: ``default`` (:meth:`FormatSpec.default`), ``narrow`` (12-bit activations and
+errors, 18-bit weights: saturations happen, so the counters are exercised) and ``wide``
+(20-bit activations, 28-bit weights and velocities).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...compiler.build import FormatSpec
+from ...compiler.config import TrainConfig
+from ...compiler.plan import Plan, QFormat
+
+__all__ = ["Case", "SMOKE_CASES", "prepare", "random_cases", "case_formats"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One regression network and training setup (see the module docstring)."""
+
+    name: str
+    sizes: tuple[int, ...]
+    lanes: tuple[int, ...]
+    schedule: str = "pb"
+    mitigation: str = "none"
+    rounding: str = "stochastic"
+    loss: str = "cross_entropy"
+    activation: str = "relu"
+    formats: str = "default"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr: float = 0.05
+    samples: int = 16
+    seed: int = 0
+
+    @property
+    def depth(self) -> int:
+        """Weight layers (stages)."""
+        return len(self.sizes) - 1
+
+
+def case_formats(kind: str, stages: int) -> FormatSpec:
+    """The ``default``, ``narrow`` or ``wide`` format set for ``stages`` stages."""
+    if kind == "default":
+        return FormatSpec.default(stages)
+    if kind == "narrow":
+        x, d, w = QFormat(12, 8), QFormat(12, 10), QFormat(18, 15)
+    elif kind == "wide":
+        x, d, w = QFormat(20, 13), QFormat(20, 17), QFormat(28, 24)
+    else:
+        raise ValueError(f"unknown format set {kind!r}")
+    return FormatSpec(x=(x,) * stages, logits=x, d=(d,) * stages, w=(w,) * stages, u=(w,) * stages)
+
+
+def _model(case: Case) -> nn.Module:
+    torch.manual_seed(case.seed)
+    layers: list[nn.Module] = []
+    for k, (a, b) in enumerate(zip(case.sizes[:-1], case.sizes[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        if k < case.depth - 1:
+            if case.activation == "relu":
+                layers.append(nn.ReLU())
+            elif case.activation == "leaky_relu":
+                layers.append(nn.LeakyReLU(0.125))
+    return nn.Sequential(*layers)
+
+
+def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[bool]]:
+    """Compile ``case``; return ``(plan, model, x_int (n, N), labels, train flags)``.
+
+    The stream is seeded by ``case.seed``: inputs ~ N(0, 1) quantised to stage 1's ``x``
+    format, uniform labels, and samples 5 and 11 (when present) inference-only.
+    """
+    from ...compiler.compile import compile_result
+    from ..fixed import quantise
+
+    cfg = TrainConfig(
+        schedule=case.schedule,
+        lr=case.lr,
+        momentum=case.momentum,
+        weight_decay=case.weight_decay,
+        mitigation=case.mitigation,
+        loss=case.loss,
+        rounding=case.rounding,
+        seed=case.seed,
+    )
+    model = _model(case)
+    res = compile_result(
+        model,
+        cfg,
+        formats=case_formats(case.formats, case.depth),
+        lanes=case.lanes,
+        name=case.name.replace("-", "_"),
+    )
+    gen = torch.Generator().manual_seed(1000 + case.seed)
+    xf = torch.randn(case.samples, case.sizes[0], generator=gen)
+    x = quantise(xf, res.plan.stages[0].formats.x)[0]
+    labels = torch.randint(0, case.sizes[-1], (case.samples,), generator=gen).tolist()
+    train = [k not in (5, 11) for k in range(case.samples)]
+    return res.plan, res.model, x, labels, train
+
+
+#: The fixed default regression (depths 1–4, lanes, both schedules, every mitigation, both
+#: roundings, both losses, all activations, three format sets).
+SMOKE_CASES: tuple[Case, ...] = (
+    Case("d1-ce", (6, 4), (2,), samples=12),
+    Case("d2-lanes-sc", (10, 7, 3), (3, 2), mitigation="sc", samples=16),
+    Case(
+        "d2-seq-rne-mse",
+        (8, 5, 4),
+        (1, 1),
+        schedule="sequential",
+        rounding="nearest_even",
+        loss="mse",
+        samples=10,
+    ),
+    Case(
+        "d3-lwp-leaky-narrow",
+        (9, 6, 5, 3),
+        (2, 3, 1),
+        mitigation="lwp",
+        activation="leaky_relu",
+        formats="narrow",
+        lr=0.5,
+        samples=18,
+        seed=3,
+    ),
+    Case(
+        "d4-sclwp-wd-wide",
+        (7, 6, 5, 4, 3),
+        (1, 2, 4, 3),
+        mitigation="sc+lwp",
+        weight_decay=0.01,
+        formats="wide",
+        samples=20,
+        seed=4,
+    ),
+    Case(
+        "d2-identity-rne",
+        (5, 4, 3),
+        (4, 3),
+        activation="identity",
+        rounding="nearest_even",
+        momentum=0.0,
+        samples=12,
+        seed=5,
+    ),
+)
+
+
+def random_cases(n: int, seed: int = 1) -> list[Case]:
+    """Draw ``n`` random cases (depth 1–4, sizes 3–12, random lanes/algorithm/formats)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        depth = rng.randint(1, 4)
+        sizes = tuple(rng.randint(3, 12) for _ in range(depth + 1))
+        lanes = tuple(rng.randint(1, m) for m in sizes[1:])
+        kw: dict[str, Any] = dict(
+            schedule=rng.choice(["pb", "pb", "sequential"]),
+            mitigation=rng.choice(["none", "sc", "lwp", "sc+lwp"]),
+            rounding=rng.choice(["stochastic", "nearest_even"]),
+            loss=rng.choice(["cross_entropy", "mse"]),
+            activation=rng.choice(["relu", "leaky_relu", "identity"]),
+            formats=rng.choice(["default", "narrow", "wide"]),
+            momentum=rng.choice([0.0, 0.5, 0.9]),
+            weight_decay=rng.choice([0.0, 0.001]),
+            lr=rng.choice([0.01, 0.05, 0.3]),
+            samples=rng.randint(2 * depth + 2, 24),
+            seed=rng.randrange(1000),
+        )
+        if kw["schedule"] == "sequential":
+            kw["mitigation"] = "none"  # no delay to mitigate
+        out.append(Case(f"rand{seed}-{k}", sizes, lanes, **kw))
+    return out
