@@ -203,6 +203,10 @@ class LinkEngine(wiring.Component):
         length = Signal(16)
         idx = Signal(16)
         crc = Signal(32)
+        # one shared CRC byte step: receiving states feed rx.payload, sending states the byte out
+        crc_byte = Signal(8)
+        crc_upd = Signal(32)
+        m.d.comb += [crc_byte.eq(rx.payload), crc_upd.eq(_crc_next(crc, crc_byte))]
         rcrc = Signal(32)
         nrec = Signal(range(P.max_batch + 1))
         last_seq = Signal(8)
@@ -360,7 +364,7 @@ class LinkEngine(wiring.Component):
                 with m.State(name):
 
                     def body(nxt=nxt, reg=reg):
-                        m.d.sync += [reg.eq(rx.payload), crc.eq(_crc_next(crc, rx.payload))]
+                        m.d.sync += [reg.eq(rx.payload), crc.eq(crc_upd)]
                         m.next = nxt
 
                     rx_byte(body)
@@ -368,7 +372,7 @@ class LinkEngine(wiring.Component):
             with m.State("LEN0"):
 
                 def body():
-                    m.d.sync += [length[0:8].eq(rx.payload), crc.eq(_crc_next(crc, rx.payload))]
+                    m.d.sync += [length[0:8].eq(rx.payload), crc.eq(crc_upd)]
                     m.next = "LEN1"
 
                 rx_byte(body)
@@ -379,7 +383,7 @@ class LinkEngine(wiring.Component):
                 def body():
                     m.d.sync += [
                         length.eq(hdr_len),
-                        crc.eq(_crc_next(crc, rx.payload)),
+                        crc.eq(crc_upd),
                         idx.eq(0),
                         nrec.eq(hdr_nrec),
                     ]
@@ -397,7 +401,7 @@ class LinkEngine(wiring.Component):
 
                 def body():
                     m.d.comb += [rxw.addr.eq(idx), rxw.data.eq(rx.payload), rxw.en.eq(1)]
-                    m.d.sync += [crc.eq(_crc_next(crc, rx.payload)), idx.eq(idx + 1)]
+                    m.d.sync += [crc.eq(crc_upd), idx.eq(idx + 1)]
                     with m.If(idx == length - 1):
                         m.d.sync += idx.eq(0)
                         m.next = "CRC"
@@ -683,7 +687,8 @@ class LinkEngine(wiring.Component):
                     with m.If(idx < 2):
                         m.d.sync += crc.eq(0xFFFFFFFF)
                     with m.Else():
-                        m.d.sync += crc.eq(_crc_next(crc, out))
+                        m.d.comb += crc_byte.eq(out)
+                        m.d.sync += crc.eq(crc_upd)
                     with m.If(idx == 5):
                         m.d.sync += idx.eq(0)
                         with m.If(rsp_len == 0):
@@ -695,7 +700,8 @@ class LinkEngine(wiring.Component):
                 m.d.comb += [tx.valid.eq(1), tx.payload.eq(txr.data)]
                 with m.If(tx.ready):
                     m.d.comb += t_next.eq(t_ptr + 1)
-                    m.d.sync += [crc.eq(_crc_next(crc, txr.data)), idx.eq(idx + 1)]
+                    m.d.comb += crc_byte.eq(txr.data)
+                    m.d.sync += [crc.eq(crc_upd), idx.eq(idx + 1)]
                     with m.If(idx == rsp_len - 1):
                         m.d.sync += idx.eq(0)
                         m.next = "SEND_CRC"
