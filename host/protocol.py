@@ -911,8 +911,10 @@ class LinkClient:
     ``plan`` and raises :class:`PlanMismatchError` on a mismatch (``check_hash=False`` skips the
     check, e.g. to read a device's identity).
 
-    ``timeout`` is seconds per attempt; after ``max_retries`` retransmissions of one command
-    :class:`LinkError` is raised. A NAK raises :class:`NakError` (FULL is handled internally).
+    ``timeout`` is seconds per attempt, plus the line time of the frame and its longest answer
+    when the transport has a ``byte_time`` (seconds per byte, serial ports); after
+    ``max_retries`` retransmissions of one command :class:`LinkError` is raised. A NAK raises
+    :class:`NakError` (FULL is handled internally).
 
     Members
     -------
@@ -962,11 +964,15 @@ class LinkClient:
         wire = encode_frame(Frame(cmd, seq, payload))
         want = response_type(cmd)
         self._stats.commands += 1
+        # a slow line (serial) adds the time to send the frame and receive the longest answer
+        line = getattr(self.transport, "byte_time", 0.0) * (
+            len(wire) + HEADER_BYTES + CRC_BYTES + self._response_bound(cmd, payload)
+        )
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._stats.retransmits += 1
             self.transport.write(wire)
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + self.timeout + line
             while True:
                 if not self._frames:
                     remaining = deadline - time.monotonic()
@@ -992,6 +998,16 @@ class LinkClient:
         raise LinkError(
             f"no valid response to {cmd.name} (seq {seq}) after {self.max_retries} retransmissions"
         )
+
+    def _response_bound(self, cmd: Cmd, payload: bytes) -> int:
+        """Largest response payload to ``cmd`` (bytes)."""
+        if cmd == Cmd.READ_RESULTS:
+            return 1 + RESULT_BYTES * payload[0]
+        if cmd == Cmd.READ_WEIGHTS:
+            return 4 * payload[6]
+        if cmd == Cmd.READ_COUNTERS:
+            return 4 * self.params.num_counters
+        return HELLO_BYTES
 
     def _ensure(self) -> None:
         if self.info is None:

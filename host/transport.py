@@ -125,6 +125,7 @@ class FaultyTransport(Transport):
             "garbage": p_garbage,
         }
         self.faults = dict.fromkeys(self.KINDS, 0)
+        self.byte_time = getattr(inner, "byte_time", 0.0)
 
     def _damage(self, data: bytes) -> bytes:
         rng = self.rng
@@ -179,6 +180,8 @@ class SerialTransport(Transport):
         except (serial.SerialException, ValueError) as exc:
             raise TransportError(f"cannot open serial port {port!r}: {exc}") from exc
         self.port, self.baud = port, baud
+        #: seconds per byte on the line (8N1: 10 bit times); the client adds it to timeouts
+        self.byte_time = 10.0 / baud
 
     def write(self, data: bytes) -> None:
         """Send ``data`` (blocks until it is handed to the driver)."""
