@@ -372,3 +372,22 @@ def test_fuzz_client_exactly_once(rng, n, p):
     if any(faulty.faults.values()):
         # every fault costs at most one retransmission... or none (a duplicate, harmless junk)
         assert cli.retransmits <= sum(faulty.faults.values())
+
+
+def test_client_timeout_includes_serial_line_time():
+    """On a slow line the retry timeout grows by the frame's and its longest answer's bytes."""
+    dev, _ = make_device()
+
+    class Slow(LoopbackTransport):
+        byte_time = 10 / 9600  # 9600 baud, 8N1
+        seen: list[float] = []
+
+        def read(self, timeout):
+            self.seen.append(timeout)
+            return super().read(timeout)
+
+    tr = Slow(dev)
+    cli = LinkClient(tr, PLAN, timeout=0.1)
+    cli.hello()
+    # HELLO: 10-byte frame + 10 + 26-byte answer = 46 bytes ≈ 47.9 ms at 9600 baud
+    assert 0.1 + 0.040 < tr.seen[0] <= 0.1 + 46 * 10 / 9600
