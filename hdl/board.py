@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from .boards import Board
 from .uart import UARTRx, UARTTx, uart_divisor
 
-__all__ = ["BoardTop", "Loopback", "byte_core_signature", "network_core"]
+__all__ = ["BoardTop", "Loopback", "NetworkCore", "byte_core_signature", "network_core"]
 
 
 def byte_core_signature() -> wiring.Signature:
@@ -63,15 +63,44 @@ class Loopback(wiring.Component):
         return m
 
 
-def network_core(plan: Any) -> wiring.Component:
-    """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core.
+class NetworkCore(wiring.Component):
+    """The training design behind the UART: ``LinkEngine(plan)`` ↔ ``NetworkTop(plan)``.
 
-    Raises :class:`ImportError` while :mod:`pipetrain.hdl.link` or :mod:`pipetrain.hdl.top`
-    are not available.
+    Parameters
+    ----------
+    plan: the design plan (its ``clock_hz`` should be the board clock).
+    rx_timeout_s: seconds without a byte inside a frame before the link drops it; converted to
+        cycles of ``plan.clock_hz`` (the link engine counts cycles).
+
+    Members
+    -------
+    i: ``In(stream.Signature(8))`` bytes from the host (to ``LinkEngine.rx``).
+    o: ``Out(stream.Signature(8))`` bytes to the host (from ``LinkEngine.tx``).
+    busy: ``Out(1)`` the link is inside a frame.
     """
-    from .link import board_core
 
-    return board_core(plan)
+    def __init__(self, plan: Any, rx_timeout_s: float = 0.021) -> None:
+        self.plan = plan
+        self.rx_timeout = max(1, round(plan.clock_hz * rx_timeout_s))
+        super().__init__(dict(byte_core_signature().members) | {"busy": Out(1)})
+
+    def elaborate(self, platform: Any) -> Module:
+        from .link import LinkEngine
+        from .top import NetworkTop
+
+        m = Module()
+        m.submodules.link = link = LinkEngine(self.plan, rx_timeout=self.rx_timeout)
+        m.submodules.net = net = NetworkTop(self.plan)
+        wiring.connect(m, link.net, net)
+        wiring.connect(m, wiring.flipped(self.i), link.rx)
+        wiring.connect(m, link.tx, wiring.flipped(self.o))
+        m.d.comb += self.busy.eq(link.busy)
+        return m
+
+
+def network_core(plan: Any) -> NetworkCore:
+    """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core."""
+    return NetworkCore(plan)
 
 
 class BoardTop(Elaboratable):

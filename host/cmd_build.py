@@ -336,9 +336,8 @@ def build_cmd(
 
         plan = plan_for_board(model, board, seed=seed, lanes=parse_lanes(lanes) if lanes else None)
         fit = check_fit(plan, board)
-        meta |= {"plan_hash": plan.hash(), "plan": plan_totals(plan), "fit": fit}
+        meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan), "fit": fit}
         try:
-            network_core  # noqa: B018
             from ..hdl import link, top  # noqa: F401
         except ImportError as exc:
             raise BoardError(
