@@ -9,8 +9,10 @@ velocity and counter. Any difference is reported with its tick, stage, tensor an
 
 JSON (``--json FILE``): ``{"bit_exact", "mismatches", "samples", "cycles",
 "cycles_per_sample", "ideal_cycles_per_sample", "sim_cycles_per_s", "build_s", ...}``;
-``cycles_per_sample`` is the steady-state mean spacing of result records (cycles), ``cycles``
-the whole simulated run. Exit status 1 when the RTL is not bit-exact.
+``cycles`` counts the training (first sample beat → idle after the flush), ``total_cycles``
+the whole simulated run (weight load and read-back included), ``cycles_per_sample`` is the
+steady-state mean spacing of result records; ``sim_cycles_per_s`` = total_cycles per second.
+Exit status 1 when the RTL is not bit-exact.
 """
 
 from __future__ import annotations

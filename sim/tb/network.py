@@ -451,11 +451,11 @@ class SimReport:
     bit_exact: no mismatch anywhere.
     mismatches: every :class:`Mismatch` of the full run.
     first: the earliest mismatch in time (after localisation), or None.
-    samples: samples streamed; cycles: simulated cycles of the whole run (weight load, stream,
-        flush, read-back); train_cycles: first sample beat → idle after the flush.
+    samples: samples streamed; cycles: training cycles, first sample beat → idle after the
+        flush; total_cycles: the whole simulated run (weight load, stream, flush, read-back).
     cycles_per_sample: steady state, mean cycles between consecutive result records.
     ideal_cycles_per_sample: the plan's.
-    sim_cycles_per_s: simulated cycles per second of simulator time (testbench body).
+    sim_cycles_per_s: ``total_cycles`` per second of simulator time (testbench body).
     build_s: seconds spent building in this call (0 when cached).
     localisation: how the first mismatch was found (text), or None.
     """
@@ -465,7 +465,7 @@ class SimReport:
     first: Mismatch | None
     samples: int
     cycles: int
-    train_cycles: int
+    total_cycles: int
     cycles_per_sample: float
     ideal_cycles_per_sample: int
     sim_cycles_per_s: float
@@ -480,7 +480,7 @@ class SimReport:
             "mismatches": len(self.mismatches),
             "samples": self.samples,
             "cycles": self.cycles,
-            "train_cycles": self.train_cycles,
+            "total_cycles": self.total_cycles,
             "cycles_per_sample": self.cycles_per_sample,
             "ideal_cycles_per_sample": self.ideal_cycles_per_sample,
             "sim_cycles_per_s": self.sim_cycles_per_s,
@@ -594,14 +594,13 @@ def check_network(
                 f"bisection over stream prefixes: first {k - 1} samples match, the update "
                 f"of sample {k - 1} differs ({len(mem)} memory elements)"
             )
-    train_cycles = rtl.stream_cycles + rtl.flush_cycles
     return SimReport(
         bit_exact=not mismatches,
         mismatches=mismatches,
         first=first,
         samples=n,
-        cycles=rtl.cycles,
-        train_cycles=train_cycles,
+        cycles=rtl.stream_cycles + rtl.flush_cycles,
+        total_cycles=rtl.cycles,
         cycles_per_sample=_steady_cycles_per_sample(rtl),
         ideal_cycles_per_sample=plan.ideal_cycles_per_sample,
         sim_cycles_per_s=rtl.cycles / rtl.sim_s if rtl.sim_s > 0 else 0.0,
