@@ -20,7 +20,7 @@ from pipetrain.hdl.board import BoardTop, Loopback
 from pipetrain.hdl.boards import BOARDS, BoardError, BoardFitError, check_fit, get_board
 from pipetrain.host import toolchain
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_build import deploy_bitstream, parse_report
+from pipetrain.host.cmd_build import deploy_bitstream, parse_report, synth_cells, synth_overflow
 from pipetrain.host.toolchain import ToolchainError
 
 MLP_DIGITS = NetworkIR(
@@ -183,6 +183,18 @@ def test_parse_report_ice40() -> None:
     assert u["ffs"] == {"used": 28 + 27 + 94 + 31, "available": 5280}
     assert u["bram_blocks"] == {"used": 2, "available": 30}
     assert u["multipliers"] == {"used": 0, "available": 8}
+
+
+def test_synthesised_overflow_names_hard_blocks() -> None:
+    # mlp-digits' NetworkTop synthesised for iCE40 (measured): 23 SB_MAC16, 49 EBR
+    log = _YOSYS_TAIL.replace("2   SB_RAM40_4K", "49   SB_RAM40_4K\n       23   SB_MAC16")
+    cells = synth_cells(log)
+    assert cells["SB_MAC16"] == 23 and cells["SB_LUT4"] == 222
+    assert synth_overflow(BOARDS["icebreaker"], cells) == [
+        "23 SB_MAC16 needed, 8 available",
+        "49 SB_RAM40_4K needed, 30 available",
+    ]
+    assert synth_overflow(BOARDS["ulx3s-85f"], {"MULT18X18D": 38, "DP16KD": 22}) == []
 
 
 def test_parse_report_ecp5_worst_clock() -> None:

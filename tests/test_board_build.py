@@ -12,7 +12,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from pipetrain.hdl.board import BoardTop, Loopback
 from pipetrain.hdl.boards import BOARDS
 from pipetrain.host import toolchain
@@ -57,3 +56,31 @@ def test_loopback_bitstream_builds(name: str, monkeypatch: pytest.MonkeyPatch) -
     assert 30 < u["ffs"]["used"] < 1000
     assert u["multipliers"] == {"used": 0, "available": board.multipliers}
     assert u["bram_blocks"]["available"] == board.bram_blocks
+
+
+@pytest.mark.slow
+def test_mlp_digits_bitstream_on_ulx3s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole training design (UART ↔ LinkEngine ↔ NetworkTop) for mlp-digits on the ECP5.
+
+    Measured (yowasp 0.70 / nextpnr 0.11, 2 cores): ≈ 7–8 min fresh, ≈ 10 s cached; Fmax
+    49–55 MHz at the 25 MHz board clock, ≈ 10 k LUT4, ≈ 5.2 k FF, 38 MULT18X18D, 22 DP16KD.
+    """
+    from pipetrain.hdl.board import network_core
+    from pipetrain.hdl.boards import check_fit
+    from pipetrain.host.cmd_build import plan_for_board
+
+    board = BOARDS["ulx3s-85f"]
+    _tools_or_skip(board.family)
+    monkeypatch.chdir(ROOT)
+    plan = plan_for_board("mlp-digits", board)
+    check_fit(plan, board)
+    top = BoardTop(board, lambda: network_core(plan))
+    out = Path("build") / "test-board-build" / "mlp-digits-ulx3s-85f"
+    r = build_design(board, top, out, timeout_s=1800)
+    assert (ROOT / r["bitstream"]).stat().st_size > 100_000
+    assert r["clock_mhz"] == pytest.approx(25.0, rel=1e-3) and r["timing_met"]
+    u = r["utilization"]
+    # every hard multiplier the plan counts maps to ≥ 1 MULT18X18D (wider ones to several)
+    assert plan.multipliers <= u["multipliers"]["used"] <= board.multipliers
+    assert 0 < u["bram_blocks"]["used"] <= board.bram_blocks
+    assert 1000 < u["luts"]["used"] < board.luts // 2
