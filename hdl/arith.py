@@ -1,0 +1,98 @@
+"""Fixed-point operators of the training datapath as Amaranth expressions (docs/numerics.md §1).
+
+Each function returns an Amaranth value that computes exactly the integer operation of the
+same name in ``docs/numerics.md`` §1 (and in :mod:`pipetrain.sim.fixed`, the golden model's
+version). Shifts by a constant ``k`` are wiring; ``>>`` on a signed value is arithmetic (floor),
+as the contract requires. Every operand keeps its full width: Amaranth widens ``+`` by one bit
+and ``*`` to the sum of the widths, so nothing wraps before :func:`sat` narrows it.
+
+Source: docs/numerics.md §1 (the contract); the expressions are the literal definitions.
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Mux, Value, signed
+from amaranth.hdl import ValueCastable
+
+from ..compiler.plan import QFormat
+
+__all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul"]
+
+
+def sat(v: Value, fmt: QFormat) -> tuple[Value, Value]:
+    """Clamp ``v`` to ``[fmt.min_int, fmt.max_int]``.
+
+    Returns ``(value, clamped)``: ``value`` has shape ``signed(fmt.bits)``, ``clamped`` is 1
+    when the clamp changed ``v`` (the caller adds it to the owning saturation counter).
+    """
+    hi = v > fmt.max_int
+    lo = v < fmt.min_int
+    out = Mux(hi, fmt.max_int, Mux(lo, fmt.min_int, v))
+    return out[: fmt.bits].as_signed(), hi | lo
+
+
+def rhu(v: Value, k: int) -> Value:
+    """Round half up by ``k`` bits: ``v`` (k = 0), ``(v + 2^(k−1)) >> k`` (k > 0), ``v << −k``
+    (k < 0)."""
+    if k > 0:
+        return (v + (1 << (k - 1))) >> k
+    if k < 0:
+        return v << -k
+    return v
+
+
+def rne(v: Value, k: int) -> Value:
+    """Round half to even by ``k`` ≥ 0 bits: ``q = v >> k``, remainder ``r`` = the low ``k``
+    bits, ``q + 1`` if ``r > 2^(k−1)`` or (``r = 2^(k−1)`` and ``q`` odd), else ``q``."""
+    if k < 0:
+        raise ValueError(f"rne needs k ≥ 0, got {k}")
+    if k == 0:
+        return v
+    q = v >> k
+    r = v[:k]
+    h = 1 << (k - 1)
+    up = (r > h) | ((r == h) & q[0])
+    return q + up
+
+
+def rsr(v: Value, k: int, r: Value, round_bits: int) -> Value:
+    """Stochastic rounding by ``k`` ≥ 0 bits with an unsigned ``round_bits``-bit random ``r``:
+    ``(v + (r >> (R − k))) >> k`` for 0 < k ≤ R, ``(v + (r << (k − R))) >> k`` for k > R."""
+    if k < 0:
+        raise ValueError(f"rsr needs k ≥ 0, got {k}")
+    if k == 0:
+        return v
+    r = r.as_unsigned()
+    add = r >> (round_bits - k) if k <= round_bits else r << (k - round_bits)
+    return (v + add) >> k
+
+
+def round_upd(v: Value, k: int, r: Value, rounding: str, round_bits: int) -> Value:
+    """``round_upd`` of numerics §1: :func:`rsr` for ``stochastic``, else :func:`rne`."""
+    if rounding == "stochastic":
+        return rsr(v, k, r, round_bits)
+    return rne(v, k)
+
+
+def align(v: Value, f_from: int, f_to: int) -> Value:
+    """``v << (f_to − f_from)`` (exact). Raises ValueError if ``f_to < f_from``."""
+    if f_to < f_from:
+        raise ValueError(f"align from {f_from} to {f_to} fraction bits would drop bits")
+    return v << (f_to - f_from)
+
+
+def const_mul(value: int, v: Value | ValueCastable) -> Value:
+    """``value · v`` for an integer constant (a signed constant operand of minimal width)."""
+    if value == 0:
+        return Const(0, signed(1))
+    if value == 1:
+        return Value.cast(v)
+    if value > 0 and value & (value - 1) == 0:
+        return Value.cast(v) << (value.bit_length() - 1)
+    width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
+    return Const(value, signed(width)) * v
+
+
+def ushape(n: int) -> int:
+    """Bits of an unsigned counter that holds 0..n (at least 1)."""
+    return max(1, int(n).bit_length())

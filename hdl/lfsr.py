@@ -1,0 +1,78 @@
+"""Per-lane Galois LFSR with a one-cycle ``leap``-step draw (docs/numerics.md §6).
+
+One **step** multiplies the state by x modulo the feedback polynomial; one **draw** is
+``leap`` steps, i.e. multiplication by x^leap, a linear map over GF(2). The hardware applies it
+in one cycle as a ``width × width`` XOR matrix whose column ``c`` is the image of state bit
+``c`` after ``leap`` steps. Source: docs/numerics.md §6; the leap-as-matrix form is the
+standard parallel LFSR (e.g. Xilinx XAPP052 / "leap-forward LFSR").
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["lfsr_step", "leap_matrix", "LFSR"]
+
+
+def lfsr_step(state: int, poly: int, width: int) -> int:
+    """One Galois step: ``(state << 1) ^ (poly if bit width−1 was set)``, kept to ``width``
+    bits (``poly`` includes the x^width term)."""
+    top = (state >> (width - 1)) & 1
+    state = state << 1
+    if top:
+        state ^= poly
+    return state & ((1 << width) - 1)
+
+
+def leap_matrix(poly: int, width: int, leap: int) -> list[int]:
+    """Return the draw map as ``width`` row masks: new bit ``r`` = XOR of the old state bits
+    set in ``rows[r]``. Built from the images of the basis states after ``leap`` steps."""
+    cols = []
+    for c in range(width):
+        s = 1 << c
+        for _ in range(leap):
+            s = lfsr_step(s, poly, width)
+        cols.append(s)
+    return [sum(((cols[c] >> r) & 1) << c for c in range(width)) for r in range(width)]
+
+
+class LFSR(wiring.Component):
+    """A Galois LFSR that takes one draw (``leap`` steps) per cycle when ``draw`` is high.
+
+    Parameters
+    ----------
+    poly: feedback polynomial including the x^width term (``plan.lfsr_poly``).
+    width: state bits (``plan.lfsr_width``).
+    leap: steps per draw (``plan.lfsr_leap``).
+    seed: initial (reset) state, non-zero.
+
+    Members
+    -------
+    draw: ``In(1)`` take one draw this cycle.
+    next: ``Out(width)`` the state after a draw (combinational: the value a draw this cycle
+        yields, numerics §6: "taken before use").
+    state: ``Out(width)`` the current state.
+    """
+
+    def __init__(self, poly: int, width: int, leap: int, seed: int) -> None:
+        if not 0 < seed < (1 << width):
+            raise ValueError(f"LFSR seed must be a non-zero {width}-bit value, got {seed:#x}")
+        self.poly, self.width, self.leap, self.seed = poly, width, leap, seed
+        super().__init__({"draw": In(1), "next": Out(width), "state": Out(width)})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        st = Signal(self.width, init=self.seed)
+        rows = leap_matrix(self.poly, self.width, self.leap)
+        bits = [
+            reduce(lambda a, b: a ^ b, [st[c] for c in range(self.width) if (row >> c) & 1])
+            for row in rows
+        ]
+        m.d.comb += [self.next.eq(Cat(*bits)), self.state.eq(st)]
+        with m.If(self.draw):
+            m.d.sync += st.eq(self.next)
+        return m

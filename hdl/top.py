@@ -1,0 +1,308 @@
+"""``NetworkTop``: the stages, the loss unit and the tick controller behind the host streams.
+
+Ports are exactly docs/ports.md. Data paths (all inside the design, no per-cycle host work):
+
+* ``sample_in`` beats are written straight into stage 1's input stash (the entry the tick
+  controller allocated to the next sample); the ``last`` beat makes the sample *pending* and
+  ``sample_in`` stalls until the sample enters the pipeline.
+* stage s's forward outputs go into stage s+1's stash (or the loss unit's logit buffer);
+  stage s+1's input gradient and the loss unit's δ go into the error buffer of the stage
+  before (double-buffered by tick parity).
+* results go through a 4-deep FIFO to ``result_out``; a tick starts only if the FIFO has room,
+  so ``result_out`` backpressure delays ticks but never changes the arithmetic.
+* ``wacc_cmd`` is served while the pipeline is idle: row ``j`` lives in lane ``j mod L`` at
+  address ``(j div L)·(N+1) + col`` (found by repeated subtraction, ``≤ row_groups`` cycles).
+  A write stores the data saturated to the memory's format (uncounted) and answers with the
+  stored value; a command for a stage, kind, row or column that does not exist answers 0 and
+  changes nothing.
+
+Source: docs/ports.md (the contract), DESIGN §3; the buffering is *derived*.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.plan import Plan
+from .loss import LossUnit
+from .stage import StageUnit
+from .tick import TickController
+
+__all__ = [
+    "NetworkTop",
+    "sample_layout",
+    "result_layout",
+    "wacc_cmd_layout",
+    "wacc_rsp_layout",
+    "RESULT_FIFO_DEPTH",
+]
+
+RESULT_FIFO_DEPTH = 4
+
+
+def sample_layout(plan: Plan) -> data.StructLayout:
+    """``{x: signed(X), label: unsigned(16), train: 1, last: 1}`` (LSB first)."""
+    return data.StructLayout(
+        {
+            "x": signed(plan.stages[0].formats.x.bits),
+            "label": unsigned(16),
+            "train": unsigned(1),
+            "last": unsigned(1),
+        }
+    )
+
+
+def result_layout() -> data.StructLayout:
+    """``{sample: unsigned(32), pred: unsigned(16), loss: unsigned(32), train: 1}``."""
+    return data.StructLayout(
+        {"sample": unsigned(32), "pred": unsigned(16), "loss": unsigned(32), "train": unsigned(1)}
+    )
+
+
+def wacc_cmd_layout() -> data.StructLayout:
+    """``{write: 1, stage: 8, kind: 2, row: 16, col: 16, data: signed(32)}``."""
+    return data.StructLayout(
+        {
+            "write": unsigned(1),
+            "stage": unsigned(8),
+            "kind": unsigned(2),
+            "row": unsigned(16),
+            "col": unsigned(16),
+            "data": signed(32),
+        }
+    )
+
+
+def wacc_rsp_layout() -> data.StructLayout:
+    """``{data: signed(32)}``."""
+    return data.StructLayout({"data": signed(32)})
+
+
+class NetworkTop(wiring.Component):
+    """The trainable network behind host streams (docs/ports.md).
+
+    Parameters
+    ----------
+    plan: the design plan; ``schedule`` ``pb`` or ``sequential``, global strategy, main
+        stages only. Raises NotImplementedError for auxiliary heads or LWP ``w`` form.
+
+    Members
+    -------
+    sample_in: ``In(stream.Signature(sample_layout))`` N beats per sample.
+    result_out: ``Out(stream.Signature(result_layout))`` one per sample, in order.
+    wacc_cmd: ``In(stream.Signature(wacc_cmd_layout))`` weight access commands.
+    wacc_rsp: ``Out(stream.Signature(wacc_rsp_layout))`` one response per command.
+    flush: ``In(1)`` run bubble ticks until nothing is in flight.
+    idle: ``Out(1)`` no sample in flight and no tick running.
+    samples_trained: ``Out(32)`` training samples whose stage-1 update was applied.
+    ticks: ``Out(32)`` ticks run (``sequential``: samples processed).
+    saturations: ``Out(32).array(S + 1)`` per-stage counters, then the loss unit's.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        S = len(plan.stages)
+        super().__init__(
+            {
+                "sample_in": In(stream.Signature(sample_layout(plan))),
+                "result_out": Out(stream.Signature(result_layout())),
+                "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
+                "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
+                "flush": In(1),
+                "idle": Out(1),
+                "samples_trained": Out(32),
+                "ticks": Out(32),
+                "saturations": Out(32).array(S + 1),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        plan = self.plan
+        stages = plan.stages
+        S = len(stages)
+        lws = [1] + [s.lanes for s in stages[:-1]]
+        units = []
+        for n, st in enumerate(stages):
+            u = StageUnit(plan, st, lws[n])
+            m.submodules[f"stage{n + 1}"] = u
+            units.append(u)
+        loss = LossUnit(plan.loss, stages[-1].lanes)
+        m.submodules.loss = loss
+        ctrl = TickController(plan, [u.kx for u in units])
+        m.submodules.ctrl = ctrl
+        fifo = SyncFIFOBuffered(width=result_layout().size, depth=RESULT_FIFO_DEPTH)
+        m.submodules.results = fifo
+
+        # ---- stage control and the vector paths between units ----
+        for n, u in enumerate(units):
+            m.d.comb += [
+                u.start.eq(ctrl.stage_start[n]),
+                u.fwd_en.eq(ctrl.fwd_en[n]),
+                u.fwd_train.eq(ctrl.fwd_train[n]),
+                u.bwd_en.eq(ctrl.bwd_en[n]),
+                u.fx_base.eq(ctrl.fx_base[n]),
+                u.bx_base.eq(ctrl.bx_base[n]),
+                u.fm_base.eq(ctrl.fm_base[n]),
+                u.bm_base.eq(ctrl.bm_base[n]),
+                u.gr_half.eq(ctrl.gr_half),
+                u.gw_half.eq(ctrl.gw_half),
+                ctrl.stage_done[n].eq(u.done),
+                self.saturations[n].eq(u.saturations),
+            ]
+            if n > 0:
+                prev = units[n - 1]
+                m.d.comb += [
+                    u.xw_en.eq(prev.y_en),
+                    u.xw_addr.eq(ctrl.xw_base[n] + prev.y_word),
+                    u.xw_data.eq(prev.y_data),
+                ]
+            if n + 1 < S:
+                nxt = units[n + 1]
+                m.d.comb += [u.gw_en.eq(nxt.gin_en), u.gw_data.eq(nxt.gin_data)]
+            else:
+                m.d.comb += [u.gw_en.eq(loss.dl_en), u.gw_data.eq(loss.dl_data)]
+        last = units[-1]
+        m.d.comb += [
+            loss.zw_en.eq(last.y_en),
+            loss.zw_word.eq(last.y_word),
+            loss.zw_data.eq(last.y_data),
+            loss.start.eq(ctrl.loss_start),
+            loss.label.eq(ctrl.loss_label),
+            loss.train.eq(ctrl.result_train),
+            ctrl.loss_done.eq(loss.done),
+            self.saturations[S].eq(loss.saturations),
+            ctrl.flush.eq(self.flush),
+            self.idle.eq(ctrl.idle),
+            self.samples_trained.eq(ctrl.samples_trained),
+            self.ticks.eq(ctrl.ticks),
+        ]
+
+        # ---- samples in ----
+        N = plan.in_features
+        beat = Signal(range(N + 1))
+        pending = Signal()
+        p_label = Signal(16)
+        p_train = Signal()
+        si = self.sample_in
+        m.d.comb += [
+            si.ready.eq(~pending),
+            ctrl.sample_ready.eq(pending),
+            ctrl.sample_label.eq(p_label),
+            ctrl.sample_train.eq(p_train),
+        ]
+        first = units[0]
+        m.d.comb += [
+            first.xw_en.eq(si.valid & si.ready & (beat < N)),
+            first.xw_addr.eq(ctrl.host_xbase + beat),
+            first.xw_data.eq(si.payload.x),
+        ]
+        with m.If(si.valid & si.ready):
+            with m.If(si.payload.last):
+                m.d.sync += [
+                    beat.eq(0),
+                    pending.eq(1),
+                    p_label.eq(si.payload.label),
+                    p_train.eq(si.payload.train),
+                ]
+            with m.Elif(beat < N):
+                m.d.sync += beat.eq(beat + 1)
+        with m.If(ctrl.take):
+            m.d.sync += pending.eq(0)
+
+        # ---- results out ----
+        count = Signal(32)
+        res = Signal(result_layout())
+        m.d.comb += [
+            res.sample.eq(count),
+            res.pred.eq(loss.pred),
+            res.loss.eq(loss.loss),
+            res.train.eq(ctrl.result_train),
+            fifo.w_en.eq(ctrl.result_valid),
+            fifo.w_data.eq(res.as_value()),
+        ]
+        with m.If(ctrl.result_valid):
+            m.d.sync += count.eq(count + 1)
+        ro = self.result_out
+        m.d.comb += [
+            ro.payload.eq(fifo.r_data),
+            ro.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(ro.ready),
+        ]
+
+        # ---- weight access ----
+        wc, wr = self.wacc_cmd, self.wacc_rsp
+        cmd = Signal(wacc_cmd_layout())
+        rrow = Signal(16)
+        addr = Signal(32)
+        lane = Signal(16)
+        rdata = Signal(signed(32))
+        busy = Signal()
+        m.d.comb += ctrl.can_start.eq(fifo.w_rdy & ~busy)
+        max_kind = [2 if (s.update.lwp_horizon and s.update.lwp_form == "w") else 1 for s in stages]
+        for u in units:
+            m.d.comb += [
+                u.acc_we.eq(cmd.write),
+                u.acc_kind.eq(cmd.kind),
+                u.acc_lane.eq(lane),
+                u.acc_addr.eq(addr),
+                u.acc_wdata.eq(cmd.data),
+            ]
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(wc.valid & ctrl.idle & ~ctrl.sample_ready):
+                    m.d.comb += wc.ready.eq(1)
+                    m.d.sync += [cmd.eq(wc.payload), rrow.eq(wc.payload.row)]
+                    m.d.sync += addr.eq(wc.payload.col)
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                m.d.comb += busy.eq(1)
+                ok = Signal()
+                with m.Switch(cmd.stage):
+                    for n, st in enumerate(stages):
+                        with m.Case(n):
+                            m.d.comb += ok.eq(
+                                (cmd.kind <= max_kind[n])
+                                & (cmd.row < st.out_features)
+                                & (cmd.col <= st.in_features)
+                            )
+                with m.If(ok):
+                    m.next = "DIV"
+                with m.Else():
+                    m.d.sync += rdata.eq(0)
+                    m.next = "RESP"
+            with m.State("DIV"):
+                m.d.comb += busy.eq(1)
+                with m.Switch(cmd.stage):
+                    for n, st in enumerate(stages):
+                        with m.Case(n):
+                            with m.If(rrow >= st.lanes):
+                                m.d.sync += [
+                                    rrow.eq(rrow - st.lanes),
+                                    addr.eq(addr + st.in_features + 1),
+                                ]
+                            with m.Else():
+                                m.d.sync += lane.eq(rrow)
+                                m.next = "ACC"
+            with m.State("ACC"):
+                m.d.comb += busy.eq(1)
+                with m.Switch(cmd.stage):
+                    for n, u in enumerate(units):
+                        with m.Case(n):
+                            m.d.comb += u.acc_en.eq(1)
+                m.next = "READ"
+            with m.State("READ"):
+                m.d.comb += busy.eq(1)
+                with m.Switch(cmd.stage):
+                    for n, u in enumerate(units):
+                        with m.Case(n):
+                            m.d.sync += rdata.eq(u.acc_rdata)
+                m.next = "RESP"
+            with m.State("RESP"):
+                m.d.comb += [busy.eq(1), wr.valid.eq(1), wr.payload.data.eq(rdata)]
+                with m.If(wr.ready):
+                    m.next = "IDLE"
+        return m
