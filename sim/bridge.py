@@ -254,7 +254,7 @@ class SimBridge:
         plan: Plan,
         *,
         word_bytes: int = DEFAULT_WORD_BYTES,
-        chunk_cycles: int = 128,
+        chunk_cycles: int = 32,
         startup_timeout: float = 60.0,
         port: int = 0,
         work_dir: str | os.PathLike | None = None,

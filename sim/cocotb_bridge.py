@@ -31,7 +31,7 @@ from typing import Any
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, Timer
+from cocotb.triggers import ClockCycles, First, ReadOnly, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from .tb.job import run_job
@@ -58,6 +58,7 @@ class _Bridge:
         self.clock_ns = int(job["clock_ns"])
         self.chunk = max(1, int(job["chunk_cycles"]))
         self.settle = int(job["settle_cycles"])
+        self.busy_wait = max(self.chunk, int(job.get("busy_wait_cycles", 4096)))
         self.parent = int(job.get("parent_pid", 0))
         self.conn: socket.socket | None = None
         self.bytes_in = self.bytes_out = 0
@@ -107,9 +108,14 @@ class _Bridge:
                         raise _Closed
                 self.blocked_s += time.perf_counter() - t
                 continue
-            await Timer(self.chunk * self.clock_ns - self.clock_ns // 2, "ns")
-            await RisingEdge(dut.clk)
-            if not busy:
+            if busy:
+                # executing or answering: the host (stop-and-wait) speaks after the response;
+                # wake on output, or after a long chunk (a frame split across TCP segments)
+                await First(RisingEdge(dut.o__valid), Timer(self.busy_wait * self.clock_ns, "ns"))
+                await RisingEdge(dut.clk)
+            else:
+                await Timer(self.chunk * self.clock_ns - self.clock_ns // 2, "ns")
+                await RisingEdge(dut.clk)
                 quiet += self.chunk
 
     async def feed(self) -> None:
