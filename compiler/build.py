@@ -37,6 +37,9 @@ __all__ = [
     "map_memory",
     "multipliers_per_lane",
     "loss_cycles",
+    "pass_cycles",
+    "tick_cycles",
+    "sequential_cycles",
     "lfsr_seeds",
 ]
 
@@ -44,8 +47,14 @@ __all__ = [
 LFSR_POLY = (1 << 32) | (1 << 22) | (1 << 2) | (1 << 1) | 1
 LFSR_WIDTH = 32
 ROUND_BITS = 16
-#: Fixed cycles each tick spends outside the stages' passes (start, memory latency, hand-over).
-TICK_OVERHEAD = 4
+#: Pipeline cycles a stage's fused pass needs beyond its ``cycles_per_tick`` slots
+#: (hdl/stage.py: the start-pulse cycle, then S0 read issue … S4 write-back); Spike
+#: Compensation adds one more (its ``V`` sum has its own pipeline stage).
+PASS_LATENCY = 5
+#: Control cycles per tick outside the passes (hdl/tick.py: the cycle that admits the next item
+#: and shifts the pipeline, and the cycle that sees every unit done). ``sequential`` spends one
+#: control cycle per phase plus one per sample instead (:func:`sequential_cycles`).
+TICK_OVERHEAD = 2
 #: Widest update sum the golden model (int64) and the HDL support.
 MAX_SUM_BITS = 62
 CONST_MANTISSA_BITS = 18
@@ -130,10 +139,35 @@ def stage_cycles(in_features: int, out_features: int, lanes: int) -> tuple[int, 
 
 
 def loss_cycles(kind: str, classes: int, exp_frac: int, recip_frac: int) -> int:
-    """Cycles the loss unit needs per sample (max, exp, divide, p − onehot; derived)."""
+    """Cycles of the loss unit from its start pulse to ``done`` (hdl/loss.py, derived from its
+    phases): cross-entropy ``C`` (max) + ``C + 3`` (exp via a 2-cycle LUT read) + ``fr + 1``
+    (restoring divider, one quotient bit per cycle) + ``C + 2`` (p − onehot) + 1 start cycle
+    = ``3C + fr + 7``; MSE ``C + 3``. ``exp_frac`` does not change the count (kept for
+    callers)."""
     if kind == "mse":
-        return classes + 2
-    return 3 * classes + exp_frac + recip_frac + 4
+        return classes + 3
+    return 3 * classes + recip_frac + 7
+
+
+def pass_cycles(stage: Stage) -> int:
+    """Cycles of one fused pass of ``stage``: its slots plus the pipeline latency (derived)."""
+    return stage.cycles_per_tick + PASS_LATENCY + (1 if stage.update.sc else 0)
+
+
+def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) -> int:
+    """``pb`` tick length (hdl/tick.py): every stage's pass runs from the tick's start; the
+    loss unit starts when the stage feeding it is done; plus :data:`TICK_OVERHEAD`.
+    ``feeders``: the stages whose output goes to a loss unit (``loss`` = its cycles)."""
+    longest = max(pass_cycles(s) for s in stages)
+    with_loss = max(pass_cycles(s) for s in feeders) + loss
+    return max(longest, with_loss) + TICK_OVERHEAD
+
+
+def sequential_cycles(stages: Sequence[Stage], loss: int) -> int:
+    """Cycles per training sample under ``sequential`` (hdl/tick.py): one admit cycle, then a
+    forward and a backward pass per stage and the loss unit, each followed by one control
+    cycle."""
+    return 1 + sum(2 * (pass_cycles(s) + 1) for s in stages) + loss + 1
 
 
 def lfsr_seeds(seed: int, stage: int, lanes: int) -> tuple[int, ...]:
@@ -568,8 +602,9 @@ def build_plan(
         if st.activation == "identity"
     )
     loss_max = max([loss.cycles] + [hl.cycles for hl in head_losses])
-    tick = max(s.cycles_per_tick for s in stages) + loss_max + TICK_OVERHEAD
-    ideal = tick if config.schedule == "pb" else 2 * len(stages) * tick
+    feeders = [stages[S - 1]] + [st for st in stages[S:] if st.activation == "identity"]
+    tick = tick_cycles(stages, feeders, loss_max)
+    ideal = tick if config.schedule == "pb" else sequential_cycles(stages, loss_max)
     memory = sum(s.memory_bits for s in stages)
     if memory_budget_bits and memory > memory_budget_bits:
         worst = max(stages, key=lambda s: s.memory_bits)

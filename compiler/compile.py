@@ -34,6 +34,7 @@ __all__ = [
     "ARTIFACT_WRITERS",
     "write_plan_json",
     "write_report_md",
+    "write_verilog_v",
     "compile_model",
     "compile_result",
 ]
@@ -90,9 +91,17 @@ def write_report_md(result: CompileResult, folder: Path) -> Sequence[str]:
     return ["report.md"]
 
 
+def write_verilog_v(result: CompileResult, folder: Path) -> Sequence[str]:
+    """Write ``<name>.v`` (:func:`pipetrain.hdl.verilog.write_verilog`; imported here so the
+    compiler does not load the HDL unless it writes Verilog)."""
+    from ..hdl.verilog import write_verilog
+
+    return write_verilog(result, folder)
+
+
 #: The artifacts of a compile, written in order. HDL hook: the Verilog writer
-#: (``DIR/<name>.v``) is appended here as one more ArtifactWriter.
-ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md]
+#: (``DIR/<name>.v``) is the last ArtifactWriter.
+ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md, write_verilog_v]
 
 
 def _load(

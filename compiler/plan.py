@@ -318,8 +318,10 @@ class Plan:
     lfsr_leap: LFSR steps per draw (each draw gives ``lfsr_width`` fresh bits).
     stages: all stages (main, then heads).
     loss: the loss unit.
-    tick_cycles: cycles per tick: slowest stage + loss unit + tick overhead.
-    ideal_cycles_per_sample: tick_cycles for ``pb``; 2S·tick_cycles for ``sequential``.
+    tick_cycles: cycles per ``pb`` tick: the slowest pass, or the last stage's pass + the loss
+        unit, + tick overhead (``build.tick_cycles``).
+    ideal_cycles_per_sample: tick_cycles for ``pb``; for ``sequential`` every stage's forward
+        and backward pass + the loss unit + control (``build.sequential_cycles``).
     clock_hz: clock the throughput figure assumes.
     samples_per_s: clock_hz / ideal_cycles_per_sample.
     memory_bits, multipliers: totals over the stages.

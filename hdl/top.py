@@ -21,7 +21,7 @@ Source: docs/ports.md (the contract), DESIGN §3; the buffering is *derived*.
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, signed, unsigned
+from amaranth import Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -33,6 +33,7 @@ from .tick import TickController
 
 __all__ = [
     "NetworkTop",
+    "check_supported",
     "sample_layout",
     "result_layout",
     "wacc_cmd_layout",
@@ -81,6 +82,35 @@ def wacc_rsp_layout() -> data.StructLayout:
     return data.StructLayout({"data": signed(32)})
 
 
+def check_supported(plan: Plan) -> None:
+    """Raise NotImplementedError (with the reason and the way out) for a plan the HDL does not
+    build: auxiliary-head stages (local/interlocking learning), LWP ``w`` form, or a schedule
+    other than ``pb``/``sequential``."""
+    if any(s.role != "main" for s in plan.stages) or getattr(plan, "head_losses", ()):
+        raise NotImplementedError(
+            f"strategy {plan.strategy!r} needs auxiliary-head stages, which the HDL does not "
+            "build yet; use strategy='global' for hardware (the reference trainer runs the rest)"
+        )
+    for s in plan.stages:
+        if s.update.lwp_horizon and s.update.lwp_form != "v":
+            raise NotImplementedError(
+                f"stage {s.index}: LWP weight-difference form (lwp_form='w') is not implemented "
+                "in the HDL yet; use lwp_form='v'"
+            )
+    if plan.schedule not in ("pb", "sequential"):
+        raise NotImplementedError(f"schedule {plan.schedule!r} has no tick controller")
+
+
+def _div_const(v: Value, d: int) -> Value:
+    """``v // d`` for an unsigned ``v`` of at most 16 bits and a constant ``d`` ≥ 1: a shift for
+    powers of two, else ``(v·⌈2^K/d⌉) >> K`` with ``K = 16 + bitlen(d)`` (exact for every
+    16-bit ``v``: the reciprocal's error times ``v`` stays below ``2^K``; Granlund–Montgomery)."""
+    if d & (d - 1) == 0:
+        return v >> (d.bit_length() - 1)
+    k = 16 + d.bit_length()
+    return (v * (-(-(1 << k) // d))) >> k
+
+
 class NetworkTop(wiring.Component):
     """The trainable network behind host streams (docs/ports.md).
 
@@ -103,6 +133,7 @@ class NetworkTop(wiring.Component):
     """
 
     def __init__(self, plan: Plan) -> None:
+        check_supported(plan)
         self.plan = plan
         S = len(plan.stages)
         super().__init__(
@@ -236,10 +267,9 @@ class NetworkTop(wiring.Component):
         # ---- weight access ----
         wc, wr = self.wacc_cmd, self.wacc_rsp
         cmd = Signal(wacc_cmd_layout())
-        rrow = Signal(16)
-        addr = Signal(32)
-        lane = Signal(16)
-        rdata = Signal(signed(32))
+        addr = Signal(range(max(max(s.cycles_per_tick for s in stages), 2)))
+        lane = Signal(range(max(max(s.lanes for s in stages), 2)))
+        okr = Signal()
         busy = Signal()
         m.d.comb += ctrl.can_start.eq(fifo.w_rdy & ~busy)
         max_kind = [2 if (s.update.lwp_horizon and s.update.lwp_form == "w") else 1 for s in stages]
@@ -251,58 +281,52 @@ class NetworkTop(wiring.Component):
                 u.acc_addr.eq(addr),
                 u.acc_wdata.eq(cmd.data),
             ]
+        accept = wc.valid & ctrl.idle & ~ctrl.sample_ready
+
+        def take_cmd() -> None:
+            m.d.comb += wc.ready.eq(1)
+            m.d.sync += cmd.eq(wc.payload)
+            m.next = "CALC"
+
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(wc.valid & ctrl.idle & ~ctrl.sample_ready):
-                    m.d.comb += wc.ready.eq(1)
-                    m.d.sync += [cmd.eq(wc.payload), rrow.eq(wc.payload.row)]
-                    m.d.sync += addr.eq(wc.payload.col)
-                    m.next = "CHECK"
-            with m.State("CHECK"):
+                with m.If(accept):
+                    take_cmd()
+            with m.State("CALC"):
+                # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
                 m.d.comb += busy.eq(1)
-                ok = Signal()
+                m.d.sync += okr.eq(0)
                 with m.Switch(cmd.stage):
                     for n, st in enumerate(stages):
                         with m.Case(n):
-                            m.d.comb += ok.eq(
-                                (cmd.kind <= max_kind[n])
-                                & (cmd.row < st.out_features)
-                                & (cmd.col <= st.in_features)
-                            )
-                with m.If(ok):
-                    m.next = "DIV"
-                with m.Else():
-                    m.d.sync += rdata.eq(0)
-                    m.next = "RESP"
-            with m.State("DIV"):
-                m.d.comb += busy.eq(1)
-                with m.Switch(cmd.stage):
-                    for n, st in enumerate(stages):
-                        with m.Case(n):
-                            with m.If(rrow >= st.lanes):
-                                m.d.sync += [
-                                    rrow.eq(rrow - st.lanes),
-                                    addr.eq(addr + st.in_features + 1),
-                                ]
-                            with m.Else():
-                                m.d.sync += lane.eq(rrow)
-                                m.next = "ACC"
+                            grp = _div_const(cmd.row, st.lanes)
+                            m.d.sync += [
+                                okr.eq(
+                                    (cmd.kind <= max_kind[n])
+                                    & (cmd.row < st.out_features)
+                                    & (cmd.col <= st.in_features)
+                                ),
+                                lane.eq(cmd.row - grp * st.lanes),
+                                addr.eq(grp * (st.in_features + 1) + cmd.col),
+                            ]
+                m.next = "ACC"
             with m.State("ACC"):
                 m.d.comb += busy.eq(1)
                 with m.Switch(cmd.stage):
                     for n, u in enumerate(units):
                         with m.Case(n):
-                            m.d.comb += u.acc_en.eq(1)
-                m.next = "READ"
-            with m.State("READ"):
-                m.d.comb += busy.eq(1)
+                            m.d.comb += u.acc_en.eq(okr)
+                m.next = "RESP"
+            with m.State("RESP"):
+                # acc_rdata stays valid while cmd, lane and addr are unchanged
+                m.d.comb += [busy.eq(1), wr.valid.eq(1)]
                 with m.Switch(cmd.stage):
                     for n, u in enumerate(units):
                         with m.Case(n):
-                            m.d.sync += rdata.eq(u.acc_rdata)
-                m.next = "RESP"
-            with m.State("RESP"):
-                m.d.comb += [busy.eq(1), wr.valid.eq(1), wr.payload.data.eq(rdata)]
+                            m.d.comb += wr.payload.data.eq(Mux(okr, u.acc_rdata, 0))
                 with m.If(wr.ready):
-                    m.next = "IDLE"
+                    with m.If(accept):
+                        take_cmd()
+                    with m.Else():
+                        m.next = "IDLE"
         return m

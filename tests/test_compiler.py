@@ -163,11 +163,14 @@ def test_pb_and_sequential_delays_and_cycles():
     assert plan.delays == (7, 5, 3, 1)  # 2(S−s)+1, S = 4
     assert [s.stash_depth for s in plan.stages] == [8, 6, 4, 2]
     assert [s.cycles_per_tick for s in plan.stages] == [8 * 65, 11 * 33, 11 * 33, 10 * 33]
-    # tick = slowest stage + loss unit (3·10 + 15 + 16 + 4 = 65) + overhead 4
-    assert plan.tick_cycles == 520 + 65 + 4 == plan.ideal_cycles_per_sample
+    # tick = slowest pass (520 slots + 5 pipeline) + 2 control cycles; the loss unit
+    # (3·10 + 16 + 7 = 53 cycles) after stage 4's pass (330 + 5) ends earlier (hdl/tick.py)
+    assert plan.loss.cycles == 53
+    assert plan.tick_cycles == 520 + 5 + 2 == plan.ideal_cycles_per_sample
     seq = build_plan(ir, TrainConfig(schedule="sequential"), lanes=[4, 3, 3, 1])
     assert seq.delays == (0, 0, 0, 0)
-    assert seq.ideal_cycles_per_sample == 2 * 4 * 589
+    # one sample at a time: admit, forward and backward pass per stage (+1 control each), loss
+    assert seq.ideal_cycles_per_sample == 1 + 2 * (526 + 369 + 369 + 336) + 53 + 1
     assert [s.input_gradient for s in plan.stages] == [False, True, True, True]
 
 
