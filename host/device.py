@@ -1,0 +1,650 @@
+"""``pipetrain.host.open``: one API for every training target.
+
+>>> dev = pipetrain.host.open("mlp-digits", target="sim")      # doctest: +SKIP
+>>> with dev:                                                  # doctest: +SKIP
+...     dev.train(x_train, y_train, epochs=2)
+...     acc = dev.evaluate(x_test, y_test)
+...     model.load_state_dict(dev.state_dict())
+
+Targets:
+
+* ``golden`` — the fixed-point golden model in this process (bit-exact spec of the RTL);
+* ``reference`` — the float PB reference trainer in this process;
+* ``sim`` — the RTL (``LinkEngine`` ↔ ``NetworkTop``) in Verilator, reached over the host link
+  on a loopback TCP port (:class:`~pipetrain.sim.bridge.SimBridge`, started and stopped here);
+* ``serial://PORT[?baud=N]``, ``tcp://HOST:PORT`` — a device (board or bridge) over the link.
+
+Link targets (``sim``, ``serial``, ``tcp``) start from the same weights as the golden model:
+the model's parameters are quantised exactly as the golden model does (numerics §2) and
+written with ``WRITE_WEIGHTS`` together with zero velocities, and the counters are reset.
+Samples stream in :func:`~pipetrain.host.data.epoch_order` (seed ``config.seed``), the
+pipeline is flushed only at the end of :meth:`Device.train`, before inference and before
+weight access — exactly where the golden model flushes — so a fresh ``sim`` device and the
+golden model agree bit for bit (``shadow=True`` checks it: :meth:`Device.verify`).
+
+Source: DESIGN §1 (host API), docs/protocol.md §4 (link client).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..compiler.compile import CompileResult, compile_result
+from ..compiler.config import TrainConfig
+from ..compiler.plan import Plan
+from ..sim.fixed import quantise
+from ..sim.golden import GoldenModel
+from ..sim.trainer import accuracy
+from .data import epoch_order
+from .protocol import LinkClient, LinkError, Result, loss_value, quantise_inputs
+from .transport import TcpTransport, Transport, open_transport
+
+__all__ = [
+    "open",
+    "Device",
+    "TrainReport",
+    "Verification",
+    "DeviceError",
+    "LINK_SCHEMES",
+    "LOCAL_TARGETS",
+    "PROGRESS_MIN_SAMPLES",
+]
+
+#: Targets that run in this process.
+LOCAL_TARGETS = ("golden", "reference")
+#: URL schemes of link targets (besides ``sim``).
+LINK_SCHEMES = ("serial://", "tcp://")
+#: ``progress=None`` shows a progress bar for runs of at least this many samples (on a TTY).
+PROGRESS_MIN_SAMPLES = 2000
+#: Samples per ``send_samples`` call of a link target (progress granularity).
+_CHUNK = 128
+
+
+class DeviceError(ValueError):
+    """A target cannot be opened or used as asked (unknown target, missing model, bad shapes)."""
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """What one :meth:`Device.train` call did.
+
+    Members
+    -------
+    samples: training samples streamed (``epochs × n``).
+    epochs: passes over the data.
+    seconds: wall-clock time of the call (s).
+    samples_per_s: ``samples / seconds``.
+    accuracy: fraction of training samples whose prediction (made in the forward pass, with the
+        weights the pipeline used) was right; None for the float reference trainer.
+    loss: mean loss of those forwards (numerics §4 loss output); None for the reference.
+    """
+
+    samples: int
+    epochs: int
+    seconds: float
+    samples_per_s: float
+    accuracy: float | None
+    loss: float | None
+
+
+@dataclass
+class Verification:
+    """A comparison of a link device with its golden shadow (:meth:`Device.verify`).
+
+    Members
+    -------
+    bit_exact: every result record, weight, velocity and counter equal.
+    results: result records compared; memories: memory words compared.
+    mismatches: one line per difference (at most 20 kept).
+    """
+
+    bit_exact: bool
+    results: int = 0
+    memories: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+def _as_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(dtype)
+    return torch.as_tensor(np.asarray(x), dtype=dtype)
+
+
+class Device:
+    """A network being trained on one target (build with :func:`open`).
+
+    Members
+    -------
+    target: ``golden``, ``reference``, ``sim`` or the link URL.
+    plan: the compiled plan; result: the :class:`CompileResult` (None when opened from a plan).
+    model: the original ``nn.Module`` (its ``load_state_dict`` takes :meth:`state_dict`).
+    config: training settings (``seed`` orders the samples).
+    client: the :class:`LinkClient` (link targets), else None.
+    trainer: the in-process trainer (golden/reference), else None.
+    shadow: a golden model fed the same stream (link targets with ``shadow=True``), else None.
+    samples_trained: training samples this host streamed.
+    epochs_trained: epochs streamed so far (epoch e uses ``epoch_order(n, seed, e)``).
+    results: result records ``(pred, loss_raw, train)`` the device returned, in order (link
+        targets and golden).
+    sim_stats: the simulator's statistics after :meth:`close` (``sim`` target).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        plan: Plan,
+        model: nn.Module | None,
+        config: TrainConfig,
+        *,
+        result: CompileResult | None = None,
+        trainer: Any = None,
+        client: LinkClient | None = None,
+        transport: Transport | None = None,
+        bridge: Any = None,
+        shadow: GoldenModel | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.target = target
+        self.plan = plan
+        self.model = model
+        self.config = config
+        self.result = result
+        self.trainer = trainer
+        self.client = client
+        self.shadow = shadow
+        self.progress = progress
+        self.samples_trained = 0
+        self.epochs_trained = 0
+        self.results: list[tuple[int, int, bool]] = []
+        self.sim_stats: dict[str, Any] | None = None
+        self._transport = transport
+        self._bridge = bridge
+        self._pool = ThreadPoolExecutor(1) if shadow is not None else None
+        self._pending: list[Future[Any]] = []
+        self._closed = False
+        self._shadow_results = 0  # golden results already produced when this device started
+
+    # -- shadow (golden model fed the same stream, in a worker thread) --------------------------
+    def _to_shadow(self, fn: Any, *args: Any) -> None:
+        if self.shadow is None or self._pool is None:
+            return
+        self._pending.append(self._pool.submit(fn, *args))
+
+    def _sync_shadow(self) -> None:
+        for f in self._pending:
+            f.result()
+        self._pending.clear()
+
+    # -- properties -----------------------------------------------------------------------------
+    @property
+    def is_link(self) -> bool:
+        """Whether the target is reached over the host link."""
+        return self.client is not None
+
+    @property
+    def retransmits(self) -> int:
+        """Commands the link client sent again after a timeout (0 for in-process targets)."""
+        return self.client.retransmits if self.client is not None else 0
+
+    @property
+    def saturations(self) -> int:
+        """Saturation events so far (sum over stages and the loss unit; 0 for reference)."""
+        c = self.counters()
+        return int(sum(c.get("saturations", [])))
+
+    def _check(self) -> None:
+        if self._closed:
+            raise DeviceError(f"the {self.target} device is closed")
+
+    def _xy(self, x: Any, y: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        xt = _as_tensor(x, torch.float32)
+        if xt.ndim == 1:
+            xt = xt[None, :]
+        if xt.ndim != 2 or xt.shape[1] != self.plan.in_features:
+            raise DeviceError(
+                f"inputs have shape {tuple(xt.shape)}; the network takes (n, "
+                f"{self.plan.in_features})"
+            )
+        if y is None:
+            return xt, None
+        yt = _as_tensor(y, torch.int64).reshape(-1)
+        if len(yt) != len(xt):
+            raise DeviceError(f"{len(xt)} samples but {len(yt)} labels")
+        classes = self.plan.loss.classes
+        if len(yt) and (int(yt.min()) < 0 or int(yt.max()) >= classes):
+            raise DeviceError(
+                f"labels lie in [{int(yt.min())}, {int(yt.max())}]; the network has "
+                f"{classes} outputs (labels 0..{classes - 1})"
+            )
+        return xt, yt
+
+    def _show(self, total: int, progress: bool | None) -> bool:
+        show = self.progress if progress is None else progress
+        if show is None:
+            show = total >= PROGRESS_MIN_SAMPLES and sys.stderr.isatty()
+        return bool(show)
+
+    def _bar(self, total: int, progress: bool | None) -> tqdm:
+        return tqdm(
+            total=total,
+            disable=not self._show(total, progress),
+            unit="sample",
+            leave=False,
+            desc=f"train {self.target}",
+        )
+
+    # -- training -------------------------------------------------------------------------------
+    def train(self, x: Any, y: Any, epochs: int = 1, progress: bool | None = None) -> TrainReport:
+        """Train on ``x`` (n, N) floats with labels ``y`` (n,) for ``epochs`` passes, one sample
+        at a time in :func:`~pipetrain.host.data.epoch_order`, then flush (every update applied).
+
+        ``progress``: a tqdm bar over samples (None: on a TTY for ≥ ``PROGRESS_MIN_SAMPLES``).
+        Raises :class:`DeviceError` for bad shapes/labels or ``epochs < 1``;
+        :class:`~pipetrain.host.protocol.LinkError` when the link fails.
+        """
+        self._check()
+        xt, yt = self._xy(x, y)
+        assert yt is not None
+        if epochs < 1:
+            raise DeviceError(f"epochs must be ≥ 1, got {epochs}")
+        n = len(xt)
+        t0 = time.perf_counter()
+        if self.client is None:
+            first = len(getattr(self.trainer, "results", []))
+            self.trainer.epochs_trained = self.epochs_trained
+            show = self._show(n * epochs, progress)
+            self.trainer.train(xt, yt, epochs=epochs, progress=show)
+            got = [
+                (r.pred, r.loss_raw, r.train) for r in getattr(self.trainer, "results", [])[first:]
+            ]
+        else:
+            got = self._train_link(xt, yt, epochs, progress)
+        seconds = time.perf_counter() - t0
+        self.epochs_trained += epochs
+        self.samples_trained += n * epochs
+        self.results += got
+        samples = n * epochs
+        acc = loss = None
+        if got:
+            start = self.epochs_trained - epochs
+            labels = torch.cat(
+                [yt[epoch_order(n, self.config.seed, start + e)] for e in range(epochs)]
+            ).tolist()
+            acc = sum(p == lab for (p, _, _), lab in zip(got, labels, strict=True)) / samples
+            loss = float(np.mean([self._loss(raw) for _, raw, _ in got]))
+        return TrainReport(
+            samples, epochs, seconds, samples / seconds if seconds > 0 else float("inf"), acc, loss
+        )
+
+    def _loss(self, raw: int) -> float:
+        return loss_value(Result(0, 0, raw, True), self.plan)
+
+    def _train_link(
+        self, xt: torch.Tensor, yt: torch.Tensor, epochs: int, progress: bool | None
+    ) -> list[tuple[int, int, bool]]:
+        cli = self.client
+        assert cli is not None
+        n = len(xt)
+        xq = quantise_inputs(xt.numpy(), self.plan)
+        labels = yt.numpy()
+        first = cli._accepted
+        got = []
+        bar = self._bar(n * epochs, progress)
+        try:
+            for e in range(epochs):
+                order = epoch_order(n, self.config.seed, self.epochs_trained + e).numpy()
+                for k in range(0, n, _CHUNK):
+                    idx = order[k : k + _CHUNK]
+                    xc, yc = xq[idx], labels[idx].tolist()
+                    got += cli.send_samples(xc, yc, True)
+                    self._to_shadow(_shadow_submit, self.shadow, torch.from_numpy(xc), yc)
+                    bar.update(len(idx))
+        finally:
+            bar.close()
+        got += self._finish(cli)
+        self._to_shadow(GoldenModel.flush, self.shadow)
+        mine = [r for r in got if ((r.sample - first) & 0xFFFFFFFF) < n * epochs]
+        if len(mine) != n * epochs:
+            raise DeviceError(f"{len(mine)} results for {n * epochs} samples")
+        return [(r.pred, r.loss, r.train) for r in mine]
+
+    @staticmethod
+    def _finish(cli: LinkClient) -> list[Any]:
+        """Flush and read every outstanding result."""
+        cli.flush()
+        got = []
+        while cli._outstanding():
+            more = cli.read_results()
+            if not more:
+                raise LinkError(f"{cli._outstanding()} results missing after a flush")
+            got += more
+        return got
+
+    # -- inference ------------------------------------------------------------------------------
+    def _infer(self, xt: torch.Tensor, yt: torch.Tensor | None) -> torch.Tensor:
+        self._check()
+        if self.client is None:
+            if isinstance(self.trainer, GoldenModel):
+                pred, raw = self.trainer.infer(xt, yt)
+                self.results += [(int(p), int(r), False) for p, r in zip(pred, raw, strict=True)]
+                return pred
+            return self.trainer.predict(xt)
+        res = self.client.infer(xt.numpy(), None if yt is None else yt.tolist())
+        self.results += [(r.pred, r.loss, r.train) for r in res]
+        self._to_shadow(GoldenModel.infer, self.shadow, xt, yt)
+        return torch.tensor([r.pred for r in res], dtype=torch.int64)
+
+    def predict(self, x: Any) -> torch.Tensor:
+        """Predicted classes, int64 (n,), of ``x`` (n, N) with the current weights (inference
+        samples: forward only, no update; the pipeline is flushed before and after)."""
+        xt, _ = self._xy(x, None)
+        return self._infer(xt, None)
+
+    def evaluate(self, x: Any, y: Any) -> float:
+        """Accuracy (fraction in [0, 1]) of the device's predictions on ``x`` against ``y``."""
+        xt, yt = self._xy(x, y)
+        assert yt is not None
+        return accuracy(self._infer(xt, yt), yt)
+
+    # -- weights --------------------------------------------------------------------------------
+    def memories(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Raw integer memories per stage name: ``w``, ``u`` (M, N+1), and ``w_prev`` for LWP
+        ``w`` form, in the plan's fixed-point formats (golden and link targets)."""
+        self._check()
+        if self.client is None:
+            if not isinstance(self.trainer, GoldenModel):
+                raise DeviceError("the float reference trainer has no fixed-point memories")
+            return self.trainer.memories()
+        back = self.client.read_weights()
+        return {
+            st.name: {k: torch.from_numpy(v) for k, v in back[s].items()}
+            for s, st in enumerate(self.plan.stages)
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights as a ``state_dict`` of the original module (``name.weight`` (M, N),
+        ``name.bias`` (M,)): the fixed-point weights ``w / 2^w.frac``, float32 when that is exact
+        (``w.bits ≤ 25``), else float64 — so :meth:`load_state_dict` round-trips exactly."""
+        self._check()
+        if self.client is None:
+            return self.trainer.state_dict()
+        mem = self.memories()
+        out = {}
+        for st in self.plan.stages:
+            fw = st.formats.w
+            dtype = torch.float32 if fw.bits <= 25 else torch.float64
+            wf = mem[st.name]["w"].to(torch.float64) * 2.0**-fw.frac
+            out[f"{st.name}.weight"] = wf[:, : st.in_features].to(dtype).contiguous()
+            out[f"{st.name}.bias"] = wf[:, st.in_features].to(dtype).contiguous()
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load float weights (``name.weight``/``name.bias`` of every stage): quantised into
+        ``w`` as numerics §2 (``w_prev = w`` for LWP ``w`` form); velocities are kept.
+        Raises :class:`DeviceError` for a missing key or a wrong shape."""
+        self._check()
+        mems = []
+        for st in self.plan.stages:
+            try:
+                wt, bs = state[f"{st.name}.weight"], state[f"{st.name}.bias"]
+            except KeyError as exc:
+                raise DeviceError(f"state_dict lacks {exc.args[0]!r}") from exc
+            if tuple(wt.shape) != (st.out_features, st.in_features) or tuple(bs.shape) != (
+                st.out_features,
+            ):
+                raise DeviceError(
+                    f"{st.name}: shapes {tuple(wt.shape)}, {tuple(bs.shape)}; the plan has "
+                    f"({st.out_features}, {st.in_features}) and ({st.out_features},)"
+                )
+            mems.append(torch.cat([wt.detach().double(), bs.detach().double()[:, None]], 1))
+        if self.client is None:
+            if isinstance(self.trainer, GoldenModel):
+                self.trainer.load_state_dict(state)
+            else:
+                _reference_load(self.trainer, mems)
+            return
+        self.client.flush()
+        words = []
+        for st, wf in zip(self.plan.stages, mems, strict=True):
+            w = quantise(wf, st.formats.w)[0].numpy()
+            d = {"w": w}
+            if st.update.lwp_horizon > 0 and st.update.lwp_form == "w":
+                d["w_prev"] = w
+            words.append(d)
+        self.client.write_weights(words)
+        self._to_shadow(GoldenModel.load_state_dict, self.shadow, state)
+
+    # -- counters -------------------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        """Counters since :func:`open`: ``samples_trained`` (training samples whose last update
+        was applied), ``ticks``, ``saturations`` (per stage, then the loss unit); link targets
+        add the engine's counters (docs/protocol.md ``READ_COUNTERS``)."""
+        self._check()
+        if self.client is not None:
+            return self.client.counters().to_dict()
+        t = self.trainer
+        if isinstance(t, GoldenModel):
+            return {
+                "samples_trained": t.samples_applied,
+                "ticks": t.ticks,
+                "saturations": t.stage_saturations,
+            }
+        return {"samples_trained": t.samples_trained, "saturations": []}
+
+    # -- verification against the golden shadow ------------------------------------------------
+    def verify(self) -> Verification:
+        """Compare the device with its golden shadow (``open(..., shadow=True)``): every result
+        record (pred, loss, train), every memory word and the counters ``samples_trained``,
+        ``ticks`` and ``saturations``. Raises :class:`DeviceError` without a shadow."""
+        self._check()
+        if self.shadow is None:
+            raise DeviceError("verify() needs a golden shadow: open(..., shadow=True)")
+        self._sync_shadow()
+        g = self.shadow
+        bad: list[str] = []
+        gold = [(r.pred, r.loss_raw, r.train) for r in g.results[self._shadow_results :]]
+        if len(gold) != len(self.results):
+            bad.append(f"{len(self.results)} results from the device, {len(gold)} from golden")
+        for k, (a, b) in enumerate(zip(self.results, gold, strict=False)):
+            if a != b:
+                bad.append(f"result {k}: device (pred, loss, train) {a}, golden {b}")
+        mem, gm = self.memories(), g.memories()
+        words = 0
+        for st in self.plan.stages:
+            for kind, want in gm[st.name].items():
+                have = mem[st.name].get(kind)
+                words += want.numel()
+                if have is None or not torch.equal(have, want):
+                    diff = 0 if have is None else int((have != want).sum())
+                    bad.append(f"stage {st.name} {kind}: {diff} of {want.numel()} words differ")
+        c = self.counters()
+        for key, want in (
+            ("samples_trained", g.samples_applied),
+            ("ticks", g.ticks),
+            ("saturations", g.stage_saturations),
+        ):
+            have = list(c[key]) if key == "saturations" else c[key]
+            if have != want:
+                bad.append(f"counter {key}: device {have}, golden {want}")
+        return Verification(not bad, len(gold), words, bad[:20])
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the link and stop the simulator (``sim``); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._transport is not None:
+            self._transport.close()
+        if self._bridge is not None:
+            self.sim_stats = self._bridge.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort: never leave a simulator behind
+        try:
+            if not self._closed and self._bridge is not None:
+                self.close()
+        except Exception:  # noqa: S110  (interpreter shutdown)
+            pass
+
+
+def _shadow_submit(g: GoldenModel, xq: torch.Tensor, ys: Sequence[int]) -> None:
+    for row, y in zip(xq, ys, strict=True):
+        g.submit(row, int(y), True)
+
+
+def _reference_load(trainer: Any, mems: list[torch.Tensor]) -> None:
+    """Replace the reference trainer's main-stage weights (velocities kept), after a flush."""
+    from ..sim.reference import Version
+
+    trainer.flush()
+    for st, w in zip(trainer._main, mems, strict=True):
+        cur = st.current
+        w = w.to(cur.w.dtype)
+        st.queue.clear()
+        st.queue.append(Version(w, cur.u, w, cur.index))
+
+
+def _resolve(
+    plan_or_model: Any,
+    config: TrainConfig | dict | None,
+    model: nn.Module | None,
+    compile_options: dict[str, Any],
+) -> tuple[Plan, nn.Module | None, TrainConfig, CompileResult | None]:
+    if isinstance(plan_or_model, CompileResult):
+        r = plan_or_model
+        return r.plan, r.model, r.config, r
+    if isinstance(plan_or_model, Plan):
+        plan = plan_or_model
+        if config is None:
+            cfg = {k: v for k, v in plan.train.items() if k not in ("lr1", "momentum1")}
+            config = TrainConfig.from_dict(cfg)
+        elif isinstance(config, dict):
+            config = TrainConfig.from_dict(config)
+        return plan, model, config, None
+    if model is not None:
+        raise DeviceError("model= is only used with a Plan (the model is compiled otherwise)")
+    cfg = TrainConfig.from_dict(config) if isinstance(config, dict) else config
+    r = compile_result(plan_or_model, cfg, **compile_options)
+    return r.plan, r.model, r.config, r
+
+
+def open(  # noqa: A001  (the API's name: pipetrain.host.open)
+    plan_or_model: Plan | CompileResult | nn.Module | str,
+    target: str = "sim",
+    config: TrainConfig | dict | None = None,
+    *,
+    model: nn.Module | None = None,
+    shadow: bool = False,
+    write_weights: bool = True,
+    timeout: float | None = None,
+    progress: bool | None = None,
+    sim_options: dict[str, Any] | None = None,
+    **compile_options: Any,
+) -> Device:
+    """Open a training target for a network and return a :class:`Device`.
+
+    ``plan_or_model``: a built-in model name, a ``.py`` model file or an ``nn.Module`` (compiled
+    here with ``config`` and ``compile_options`` of
+    :func:`~pipetrain.compiler.compile.compile_result`, e.g. ``formats``, ``data``, ``lanes``);
+    a :class:`CompileResult`; or a :class:`Plan` together with ``model=`` (the module whose
+    weights start the device and receive :meth:`Device.state_dict`; optional for link targets,
+    which then keep the weights they hold).
+
+    ``target``: ``sim`` | ``golden`` | ``reference`` | ``serial://PORT[?baud=N]`` |
+    ``tcp://HOST:PORT``. ``shadow``: (link targets) feed a golden model the same stream, in a
+    worker thread, for :meth:`Device.verify`. ``write_weights``: (link targets) start from the
+    model's weights. ``timeout``: link seconds per attempt (default 60 for ``sim``, 0.5
+    otherwise). ``progress``: progress bars (None: automatic). ``sim_options``: keyword
+    arguments of :class:`~pipetrain.sim.bridge.SimBridge`.
+
+    Raises :class:`DeviceError` for an unknown target or a missing model,
+    :class:`~pipetrain.host.transport.TransportError` when a link cannot be opened,
+    :class:`~pipetrain.host.protocol.PlanMismatchError` when the device was built from another
+    plan, the compiler's errors for a bad model/config, and for ``sim``
+    :class:`~pipetrain.sim.verilator.ToolchainError`/:class:`~pipetrain.sim.verilator.RTLSimError`
+    when the simulation cannot be built or started.
+    """
+    is_link = target == "sim" or target.startswith(LINK_SCHEMES)
+    if target not in LOCAL_TARGETS and not is_link:
+        raise DeviceError(
+            f"unknown target {target!r}: use sim, golden, reference, serial://PORT or "
+            "tcp://HOST:PORT"
+        )
+    plan, mdl, cfg, result = _resolve(plan_or_model, config, model, compile_options)
+    if target == "golden":
+        if mdl is None:
+            raise DeviceError("the golden target needs the model (pass model= with a Plan)")
+        return Device(target, plan, mdl, cfg, result=result,
+                      trainer=GoldenModel(plan, mdl, cfg), progress=progress)  # fmt: skip
+    if target == "reference":
+        if mdl is None:
+            raise DeviceError("the reference target needs the model (pass model= with a Plan)")
+        from ..sim.reference import ReferenceTrainer
+
+        trainer = ReferenceTrainer(mdl, cfg, plan=plan, profile=False)
+        return Device(target, plan, mdl, cfg, result=result, trainer=trainer, progress=progress)
+    golden = GoldenModel(plan, mdl, cfg) if mdl is not None else None
+    if shadow and (golden is None or not write_weights):
+        raise DeviceError(
+            "shadow=True needs the model (pass model= with a Plan) and write_weights=True "
+            "(the device and the golden shadow must start from the same weights)"
+        )
+    bridge = None
+    transport: Transport | None = None
+    try:
+        if target == "sim":
+            from ..sim.bridge import SimBridge
+
+            bridge = SimBridge(plan, **(sim_options or {})).start()
+            transport = TcpTransport("127.0.0.1", bridge.port)
+            link_timeout = 60.0 if timeout is None else timeout
+        else:
+            transport = open_transport(target)
+            link_timeout = 0.5 if timeout is None else timeout
+        client = LinkClient(transport, plan, timeout=link_timeout)
+        client.hello()
+        client.reset_counters()
+        if write_weights and golden is not None:
+            mem = golden.memories()
+            client.write_weights(
+                [{k: v.numpy() for k, v in mem[st.name].items()} for st in plan.stages]
+            )
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        if bridge is not None:
+            bridge.terminate()
+        raise
+    dev = Device(
+        target,
+        plan,
+        mdl,
+        cfg,
+        result=result,
+        client=client,
+        transport=transport,
+        bridge=bridge,
+        shadow=golden if shadow else None,
+        progress=progress,
+    )
+    if dev.shadow is not None:
+        dev._shadow_results = len(dev.shadow.results)
+    return dev
