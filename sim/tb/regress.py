@@ -162,12 +162,17 @@ SMOKE_CASES: tuple[Case, ...] = (
 
 
 def random_cases(n: int, seed: int = 1) -> list[Case]:
-    """Draw ``n`` random cases (depth 1–4, sizes 3–12, random lanes/algorithm/formats)."""
+    """Draw ``n`` random cases (depth 1–4, sizes 4–12, random lanes/algorithm/formats).
+
+    Sizes start at 4: the HDL rejects stages with fewer than 4 inputs and several row groups
+    (:class:`NotImplementedError` from ``hdl/stage.py``). The ``wide`` formats get no weight
+    decay: the tiny η·λ constant would push the update sum past 62 bits (a PlanError).
+    """
     rng = random.Random(seed)
     out = []
     for k in range(n):
         depth = rng.randint(1, 4)
-        sizes = tuple(rng.randint(3, 12) for _ in range(depth + 1))
+        sizes = tuple(rng.randint(4, 12) for _ in range(depth + 1))
         lanes = tuple(rng.randint(1, m) for m in sizes[1:])
         kw: dict[str, Any] = dict(
             schedule=rng.choice(["pb", "pb", "sequential"]),
@@ -184,5 +189,7 @@ def random_cases(n: int, seed: int = 1) -> list[Case]:
         )
         if kw["schedule"] == "sequential":
             kw["mitigation"] = "none"  # no delay to mitigate
+        if kw["formats"] == "wide":
+            kw["weight_decay"] = 0.0
         out.append(Case(f"rand{seed}-{k}", sizes, lanes, **kw))
     return out
