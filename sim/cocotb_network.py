@@ -48,8 +48,15 @@ class _Bench:
         rng = random.Random(job.get("seed", 0))
         vp, rp = float(job.get("valid_prob", 1.0)), float(job.get("ready_prob", 1.0))
         sub = lambda: random.Random(rng.getrandbits(64))  # noqa: E731
+        # hdl/top.py: sample_in.ready = ~pending (a register), never a function of valid
         self.samples = StreamDriver(
-            dut, "sample_in", f["sample_in"], dut.clk, valid_prob=vp, rng=sub()
+            dut,
+            "sample_in",
+            f["sample_in"],
+            dut.clk,
+            valid_prob=vp,
+            rng=sub(),
+            ready_registered=bool(job.get("ready_registered", True)),
         )
         self.results = StreamMonitor(
             dut, "result_out", f["result_out"], dut.clk, ready_prob=rp, rng=sub()
@@ -65,7 +72,7 @@ class _Bench:
 
     def now(self) -> int:
         """Clock edges since reset was released."""
-        return round(get_sim_time("ns") / self.clock_ns) - self.t0
+        return int(get_sim_time("ns") // self.clock_ns) - self.t0
 
     async def collect_results(self) -> None:
         """Background task: take result records for ever, timestamping each."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cocotb.handle import SimHandleBase
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
 from .layout import BitField, pack, unpack
 
@@ -43,6 +43,12 @@ class StreamDriver:
     free-runs while the DUT holds ``ready`` low). ``rng`` seeds the random gaps. ``accepted``
     counts beats taken by the DUT; ``stalls`` the cycles a beat was offered but not taken
     (counted in randomised mode only: free-running mode does not wake up per cycle).
+
+    ``ready_registered``: promise that the DUT's ``ready`` does not depend combinationally on
+    ``valid`` or ``payload`` (e.g. ``ready = ~pending`` from a register). Free-running sends
+    then wake up once per beat instead of twice: at each falling edge the settled ``ready``
+    says whether the beat on the bus goes at the next rising edge, and the next beat is put on
+    the bus at the falling edge after it. Breaking the promise duplicates or drops beats.
     """
 
     def __init__(
@@ -54,12 +60,14 @@ class StreamDriver:
         *,
         valid_prob: float = 1.0,
         rng: random.Random | None = None,
+        ready_registered: bool = False,
     ) -> None:
         self.payload, self.valid, self.ready = stream_handles(dut, name)
         self.name = name
         self.fields = tuple(fields)
         self.clk = clk
         self.valid_prob = valid_prob
+        self.ready_registered = ready_registered
         self.rng = rng or random.Random(0)
         self.accepted = 0
         self.stalls = 0
@@ -73,6 +81,9 @@ class StreamDriver:
         """
         raws = [pack(self.fields, b) for b in beats]
         free = self.valid_prob >= 1.0
+        if free and self.ready_registered:
+            await self._send_at_falling_edges(raws)
+            return
         i = 0
         while i < len(raws):
             offer = free or self.rng.random() < self.valid_prob
@@ -93,6 +104,21 @@ class StreamDriver:
             if ok:
                 i += 1
                 self.accepted += 1
+        self.valid.value = 0
+
+    async def _send_at_falling_edges(self, raws: list[int]) -> None:
+        """One wake-up per beat (see ``ready_registered``); returns at a falling edge."""
+        i = 0
+        await FallingEdge(self.clk)
+        while i < len(raws):
+            self.payload.value = raws[i]
+            self.valid.value = 1
+            if self.ready.value == 1:  # settled, and independent of the write above
+                i += 1
+                self.accepted += 1
+            else:  # stall: let the design run until it raises ready
+                await RisingEdge(self.ready)
+            await FallingEdge(self.clk)
         self.valid.value = 0
 
 
