@@ -60,6 +60,7 @@ class LFSR(wiring.Component):
 
     def __init__(self, poly: int, width: int, leap: int, seed: int) -> None:
         if not 0 < seed < (1 << width):
+            self._MustUse__silence = True  # not built: no "created but never used" warning
             raise ValueError(f"LFSR seed must be a non-zero {width}-bit value, got {seed:#x}")
         self.poly, self.width, self.leap, self.seed = poly, width, leap, seed
         super().__init__({"draw": In(1), "next": Out(width), "state": Out(width)})

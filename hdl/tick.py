@@ -60,9 +60,8 @@ class TickController(wiring.Component):
     result_valid: ``Out(1)`` pulse: the loss unit's outputs belong to a sample (push them);
         result_train: ``Out(1)`` its train flag.
     running: ``Out(1)`` a tick runs. idle: ``Out(1)`` no tick runs and nothing is in flight.
-    samples_trained, ticks: ``Out(32)`` counters (docs/ports.md); ``sequential`` counts
-        ``2S`` ticks per sample (its entry tick and the bubbles until it leaves), as the golden
-        model's tick model does.
+    samples_trained, ticks: ``Out(32)`` counters (docs/ports.md); ``sequential`` counts one
+        tick per sample (numerics §7).
     """
 
     def __init__(self, plan: Plan, x_words: list[int]) -> None:
@@ -290,7 +289,7 @@ class TickController(wiring.Component):
                                     with m.If(end):
                                         m.d.sync += [
                                             trained.eq(trained + cur["train"]),
-                                            ticks.eq(ticks + 2 * S),
+                                            ticks.eq(ticks + 1),
                                         ]
                                         m.next = "IDLE"
                                     with m.Else():

@@ -1,0 +1,195 @@
+"""NetworkTop in Amaranth's simulator against the golden model, bit for bit: every result record,
+every final weight and velocity (read back through ``wacc``), the counters and the cycles.
+
+The tiny network (6 → 5 LeakyReLU → 4 ReLU → 3, lanes 2/3/2: padding lanes, several row groups,
+input-gradient accumulation over groups) is the golden model's own oracle network; its stream
+mixes inference samples in. Runtime: ~25 s for the file (each run builds the simulator, ~1 s).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from amaranth import Const
+from amaranth.sim import Simulator
+from pipetrain.compiler.build import build_plan
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.hdl.testbench import simulate_top
+from pipetrain.hdl.top import NetworkTop, sample_layout, wacc_cmd_layout
+from pipetrain.sim.golden import GoldenModel
+from torch import nn
+
+
+def tiny(loss="cross_entropy", lanes=(2, 3, 2), **cfg):
+    """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Linear(6, 5), nn.LeakyReLU(0.1), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)
+    )
+    layers = (
+        LayerIR("0", 6, 5, "leaky_relu", 0.1),
+        LayerIR("2", 5, 4, "relu"),
+        LayerIR("4", 4, 3),
+    )
+    config = TrainConfig(loss=loss, **({"lr": 0.1, "weight_decay": 0.01} | cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deliberate padding lanes raise a PlanWarning
+        plan = build_plan(NetworkIR("tiny", 6, layers, loss), config, lanes=list(lanes))
+    return plan, model, config
+
+
+def tiny_stream(n=30, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 6, generator=gen) * 4 - 1
+    y = torch.randint(0, 3, (n,), generator=gen)
+    train = [i % 7 != 3 for i in range(n)]  # inference samples mixed in
+    return x, y, train
+
+
+def golden_and_rtl(plan, model, cfg, n=30, **sim_kw):
+    """Run the same quantised stream through the golden model and the RTL."""
+    g = GoldenModel(plan, model, cfg)
+    x, y, train = tiny_stream(n)
+    xq = g.quantise_input(x)
+    init = g.memories()
+    for i in range(n):
+        g.submit(xq[i], int(y[i]), train[i])
+    g.flush()
+    run = simulate_top(plan, xq, y.tolist(), train, init=init, **sim_kw)
+    return g, run
+
+
+def assert_bit_exact(g, run):
+    assert run.echo_errors == []
+    assert run.results == [(r.sample, r.pred, r.loss_raw, int(r.train)) for r in g.results]
+    gm = g.memories()
+    for name, mem in gm.items():
+        for kind in ("w", "u"):
+            assert torch.equal(run.memories[name][kind], mem[kind]), (name, kind)
+    assert run.counters == {
+        "samples_trained": g.samples_applied,
+        "ticks": g.ticks,
+        "saturations": g.stage_saturations,
+    }
+
+
+CASES = [
+    dict(schedule="pb"),
+    dict(schedule="pb", mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
+    dict(schedule="pb", mitigation="lwp", loss="mse", lr=0.3),  # drives the formats to clamp
+    dict(schedule="sequential", mitigation="sc"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_tiny_network_equals_golden(case):
+    plan, model, cfg = tiny(**case)
+    g, run = golden_and_rtl(plan, model, cfg)
+    assert_bit_exact(g, run)
+    if case.get("lr") == 0.3:
+        assert sum(run.counters["saturations"]) > 0
+    # cycles: back-to-back training samples are exactly the plan's estimate apart (results
+    # taken while samples still stream in; the bench's flush phase may see them a cycle early)
+    train = tiny_stream()[2]
+    rc = run.result_cycles
+    steady = len(rc) - 2 * len(plan.stages)
+    deltas = [rc[k + 1] - rc[k] for k in range(1, steady) if train[k] and train[k + 1]]
+    expect = plan.tick_cycles if plan.schedule == "pb" else plan.ideal_cycles_per_sample
+    assert len(deltas) > 10 and set(deltas) == {expect}
+
+
+def test_random_backpressure_delivers_exactly_the_expected_beats():
+    """valid/ready toggle at random on all four streams: the same bits as free-running."""
+    plan, model, cfg = tiny()
+    g, run = golden_and_rtl(plan, model, cfg, n=12, valid_prob=0.45, ready_prob=0.35, seed=9)
+    assert len(run.results) == 12
+    assert_bit_exact(g, run)
+
+
+def test_three_lane_stage_one_and_larger_groups():
+    """Stage 1 with 3 lanes over 5 rows and the last stage with one lane (3 row groups)."""
+    plan, model, cfg = tiny(lanes=(3, 2, 1), mitigation="sc")
+    g, run = golden_and_rtl(plan, model, cfg, n=14)
+    assert_bit_exact(g, run)
+
+
+def _pack(layout, **fields) -> int:
+    return int(Const.cast(layout.const(fields).as_value()).value)
+
+
+def test_weight_access_rules():
+    """Writes saturate and echo the stored value; bad stage/kind/row/col answer 0 and change
+    nothing; a command waits while a sample is in flight and is served once ``flush`` drains
+    the pipeline."""
+    plan, model, cfg = tiny()
+    top = NetworkTop(plan)
+    L = wacc_cmd_layout()
+    wmax = plan.stages[0].formats.w.max_int
+    log = []
+
+    async def cmd(ctx, write, stage, kind, row, col, data=0, flush_after=None):
+        ctx.set(
+            top.wacc_cmd.payload.as_value(),
+            _pack(L, write=write, stage=stage, kind=kind, row=row, col=col, data=data),
+        )
+        ctx.set(top.wacc_cmd.valid, 1)
+        ctx.set(top.wacc_rsp.ready, 1)
+        waited = 0
+        while True:
+            accepted = ctx.get(top.wacc_cmd.ready)
+            await ctx.tick()
+            waited += 1
+            if accepted:
+                ctx.set(top.wacc_cmd.valid, 0)
+            if flush_after is not None and waited == flush_after:
+                ctx.set(top.flush, 1)
+            if ctx.get(top.wacc_rsp.valid):
+                raw = ctx.get(top.wacc_rsp.payload.as_value())
+                await ctx.tick()
+                ctx.set(top.flush, 0)
+                return (raw - (1 << 32) if raw >> 31 else raw), waited
+
+    async def bench(ctx):
+        log.append(await cmd(ctx, 1, 0, 0, 3, 6, (1 << 31) - 1))  # bias of row 3: saturates
+        log.append(await cmd(ctx, 0, 0, 0, 3, 6))
+        log.append(await cmd(ctx, 1, 1, 1, 2, 4, -(1 << 31)))  # u: saturates low
+        log.append(await cmd(ctx, 0, 1, 1, 2, 4))
+        for bad in ((0, 3, 0, 0, 0), (0, 0, 2, 0, 0), (0, 0, 0, 5, 0), (0, 0, 0, 0, 7)):
+            log.append(await cmd(ctx, *bad))
+        log.append(await cmd(ctx, 1, 0, 0, 5, 0, 77))  # row 5 does not exist: no write
+        log.append(await cmd(ctx, 0, 0, 0, 4, 0))
+        # one training sample in flight: a read waits until flush drains it
+        beats = [
+            _pack(sample_layout(plan), x=100 * i, label=1, train=1, last=i == 5) for i in range(6)
+        ]
+        for b in beats:
+            ctx.set(top.sample_in.payload.as_value(), b)
+            ctx.set(top.sample_in.valid, 1)
+            await ctx.tick().until(top.sample_in.ready)
+        ctx.set(top.sample_in.valid, 0)
+        ctx.set(top.result_out.ready, 1)
+        log.append(await cmd(ctx, 0, 0, 0, 3, 6, flush_after=400))
+        log.append(ctx.get(top.samples_trained))
+
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    umin = plan.stages[1].formats.u.min_int
+    assert [v for v, _ in log[:4]] == [wmax, wmax, umin, umin]
+    assert [v for v, _ in log[4:10]] == [0] * 6  # four bad commands, the ignored write, row 4
+    value, waited = log[10]
+    assert waited > 400  # not served before the flush
+    assert log[11] == 1  # the sample's stage-1 update was applied before the read
+    # the golden model from the same memories (all zero but the two writes) and sample
+    g = GoldenModel(plan, model, cfg)
+    mem = {k: {kk: torch.zeros_like(vv) for kk, vv in v.items()} for k, v in g.memories().items()}
+    mem[plan.stages[0].name]["w"][3, 6] = wmax
+    mem[plan.stages[1].name]["u"][2, 4] = umin
+    g.load_memories(mem)
+    g.submit(torch.tensor([100 * i for i in range(6)]), 1, True)
+    g.flush()
+    assert value == int(g.memories()[plan.stages[0].name]["w"][3, 6]) != wmax

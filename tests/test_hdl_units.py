@@ -1,0 +1,228 @@
+"""HDL building blocks in Amaranth's simulator: fixed-point operators, the leap LFSR and the
+loss unit, each against the golden model's definitions (docs/numerics.md §1, §4, §6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import warnings
+
+import pytest
+import torch
+from amaranth import Module, Signal, signed, unsigned
+from amaranth.sim import Simulator
+from pipetrain.compiler.build import FormatSpec, build_plan
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.compiler.plan import QFormat
+from pipetrain.hdl.arith import rhu, rne, rsr, sat
+from pipetrain.hdl.lfsr import LFSR, leap_matrix
+from pipetrain.hdl.loss import LossUnit, loss_unit_cycles
+from pipetrain.sim import fixed
+from pipetrain.sim import lfsr as golden_lfsr
+from pipetrain.sim.golden import GoldenModel
+from torch import nn
+
+# ---- fixed-point operators -------------------------------------------------------------------
+
+
+def test_operators_equal_the_golden_definitions():
+    """sat/rhu/rne/rsr on 300 random 40-bit values (and the tie/edge cases) for shifts −3..20."""
+    fmt = QFormat(12, 4)
+    v = Signal(signed(40))
+    r = Signal(unsigned(16))
+    m = Module()
+    outs = {}
+    for k in (-3, 0, 1, 5, 16, 20):
+        outs[("rhu", k)] = rhu(v, k)
+        if k >= 0:
+            outs[("rne", k)] = rne(v, k)
+            outs[("rsr", k)] = rsr(v, k, r, 16)
+    sv, sc = sat(v, fmt)
+    sigs = {}
+    for key, expr in outs.items():
+        s = Signal(expr.shape(), name=f"{key[0]}_{key[1] + 3}")
+        m.d.comb += s.eq(expr)
+        sigs[key] = s
+    s_sat, s_cnt = Signal(signed(fmt.bits)), Signal()
+    m.d.comb += [s_sat.eq(sv), s_cnt.eq(sc)]
+    rng = random.Random(7)
+    values = [rng.randrange(-(1 << 39), 1 << 39) >> rng.randrange(40) for _ in range(300)]
+    values += [-5, -4, -3, 3, 4, 5, 8, -8, 24, -24, 2047, 2048, -2048, -2049, 0, 1, -1]
+    randoms = [rng.randrange(1 << 16) for _ in values]
+    seen = []
+
+    async def bench(ctx):
+        for x, rr in zip(values, randoms, strict=True):
+            ctx.set(v, x)
+            ctx.set(r, rr)
+            got = {key: ctx.get(s) for key, s in sigs.items()}
+            seen.append((x, rr, got, ctx.get(s_sat), ctx.get(s_cnt)))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    for x, rr, got, sv_, sc_ in seen:
+        for (op, k), val in got.items():
+            exp = {
+                "rhu": lambda: fixed.rhu(x, k),  # noqa: B023
+                "rne": lambda: fixed.rne(x, k),  # noqa: B023
+                "rsr": lambda: fixed.rsr(x, k, rr, 16),  # noqa: B023
+            }[op]()
+            assert val == exp, (op, k, x, rr)
+        assert (sv_, sc_) == fixed.sat_int(x, fmt), x
+
+
+# ---- LFSR ---------------------------------------------------------------------------------------
+
+POLY = (1 << 32) | (1 << 22) | (1 << 2) | (1 << 1) | 1
+
+
+def test_leap_matrix_is_multiplication_by_x_to_the_leap():
+    rows = leap_matrix(POLY, 32, 32)
+    rng = random.Random(1)
+    for _ in range(50):
+        s = rng.randrange(1, 1 << 32)
+        by_matrix = sum((bin(row & s).count("1") & 1) << b for b, row in enumerate(rows))
+        assert (
+            by_matrix
+            == golden_lfsr.draw(s, POLY)
+            == golden_lfsr.gf2_mulmod(s, golden_lfsr.x_pow(32, POLY), POLY)
+        )
+
+
+@pytest.mark.parametrize("seed", [1, 0x9E3779B9, 0xFFFFFFFF])
+def test_lfsr_draws_only_when_asked_and_equals_the_golden_sequence(seed):
+    """Random draw enables over 200 cycles: the state after each draw is golden's draw()."""
+    dut = LFSR(POLY, 32, 32, seed)
+    rng = random.Random(seed & 0xFFFF)
+    pattern = [rng.random() < 0.6 for _ in range(200)]
+    got, exp = [], []
+    state = seed
+    for p in pattern:
+        if p:
+            state = golden_lfsr.draw(state, POLY)
+            exp.append(state)
+
+    async def bench(ctx):
+        for p in pattern:
+            ctx.set(dut.draw, p)
+            nxt = ctx.get(dut.next)
+            await ctx.tick()
+            if p:
+                got.append(nxt)
+                assert ctx.get(dut.state) == nxt
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == exp and len(got) == sum(pattern)
+
+
+def test_lfsr_rejects_zero_seed():
+    with pytest.raises(ValueError, match="non-zero"):
+        LFSR(POLY, 32, 32, 0)
+
+
+# ---- loss unit -------------------------------------------------------------------------------
+
+
+def _loss_plan(loss: str, d_fmt: QFormat | None = None, lanes=(2, 2)):
+    """8 → 6 → 5 network; the last stage has 2 lanes (logits arrive 2 per word, 3 words)."""
+    ir = NetworkIR("l", 8, (LayerIR("0", 8, 6, "relu"), LayerIR("2", 6, 5)), loss)
+    fs = FormatSpec.default(2)
+    if d_fmt is not None:
+        fs = dataclasses.replace(fs, d=(fs.d[0], d_fmt))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = build_plan(ir, TrainConfig(loss=loss), fs, lanes=list(lanes))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 5))
+    return plan, GoldenModel(plan, model)
+
+
+def _run_loss(plan, cases):
+    """Run the loss unit on (logits, label, train) cases; return per case (pred, loss, δ list,
+    saturation counter after the case, cycles from start to done)."""
+    Lz = plan.stages[-1].lanes
+    dut = LossUnit(plan.loss, Lz)
+    zb = plan.loss.z.bits
+    out = []
+
+    async def bench(ctx):
+        for z, label, train in cases:
+            for w in range(-(-len(z) // Lz)):
+                word = 0
+                for k, v in enumerate(z[w * Lz : (w + 1) * Lz]):
+                    word |= (v & ((1 << zb) - 1)) << (k * zb)
+                ctx.set(dut.zw_en, 1)
+                ctx.set(dut.zw_word, w)
+                ctx.set(dut.zw_data, word)
+                await ctx.tick()
+            ctx.set(dut.zw_en, 0)
+            ctx.set(dut.label, label)
+            ctx.set(dut.train, train)
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            deltas, cycles = [], 1
+            while not ctx.get(dut.done):
+                if ctx.get(dut.dl_en):
+                    deltas.append(ctx.get(dut.dl_data))
+                await ctx.tick()
+                cycles += 1
+            out.append(
+                (ctx.get(dut.pred), ctx.get(dut.loss), deltas, ctx.get(dut.saturations), cycles)
+            )
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out
+
+
+def _cases(fmt: QFormat, C: int = 5):
+    rng = random.Random(3)
+    lo, hi = fmt.min_int, fmt.max_int
+    cases = [[rng.randrange(-3000, 3000) for _ in range(C)] for _ in range(6)]
+    cases += [
+        [100] * C,  # all tied: argmax 0, uniform p
+        [hi, lo, lo, lo, lo],  # extreme spread: LUT index clamps at K − 1
+        [lo, hi, hi, 0, -1],  # tie at the maximum: the lower index wins
+        [0, 0, 40, 0, 0],  # exact tie on the LUT rounding boundary
+        [lo] * C,
+    ]
+    labels = [rng.randrange(C) for _ in cases]
+    trains = [True] * len(cases)
+    trains[2] = False  # an inference sample: δ clamps are not counted
+    return list(zip(cases, labels, trains, strict=True))
+
+
+@pytest.mark.parametrize(
+    "loss,d_fmt",
+    [
+        ("cross_entropy", None),
+        ("cross_entropy", QFormat(8, 8)),  # δ in [−0.5, 0.5): p − 1 and p > 0.5 saturate
+        ("mse", None),
+        ("mse", QFormat(8, 9)),
+    ],
+)
+def test_loss_unit_equals_golden(loss, d_fmt):
+    """pred, loss output, every δ_j, the saturation counter and the cycle count equal the golden
+    loss unit / the plan, on random, tied, extreme and saturating logits."""
+    plan, g = _loss_plan(loss, d_fmt)
+    cases = _cases(plan.loss.z)
+    got = _run_loss(plan, cases)
+    for (z, label, train), (pred, lossv, deltas, sats, cycles) in zip(cases, got, strict=True):
+        p, lr, dl = g.loss_unit(
+            torch.tensor(z, dtype=torch.int64), torch.tensor(label), want_delta=train
+        )
+        assert (pred, lossv) == (int(p), int(lr)), (z, label)
+        if train:
+            assert deltas == dl.tolist(), (z, label)
+        assert sats == g.stage_saturations[-1]
+        assert cycles == plan.loss.cycles == loss_unit_cycles(loss, 5, plan.loss.recip_frac)
+    if d_fmt is not None:
+        assert g.stage_saturations[-1] > 0  # the saturating formats did clamp
