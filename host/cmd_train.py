@@ -33,7 +33,7 @@ model on the same stream (null for other targets).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_TARGET",
     "TARGETS",
     "TrainCheckError",
+    "compile_job",
     "register_target",
     "run_training",
     "train_cmd",
@@ -230,6 +231,40 @@ def _file_epochs(model: str) -> int | None:
     return None if value is None else int(value)
 
 
+def compile_job(
+    model: str,
+    ds: Dataset,
+    data: str,
+    *,
+    hidden: str = DEFAULT_HIDDEN,
+    overrides: dict[str, Any] | None = None,
+    formats: str = "auto",
+    format_items: Sequence[str] = (),
+    calib_samples: int | None = None,
+    lanes: Sequence[int] | None = None,
+) -> CompileResult:
+    """Compile ``model`` as ``pipetrain train`` does (``mlp``: sized from ``ds``, hidden layers
+    ``hidden``; ``data`` names ``ds`` for calibration). ``overrides``: TrainConfig fields
+    (``epochs`` must already be removed: it is not part of the plan). Raises the compiler's
+    errors (:class:`PlanError`, :class:`~pipetrain.compiler.models.ModelError`, …)."""
+    overrides = dict(overrides or {})
+    spec: str | nn.Module = model
+    if model == "mlp":
+        spec = _data_mlp(ds, hidden, int(overrides.get("seed", 0)))
+    return compile_result(
+        spec,
+        None,
+        None,
+        config_overrides=overrides,
+        formats=formats,
+        format_overrides=list(format_items),
+        data=data,
+        calib_samples=calib_samples,
+        lanes=lanes,
+        name="mlp" if model == "mlp" else None,
+    )
+
+
 @cli.command("train")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option(
@@ -302,23 +337,19 @@ def train_cmd(
     if epochs < 1:
         raise PlanError(f"--epochs must be ≥ 1, got {epochs}")
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
-    ds = load_data(data)
-    spec: str | nn.Module = model
-    if model == "mlp":
-        spec = _data_mlp(ds, hidden, int(overrides.get("seed", 0)))
     if save and not Path(save).resolve().parent.is_dir():
         raise PlanError(f"--save {save!r}: the folder does not exist")
-    result = compile_result(
-        spec,
-        None,
-        None,
-        config_overrides=overrides,
+    ds = load_data(data)
+    result = compile_job(
+        model,
+        ds,
+        data,
+        hidden=hidden,
+        overrides=overrides,
         formats=formats,
-        format_overrides=list(format_items),
-        data=data,
+        format_items=format_items,
         calib_samples=calib_samples,
         lanes=lanes,
-        name="mlp" if model == "mlp" else None,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
