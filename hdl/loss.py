@@ -203,7 +203,8 @@ class LossUnit(wiring.Component):
 
         # out phase: e_j from the e memory at S1
         e1 = er.data
-        p1 = rhu(e1 * r, fe)
+        p1 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
+        m.d.comb += p1.eq(rhu(e1 * r, fe))
         dv, dc = sat(rhu(p1, fr - fd.frac) - Mux(j1 == label, 1 << fd.frac, 0), fd)
         m.d.comb += er.addr.eq(j0)
         with m.If(v_out):

@@ -276,6 +276,12 @@ class StageUnit(wiring.Component):
         if use_gacc:
             m.d.comb += ard.addr.eq(i0)
 
+        def wire(expr, name: str) -> Signal:
+            """A comb signal for a value used more than once (one adder in the netlist)."""
+            sig = Signal(expr.shape(), name=name)
+            m.d.comb += sig.eq(expr)
+            return sig
+
         # pipeline control registers: valid, i, g, sel, k per stage 1..ws
         def stage_regs(n: int, name: str, shape, src):
             regs = [src]
@@ -366,11 +372,9 @@ class StageUnit(wiring.Component):
         u_terms3, v_terms3 = [], []
         for lane in range(L):
             with m.If(v[2]):
-                m.d.sync += [
-                    pf3[lane].eq(wh2[lane] * xf2),
-                    pg3[lane].eq(w2[lane] * d2[lane]),
-                    w3[lane].eq(w2[lane]),
-                ]
+                m.d.sync += [pf3[lane].eq(wh2[lane] * xf2), w3[lane].eq(w2[lane])]
+                if st.input_gradient:  # stage 1 has no input-gradient multiplier
+                    m.d.sync += pg3[lane].eq(w2[lane] * d2[lane])
             # U terms: (product expression, its fraction bits)
             terms = [
                 (const_mul(up.momentum.value, u2[lane]), up.momentum.frac + f.w.frac),
@@ -420,10 +424,11 @@ class StageUnit(wiring.Component):
         m.d.sync += fire4.eq(fire3)
         for lane in range(L):
             facc = Signal(signed(st.acc_fwd_bits), name=f"facc_{lane}")
-            fsum = Mux(first3, 0, facc) + pf3[lane]
+            fsum = Signal(signed(st.acc_fwd_bits), name=f"fsum_{lane}")
+            m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3[lane])
             with m.If(v[3]):
                 m.d.sync += facc.eq(fsum)
-            zv, zc = sat(rhu(fsum, zsh), f.y)
+            zv, zc = sat(wire(rhu(fsum, zsh), f"zr_{lane}"), f.y)
             with m.If(fire3):
                 m.d.sync += [z4[lane].eq(zv), zs4[lane].eq(zc & ~pad[lane][3])]
             sat_flags.append(fire4 & zs4[lane])
@@ -442,7 +447,7 @@ class StageUnit(wiring.Component):
                 ]
             else:
                 m.d.comb += gnew.eq(gsum)
-            gv_, gc_ = sat(rhu(gnew, f.w.frac + f.d.frac - f.gin.frac), f.gin)
+            gv_, gc_ = sat(wire(rhu(gnew, f.w.frac + f.d.frac - f.gin.frac), "ginr"), f.gin)
             gin_en4 = Signal()
             gin_d4 = Signal(signed(f.gin.bits))
             gin_s4 = Signal()
@@ -464,10 +469,13 @@ class StageUnit(wiring.Component):
             U = 0
             for r, frac in u_terms3[lane]:
                 U = U + align(r, frac, up.frac_u)
-            uq, uc = sat(round_upd(U, ku, r_u, plan.rounding, plan.round_bits), f.u)
+            uq, uc = sat(
+                wire(round_upd(U, ku, r_u, plan.rounding, plan.round_bits), f"ur_{lane}"), f.u
+            )
+            uq = wire(uq, f"uq_{lane}")
             upd_live = upd3 & ~pad[lane][3]
             if not sc:
-                wq, wc = sat(w3[lane] - uq, f.w)
+                wq, wc = sat(wire(w3[lane] - uq, f"wd_{lane}"), f.w)
                 u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
                 w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
                 us4 = Signal(name=f"us4_{lane}")
@@ -500,7 +508,7 @@ class StageUnit(wiring.Component):
                 for r4, frac in vt4:
                     V = V + align(r4, frac, up.frac_v)
                 dw = round_upd(V, kvs, rw4[: plan.round_bits], plan.rounding, plan.round_bits)
-                wq, wc = sat(w4 - dw, f.w)
+                wq, wc = sat(wire(w4 - dw, f"wd_{lane}"), f.w)
                 u5 = Signal(signed(f.u.bits), name=f"u5_{lane}")
                 w5 = Signal(signed(f.w.bits), name=f"w5_{lane}")
                 ws5 = Signal(name=f"ws5_{lane}")
