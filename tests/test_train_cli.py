@@ -1,0 +1,121 @@
+"""``pipetrain train``: defaults, the data-sized ``mlp`` model, ``--save``, and clear user errors
+for data that does not fit (no RTL here; the sim target is in test_host_sim.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from pipetrain.compiler.models import build_mlp
+from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
+from pipetrain.host.cli import cli
+from pipetrain.host.cmd_train import DEFAULT_EPOCHS, DEFAULT_MODEL, DEFAULT_TARGET, train_cmd
+from pipetrain.host.data import load_npz
+from test_host_sim import make_npz
+
+
+@pytest.fixture(scope="module")
+def npz40(tmp_path_factory) -> str:
+    return str(make_npz(tmp_path_factory.mktemp("d") / "bands.npz"))
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def report_of(res) -> dict:
+    return json.loads(res.stdout[res.stdout.index("{") :])
+
+
+def test_defaults_are_the_main_job():
+    assert (DEFAULT_MODEL, DEFAULT_TARGET) == ("mlp-digits", "sim")
+    params = {p.name: p for p in train_cmd.params}
+    assert params["model"].default == "mlp-digits" and not params["model"].required
+    assert params["target"].default == "sim" and params["data"].default == "digits"
+    # the main job's epochs reach ≥ 0.90 on digits (golden model; see cmd_train)
+    assert DEFAULT_EPOCHS >= 2
+
+
+def test_data_sized_mlp_trains_on_40_features_and_saves(npz40, tmp_path):
+    out = tmp_path / "w.pt"
+    res = run(
+        "train", "mlp", "--hidden", "8", "--data", npz40, "--target", "golden",
+        "--formats", "default", "--lr", "0.02", "--save", str(out), "--json", "-",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    assert rep["model"] == "mlp" and rep["epochs"] == DEFAULT_EPOCHS
+    assert rep["train_samples"] == rep["device_samples"] == 80 * DEFAULT_EPOCHS
+    assert rep["bit_exact"] is None and rep["retransmits"] == 0
+    assert rep["test_accuracy"] >= 0.9  # easy problem, chance 0.25
+    model = build_mlp([40, 8, 4])
+    model.load_state_dict(torch.load(out, weights_only=True))  # strict, weights only
+    ds = load_npz(npz40)
+    with torch.no_grad():
+        acc = float((model(ds.x_test).argmax(1) == ds.y_test).double().mean())
+    assert acc == rep["float_test_accuracy"]
+    assert abs(acc - rep["test_accuracy"]) <= 0.02
+
+
+@pytest.mark.parametrize("formats", ["auto", "default"])
+def test_builtin_model_on_40_features_is_a_clear_error(npz40, formats):
+    # default target sim: the size check comes before any RTL build
+    res = run("train", "mlp-digits", "--data", npz40, "--formats", formats)
+    assert res.exit_code == 2
+    assert "40 features" in res.output and "64" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_more_classes_than_outputs_is_a_clear_error(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "c12.npz"
+    x = rng.uniform(0, 1, (30, 64)).astype(np.float32)
+    y = np.arange(30) % 12
+    np.savez(path, x_train=x, y_train=y, x_test=x, y_test=y)
+    res = run("train", "mlp-digits", "--data", str(path), "--formats", "default")
+    assert res.exit_code == 2 and "12 classes" in res.output and "10 outputs" in res.output
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x_train": np.zeros((4, 40))}, "lacks array(s) y_train, x_test, y_test"),
+        (
+            {"x_train": np.zeros((4, 40, 2)), "y_train": np.zeros(4, int),
+             "x_test": np.zeros((2, 40)), "y_test": np.zeros(2, int)},
+            "x_train must be 2-D",
+        ),
+        (
+            {"x_train": np.zeros((4, 40)), "y_train": np.zeros(4),
+             "x_test": np.zeros((2, 40)), "y_test": np.zeros(2, int)},
+            "y_train must hold integer class labels",
+        ),
+        (
+            {"x_train": np.zeros((4, 40)), "y_train": np.zeros(4, int),
+             "x_test": np.zeros((2, 39)), "y_test": np.zeros(2, int)},
+            "x_train has 40 features but x_test has 39",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_npz_is_a_clear_error(tmp_path, arrays, message):
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    res = run("train", "mlp", "--data", str(path))
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_other_user_errors(npz40, tmp_path):
+    res = run("train", "mlp", "--data", npz40, "--hidden", "8,x")
+    assert res.exit_code == 2 and "--hidden '8,x'" in res.output
+    res = run("train", "--target", "fpga")
+    assert res.exit_code == 2 and "unknown target 'fpga'" in res.output and "sim" in res.output
+    res = run("train", "--save", str(tmp_path / "no" / "w.pt"))
+    assert res.exit_code == 2 and "the folder does not exist" in res.output
+    res = run("train", "--target", "tcp://localhost")
+    assert res.exit_code == 2 and "give host and port" in res.output
+    res = run("train", "--data", str(tmp_path / "missing.npz"))
+    assert res.exit_code == 2 and "does not exist" in res.output
