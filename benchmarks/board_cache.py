@@ -1,0 +1,206 @@
+"""Board build reports for the benchmark, cached by plan hash + board (YoWASP builds are slow).
+
+:func:`board_result` returns one record per (model, board): achieved Fmax and utilisation from
+nextpnr's report (via :func:`pipetrain.host.cmd_build.build_design`), or why the model does not
+fit (needed vs available, from the plan's fit check or from the synthesised netlist). Records
+live in ``<cache>/boards/<plan hash>-<board>.json``; the plan is the one ``pipetrain build``
+would use (:func:`pipetrain.host.cmd_build.plan_for_board`: the compiler's lanes, one lane per
+stage when those do not fit). The record also stores the HDL source hash it was built from, so a
+caller can tell a report built from older HDL (``stale``).
+
+Cold cost (this project's 2-core machine, YoWASP 0.5x): ECP5 builds of these models take
+~7–20 min each (Yosys ~1 min, nextpnr-ecp5 the rest); an iCE40 fit failure found in synthesis
+costs ~1–2 min. A cached record costs one compile (~2 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pipetrain.hdl.boards import Board, BoardFitError, check_fit, get_board, plan_totals
+from pipetrain.sim.tb.network import hdl_source_hash
+
+__all__ = ["REPO", "board_key", "board_result", "default_cache_dir", "fit_rows"]
+
+#: Repository root (YoWASP tools need a build directory relative to the working directory).
+REPO = Path(__file__).resolve().parents[1]
+
+
+def default_cache_dir() -> Path:
+    """``$PIPETRAIN_BENCH_CACHE`` or ``~/.cache/pipetrain/bench``."""
+    env = os.environ.get("PIPETRAIN_BENCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "pipetrain" / "bench"
+
+
+def board_key(plan_hash: str, board: str) -> str:
+    """Cache key of a board record: ``<plan hash>-<board>``."""
+    return f"{plan_hash}-{board}"
+
+
+def fit_rows(plan: Any, board: Board) -> dict[str, dict[str, int]]:
+    """``{resource: {needed, available}}`` of the plan against the board, without raising.
+
+    The same rows as :func:`pipetrain.hdl.boards.check_fit` (multipliers, memory bits, 18 Kib
+    block bits vs block-RAM bits).
+    """
+    try:
+        return check_fit(plan, board)
+    except BoardFitError:
+        t = plan_totals(plan)
+        return {
+            "multipliers": {"needed": t["multipliers"], "available": board.multipliers},
+            "memory_bits": {"needed": t["memory_bits"], "available": board.bram_bits},
+            "memory_block_bits": {
+                "needed": t["memory_blocks"] * 18 * 1024,
+                "available": board.bram_bits,
+            },
+        }
+
+
+def _synth_needs(board: Board, rpt: Path) -> dict[str, dict[str, int]]:
+    """Hard-block counts of the synthesised netlist vs the board (from the Yosys log)."""
+    from pipetrain.host.cmd_build import synth_cells
+
+    if not rpt.is_file():
+        return {}
+    cells = synth_cells(rpt.read_text(errors="replace"))
+    types = {
+        "ice40": {"multipliers": ("SB_MAC16",), "bram_blocks": ("SB_RAM40_4K",)},
+        "ecp5": {"multipliers": ("MULT18X18D",), "bram_blocks": ("DP16KD",)},
+    }[board.family]
+    types["luts"] = ("SB_LUT4",) if board.family == "ice40" else ("LUT4",)
+    return {
+        field: {"needed": sum(cells.get(t, 0) for t in ts), "available": getattr(board, field)}
+        for field, ts in types.items()
+    }
+
+
+def board_result(
+    model: str,
+    board_name: str,
+    *,
+    cache_dir: Path | None = None,
+    build: bool = True,
+    require_current_hdl: bool = False,
+    timeout_s: float = 3600.0,
+    echo: Any = print,
+) -> dict[str, Any]:
+    """Return the board record of ``model`` on ``board_name`` (cached, building if needed).
+
+    Record keys: ``model``, ``board``, ``plan_hash``, ``lanes`` (per stage), ``fits`` (bool),
+    ``fit`` (plan-level needed/available rows), ``status`` (``built`` | ``no_fit_plan`` |
+    ``no_fit_synth`` | ``build_failed`` | ``missing``), ``fmax_mhz`` and ``clock_mhz`` (MHz;
+    built only), ``timing_met``, ``utilization``, ``build_s`` (seconds of the build that made
+    the record), ``reason`` (text, when it does not fit or failed), ``synth`` (synthesised
+    hard blocks vs available, synthesis failures), ``hdl_hash`` (the HDL the record was built
+    from), ``cached`` (this call reused it), ``stale`` (``hdl_hash`` differs from the current
+    HDL).
+
+    ``build=False`` never runs the toolchain (a missing record gives ``status: missing``);
+    ``require_current_hdl`` rebuilds a record made from other HDL. Build folders are
+    ``build/bench/<model>-<board>`` under the repository root.
+    """
+    from pipetrain.host.cmd_build import BuildError, plan_for_board
+
+    board = get_board(board_name)
+    cache = (cache_dir or default_cache_dir()) / "boards"
+    cache.mkdir(parents=True, exist_ok=True)
+    hdl = hdl_source_hash()
+    base: dict[str, Any] = {"model": model, "board": board.name}
+    # plan_for_board falls back to one lane per stage; build_cmd then runs check_fit on it
+    plan = plan_for_board(model, board, seed=0)
+    try:
+        check_fit(plan, board)
+    except BoardFitError as exc:
+        return base | {
+            "plan_hash": plan.hash,
+            "lanes": [s.lanes for s in plan.stages],
+            "fits": False,
+            "status": "no_fit_plan",
+            "fit": fit_rows(plan, board),
+            "reason": str(exc),
+            "hdl_hash": hdl,
+            "cached": False,
+            "stale": False,
+        }
+    key = board_key(plan.hash, board.name)
+    path = cache / f"{key}.json"
+    base |= {"plan_hash": plan.hash, "lanes": [s.lanes for s in plan.stages]}
+    if path.is_file():
+        rec = json.loads(path.read_text())
+        stale = rec.get("hdl_hash") != hdl
+        if not (stale and require_current_hdl and build):
+            return rec | {"cached": True, "stale": stale}
+    if not build:
+        return base | {
+            "fits": None,
+            "status": "missing",
+            "fit": fit_rows(plan, board),
+            "reason": "no cached build report (run without --quick to build it)",
+            "hdl_hash": hdl,
+            "cached": False,
+            "stale": False,
+        }
+    from pipetrain.hdl.board import BoardTop, network_core
+
+    out = Path("build") / "bench" / f"{Path(model).stem}-{board.name}"
+    fit = fit_rows(plan, board)
+    echo(f"  building {model} for {board.name} in {out} (YoWASP; minutes) ...")
+    t0 = time.monotonic()
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        top = BoardTop(board, lambda: network_core(plan))
+        res = build_design(board, top, out, timeout_s=timeout_s, echo=echo)
+        rec = base | {
+            "fits": True,
+            "status": "built",
+            "fit": fit,
+            "fmax_mhz": res["fmax_mhz"],
+            "clock_mhz": res["clock_mhz"],
+            "timing_met": res["timing_met"],
+            "utilization": {k: v for k, v in res["utilization"].items() if k != "raw"},
+            "build_s": res["build_s"],
+        }
+    except BoardFitError as exc:
+        rec = base | {
+            "fits": False,
+            "status": "no_fit_synth",
+            "fit": fit,
+            "reason": str(exc),
+            "synth": _synth_needs(board, REPO / out / "top.rpt"),
+            "build_s": round(time.monotonic() - t0, 1),
+        }
+    except BuildError as exc:
+        rec = base | {
+            "fits": None,
+            "status": "build_failed",
+            "fit": fit,
+            "reason": str(exc),
+            "build_s": round(time.monotonic() - t0, 1),
+        }
+        return rec | {"hdl_hash": hdl, "cached": False, "stale": False}  # not cached: retry
+    finally:
+        os.chdir(cwd)
+    rec |= {"hdl_hash": hdl, "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path.write_text(json.dumps(rec, indent=2) + "\n")
+    return rec | {"cached": False, "stale": False}
+
+
+def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`pipetrain.host.cmd_build.build_design` (imported lazily: it loads Amaranth)."""
+    from pipetrain.host.cmd_build import build_design as _bd
+
+    return _bd(*args, **kwargs)
+
+
+if __name__ == "__main__":  # fill the cache: python benchmarks/board_cache.py BOARD MODEL...
+    import sys
+
+    for m in sys.argv[2:]:
+        r = board_result(m, sys.argv[1])
+        print(json.dumps({k: v for k, v in r.items() if k != "utilization"}), flush=True)

@@ -1,0 +1,206 @@
+"""Measurements of the benchmark: RTL cycles per sample, stage utilisation, tool and CPU speed.
+
+Every function here measures one thing and returns a JSON-ready dict; :mod:`run` puts them
+side by side. Times are wall-clock seconds (``time.perf_counter``) unless a key says ``cpu``
+(this process's CPU time, ``time.process_time``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from pipetrain.compiler.build import pass_cycles
+from pipetrain.compiler.plan import Plan
+
+__all__ = [
+    "compile_design",
+    "cpu_torch_speed",
+    "rtl_run",
+    "stage_utilisation",
+    "trainer_speed",
+    "verilator_build_time",
+    "verilog_time",
+]
+
+
+def compile_design(
+    model: str, schedule: str = "pb", lanes: tuple[int, ...] | None = None, seed: int = 0
+) -> Any:
+    """Compile ``model`` exactly as ``pipetrain sim`` does (auto formats calibrated on digits);
+    return the :class:`~pipetrain.compiler.compile.CompileResult`."""
+    from pipetrain.compiler.compile import compile_result
+
+    return compile_result(
+        model, seed=seed, data="digits", config_overrides={"schedule": schedule}, lanes=lanes
+    )
+
+
+def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:
+    """Stream ``samples`` digits samples through the Verilator RTL and the golden model.
+
+    Uses :func:`pipetrain.sim.tb.network.check_network` (the ``pipetrain sim`` machinery; the
+    build is cached by plan + HDL hash). Returns ``cycles_per_sample`` (steady-state mean
+    spacing of result records, cycles), ``ideal_cycles_per_sample`` (the plan's), ``bit_exact``,
+    ``build_s`` (seconds spent building in this call; 0 when cached), ``sim_cycles_per_s``
+    (whole simulated run incl. weight load/read-back per testbench second),
+    ``train_cycles_per_s`` (stream + flush only), ``rtl_samples_per_s`` (train cycles/s ÷
+    cycles per sample), ``sim_wall_s`` (the simulator process), ``check_s`` (this call, golden
+    model and comparison included).
+    """
+    from pipetrain.host.cmd_sim import sim_samples
+    from pipetrain.sim.tb.network import check_network
+
+    plan = result.plan
+    x, y = sim_samples(plan, samples, "digits", seed)
+    t0 = time.perf_counter()
+    rep = check_network(plan, result.model, x, y.tolist(), seed=seed, localise_first=False)
+    check_s = time.perf_counter() - t0
+    d = rep.to_dict(max_mismatches=3)
+    train_cps = float(d.get("train_cycles_per_s", 0.0))
+    return {
+        "schedule": plan.schedule,
+        "lanes": [s.lanes for s in plan.stages],
+        "plan_hash": plan.hash,
+        "samples": samples,
+        "bit_exact": rep.bit_exact,
+        "mismatches": len(rep.mismatches),
+        "cycles": rep.cycles,
+        "total_cycles": rep.total_cycles,
+        "cycles_per_sample": rep.cycles_per_sample,
+        "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
+        "build_s": rep.build_s,
+        "build_cached": bool(d.get("build_cached")),
+        "sim_cycles_per_s": rep.sim_cycles_per_s,
+        "train_cycles_per_s": train_cps,
+        "rtl_samples_per_s": train_cps / rep.cycles_per_sample if rep.cycles_per_sample else 0.0,
+        "sim_wall_s": float(d.get("sim_wall_s", 0.0)),
+        "check_s": check_s,
+    }
+
+
+def stage_utilisation(plan: Plan) -> list[dict[str, Any]]:
+    """Per-stage lane use of the ``pb`` tick, from the plan (no recomputed quantities).
+
+    For a stage with N inputs, M rows, L lanes and G = ``row_groups``:
+    ``lane_slot_util`` = M / (G·L) (useful lane-slots of the fused pass / total);
+    ``pass_cycles`` = the stage's pass incl. pipeline latency
+    (:func:`pipetrain.compiler.build.pass_cycles`); ``tick_share`` = pass_cycles / tick;
+    ``mac_util`` = M·(N+1) / (L·tick) — useful MAC slots per lane-cycle of the whole tick
+    (the product of the two, up to the pass latency). Source: *derived* from DESIGN §3.
+    """
+    tick = plan.tick_cycles
+    out = []
+    for st in plan.stages:
+        slots = st.row_groups * st.lanes
+        out.append(
+            {
+                "stage": st.index,
+                "name": st.name,
+                "shape": f"{st.in_features}→{st.out_features}",
+                "lanes": st.lanes,
+                "delay": st.delay,
+                "lane_slot_util": st.out_features / slots,
+                "cycles_per_tick": st.cycles_per_tick,
+                "pass_cycles": pass_cycles(st),
+                "tick_cycles": tick,
+                "tick_share": pass_cycles(st) / tick,
+                "mac_util": st.out_features * (st.in_features + 1) / (st.lanes * tick),
+                "stash_bits": st.stash_bits,
+                "weight_bits": st.weight_bits,
+                "velocity_bits": st.velocity_bits,
+                "memory_bits": st.memory_bits,
+                "multipliers": st.multipliers,
+            }
+        )
+    return out
+
+
+def verilog_time(plan: Plan) -> dict[str, Any]:
+    """Time Verilog generation of ``NetworkTop(plan)`` (Amaranth elaboration + Yosys write).
+
+    Returns ``{"verilog_s", "verilog_bytes", "verilog"}`` (the text, for a build).
+    """
+    from pipetrain.hdl.verilog import generate_verilog
+    from pipetrain.sim.tb.network import TOPLEVEL
+
+    t0 = time.perf_counter()
+    text = generate_verilog(plan, TOPLEVEL)
+    return {"verilog_s": time.perf_counter() - t0, "verilog_bytes": len(text), "verilog": text}
+
+
+def verilator_build_time(verilog: str, fresh: bool) -> dict[str, Any]:
+    """Verilator build time of ``verilog`` (the network top), cached by its content hash.
+
+    ``fresh``: rebuild now and time it (reuses Verilator's prebuilt runtime objects, as every
+    build does); otherwise report the ``build_s`` recorded when the cached build was made
+    (``measured_now: False``). Returns ``{"verilator_build_s", "measured_now"}``.
+    """
+    import json
+
+    from pipetrain.sim.tb.network import TOPLEVEL
+    from pipetrain.sim.verilator import build_verilog
+
+    b = build_verilog(verilog, TOPLEVEL, rebuild=fresh)
+    if not b.cached:
+        return {"verilator_build_s": b.build_s, "measured_now": True}
+    stamp = json.loads((b.directory / ".complete").read_text())
+    return {"verilator_build_s": float(stamp.get("build_s", float("nan"))), "measured_now": False}
+
+
+def trainer_speed(result: Any, target: str, samples: int) -> dict[str, float]:
+    """Train ``samples`` digits samples on an in-process target (``golden`` or ``reference``).
+
+    Uses the target registry of ``pipetrain train`` on ``result`` (the same plan the RTL runs).
+    Returns ``samples_per_s`` (wall) and ``samples_per_cpu_s``.
+    """
+    from pipetrain.host.cmd_train import TARGETS
+    from pipetrain.host.data import load_digits
+
+    ds = load_digits()
+    n = min(samples, len(ds.x_train))
+    trainer = TARGETS[target](result)
+    wall, cpu = time.perf_counter(), time.process_time()
+    trainer.train(ds.x_train[:n], ds.y_train[:n], epochs=1)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"samples": n, "samples_per_s": n / wall, "samples_per_cpu_s": n / cpu}
+
+
+def cpu_torch_speed(model: str, samples: int, seed: int = 0, warmup: int = 50) -> dict[str, Any]:
+    """PyTorch on this CPU training ``model`` at batch 1 with ``torch.optim.SGD``.
+
+    Per sample: forward, cross-entropy loss, backward, ``optimizer.step()`` (lr 0.01, momentum
+    0.9 — the values do not change the cost), ``zero_grad``. Float32, the default intra-op
+    threads. ``warmup`` samples run before timing. Returns ``samples_per_s`` (wall),
+    ``samples_per_cpu_s``, ``threads``, ``samples``.
+    """
+    from pipetrain.compiler.models import load_model
+    from pipetrain.host.data import load_digits
+
+    _, net, _ = load_model(model, seed=seed)
+    ds = load_digits()
+    x, y = ds.x_train.float(), ds.y_train.long()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    k = len(x)
+
+    def step(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x[i % k : i % k + 1]), y[i % k : i % k + 1])
+        loss.backward()
+        opt.step()
+
+    for i in range(warmup):
+        step(i)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(samples):
+        step(i)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "samples": samples,
+        "samples_per_s": samples / wall,
+        "samples_per_cpu_s": samples / cpu,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }

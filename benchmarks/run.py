@@ -1,0 +1,773 @@
+"""pipetrain benchmarks: hardware efficiency, projected on-board throughput vs CPU, tool speed.
+
+Usage::
+
+    python benchmarks/run.py                  # full run: writes benchmarks/results.{json,md}, PNGs
+    python benchmarks/run.py --quick --json - # quick run, JSON on stdout (no files unless --out)
+
+Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measured in one run:
+
+1. **Hardware efficiency** — cycles per sample measured in the RTL (Verilator, the
+   ``pipetrain sim`` machinery: steady-state spacing of result records, and the run is checked
+   bit-exact against the golden model) vs the plan's ``ideal_cycles_per_sample``; the same for
+   ``--schedule sequential`` (also in RTL), and their ratio (PB speed-up, ≈ the stage count);
+   per-stage lane utilisation from the plan.
+2. **Projected on-board training throughput** = achieved Fmax (nextpnr report of the board
+   build) / RTL cycles per sample, for ULX3S (ECP5-85F) and iCEBreaker (iCE40UP5K); a model
+   that does not fit gets ``null`` and the needed vs available numbers. Next to it PyTorch on
+   this CPU trains the same model at batch 1 with ``torch.optim.SGD`` (best of 1 thread and the
+   default threads), and the ratio. Board builds are cached by plan hash + board
+   (:mod:`board_cache`); ``--quick`` reuses cached reports even when built from older HDL and
+   builds only missing ones (``--no-board-builds``: none).
+3. **Tool speed** — Verilog generation, Verilator build (rebuilt and timed in a full run; the
+   recorded time of the cached build with ``--quick``), RTL simulation cycles/s and samples/s,
+   golden model and reference trainer samples/s.
+4. **Memory** — per-stage stash and weight bits, and the depth sweep (:mod:`memory_scaling`).
+
+Outputs: ``results.json``, ``results.md`` (date, machine), ``*.png`` in ``--out`` (default
+``benchmarks/`` for a full run), and the README's "Benchmarks" table (``--readme``, on by
+default for a full run). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import board_cache  # noqa: E402
+import measure  # noqa: E402
+import memory_scaling  # noqa: E402
+
+__all__ = ["MODELS", "BOARDS", "Settings", "run", "render_markdown", "main"]
+
+MODELS = ("mlp-digits", "mlp-digits-deep", "mlp-digits-wide")
+BOARDS = ("ulx3s-85f", "icebreaker")
+README_START = "<!-- benchmarks:start -->"
+README_END = "<!-- benchmarks:end -->"
+
+
+class Settings:
+    """Sample counts and what to rebuild, per mode (``quick`` or ``full``).
+
+    Members
+    -------
+    quick: the mode.
+    rtl_samples, seq_samples: samples streamed through the RTL (pb, sequential).
+    golden_samples, reference_samples, torch_samples: samples for the CPU-side rates.
+    verilog_models: models whose Verilog generation is timed (all in a full run).
+    fresh_verilator: rebuild the Verilator model to time it (full run) or report the cached
+        build's recorded time (quick).
+    board_build: build missing board reports; ``board_current``: rebuild reports made from
+        other HDL (full run).
+    """
+
+    def __init__(self, quick: bool, board_builds: bool = True) -> None:
+        self.quick = quick
+        self.rtl_samples = 64 if quick else 300
+        self.seq_samples = 24 if quick else 100
+        self.golden_samples = 200 if quick else 1437
+        self.reference_samples = 500 if quick else 1437
+        self.torch_samples = 1000 if quick else 4000
+        self.fresh_verilator = not quick
+        self.verilog_all = not quick
+        self.board_build = board_builds
+        self.board_current = not quick
+
+
+def log(msg: str) -> None:
+    """Progress line on stderr (stdout may carry the JSON)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores and software versions of this machine."""
+    import torch
+
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+
+    def __call__(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+
+class _Phase:
+    def __init__(self, timer: _Timer, name: str) -> None:
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        dt = time.perf_counter() - self.t0
+        self.timer.phases[self.name] = self.timer.phases.get(self.name, 0.0) + dt
+
+
+def _link_bound(plan: Any, baud: int) -> float:
+    """Upper bound of samples/s over an 8N1 UART at ``baud``: only the sample record's bytes
+    (:class:`pipetrain.host.protocol.LinkParams` ``record_bytes``), 10 line bits per byte;
+    frame headers, CRC and result reads lower it further."""
+    from pipetrain.host.protocol import LinkParams
+
+    return baud / 10 / LinkParams.from_plan(plan).record_bytes
+
+
+def bench_model(
+    name: str, st: Settings, timer: _Timer, cache_dir: Path, boards: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure one model; return ``(model record, tools record)``."""
+    from pipetrain.hdl.boards import get_board
+
+    log(f"[{name}] compiling (auto formats) ...")
+    with timer("compile"):
+        pb = measure.compile_design(name, "pb")
+        lanes = tuple(s.lanes for s in pb.plan.stages)
+        seq = measure.compile_design(name, "sequential", lanes=lanes)
+    tools: dict[str, Any] = {}
+    if st.verilog_all or name == MODELS[0]:
+        log(f"[{name}] timing Verilog generation ...")
+        with timer("verilog"):
+            v = measure.verilog_time(pb.plan)
+        tools |= {"verilog_s": v["verilog_s"], "verilog_bytes": v["verilog_bytes"]}
+        with timer("verilator_build"):
+            log(f"[{name}] Verilator build ({'fresh' if st.fresh_verilator else 'cached'}) ...")
+            tools |= measure.verilator_build_time(v["verilog"], st.fresh_verilator)
+    log(f"[{name}] RTL pb, {st.rtl_samples} samples ...")
+    with timer("rtl_sim"):
+        rtl_pb = measure.rtl_run(pb, st.rtl_samples)
+        log(f"[{name}] RTL sequential, {st.seq_samples} samples ...")
+        rtl_seq = measure.rtl_run(seq, st.seq_samples)
+    for k in ("sim_cycles_per_s", "train_cycles_per_s", "rtl_samples_per_s", "build_s"):
+        tools[f"rtl_{k}" if not k.startswith("rtl_") else k] = rtl_pb[k]
+    tools["rtl_build_cached"] = rtl_pb["build_cached"]
+    tools["rtl_sequential_build_s"] = rtl_seq["build_s"]
+    log(f"[{name}] golden / reference / CPU torch ...")
+    with timer("cpu_rates"):
+        g = measure.trainer_speed(pb, "golden", st.golden_samples)
+        r = measure.trainer_speed(pb, "reference", st.reference_samples)
+        import torch
+
+        threads = torch.get_num_threads()
+        t_default = measure.cpu_torch_speed(name, st.torch_samples)
+        torch.set_num_threads(1)
+        try:
+            t_one = measure.cpu_torch_speed(name, st.torch_samples)
+        finally:
+            torch.set_num_threads(threads)
+    # the machine is shared: one thread's samples per CPU-second is what an unloaded core does
+    cpu_rate = max(t_default["samples_per_s"], t_one["samples_per_s"], t_one["samples_per_cpu_s"])
+    tools |= {
+        "golden_samples_per_s": g["samples_per_s"],
+        "golden_samples_per_cpu_s": g["samples_per_cpu_s"],
+        "reference_samples_per_s": r["samples_per_s"],
+        "reference_samples_per_cpu_s": r["samples_per_cpu_s"],
+    }
+    rtl_by_lanes = {tuple(rtl_pb["lanes"]): rtl_pb}
+    board_recs: dict[str, Any] = {}
+    projected: dict[str, float | None] = {}
+    for bname in boards:
+        board = get_board(bname)
+        log(f"[{name}] board {bname} ...")
+        with timer("boards"):
+            rec = board_cache.board_result(
+                name,
+                bname,
+                cache_dir=cache_dir,
+                build=st.board_build,
+                require_current_hdl=st.board_current,
+                echo=log,
+            )
+        rec = {k: v for k, v in rec.items() if k != "utilization"} | {
+            "utilization": rec.get("utilization", {})
+        }
+        rec["link_bound_samples_per_s"] = _link_bound(pb.plan, board.baud)
+        proj = None
+        if rec.get("status") == "built" and rec.get("fmax_mhz"):
+            key = tuple(rec["lanes"])
+            if key not in rtl_by_lanes:  # the board build uses other lanes: measure those
+                log(f"[{name}] RTL pb with the board's lanes {list(key)} ...")
+                with timer("rtl_sim"):
+                    rtl_by_lanes[key] = measure.rtl_run(
+                        measure.compile_design(name, "pb", lanes=key), st.seq_samples
+                    )
+            cps = rtl_by_lanes[key]["cycles_per_sample"]
+            proj = rec["fmax_mhz"] * 1e6 / cps
+            rec["rtl_cycles_per_sample"] = cps
+            rec["projected_samples_per_s"] = proj
+            rec["board_clock_samples_per_s"] = rec["clock_mhz"] * 1e6 / cps
+            rec["vs_cpu_torch"] = proj / cpu_rate
+        board_recs[bname] = rec
+        projected[bname] = proj
+    speedup = rtl_seq["cycles_per_sample"] / rtl_pb["cycles_per_sample"]
+    model = {
+        "name": name,
+        "cycles_per_sample": rtl_pb["cycles_per_sample"],
+        "ideal_cycles_per_sample": pb.plan.ideal_cycles_per_sample,
+        "pb_vs_sequential_speedup": speedup,
+        "stages": len(pb.plan.stages),
+        "projected_samples_per_s": projected,
+        "cpu_torch_samples_per_s": cpu_rate,
+        "plan_hash": pb.plan.hash,
+        "lanes": list(lanes),
+        "shape": [pb.plan.in_features] + [s.out_features for s in pb.plan.stages],
+        "tick_cycles": pb.plan.tick_cycles,
+        "rtl": {"pb": rtl_pb, "sequential": rtl_seq},
+        "sequential_cycles_per_sample": rtl_seq["cycles_per_sample"],
+        "sequential_ideal_cycles_per_sample": seq.plan.ideal_cycles_per_sample,
+        "bit_exact": rtl_pb["bit_exact"] and rtl_seq["bit_exact"],
+        "stage_utilisation": measure.stage_utilisation(pb.plan),
+        "mac_util": sum(s.out_features * (s.in_features + 1) for s in pb.plan.stages)
+        / (sum(s.lanes for s in pb.plan.stages) * pb.plan.tick_cycles),
+        "memory": {
+            "memory_bits": pb.plan.memory_bits,
+            "stash_bits": sum(s.stash_bits for s in pb.plan.stages),
+            "weight_bits": sum(s.weight_bits for s in pb.plan.stages),
+            "velocity_bits": sum(s.velocity_bits for s in pb.plan.stages),
+            "multipliers": pb.plan.multipliers,
+            "memory_blocks": pb.plan.memory_blocks,
+        },
+        "boards": board_recs,
+        "cpu_torch": {"default_threads": t_default, "one_thread": t_one},
+        "golden": g,
+        "reference": r,
+    }
+    return model, tools
+
+
+def run(
+    quick: bool,
+    models: tuple[str, ...] = MODELS,
+    boards: tuple[str, ...] = BOARDS,
+    cache_dir: Path | None = None,
+    board_builds: bool = True,
+    depths: range | list[int] = range(2, 17),
+) -> dict[str, Any]:
+    """Run every measurement; return the results dict (the ``--json`` payload)."""
+    st = Settings(quick, board_builds)
+    timer = _Timer()
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()
+    cache = cache_dir or board_cache.default_cache_dir()
+    out_models, tools = [], {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lane-idle PlanWarnings: reported as utilisation
+        for name in models:
+            m, t = bench_model(name, st, timer, cache, boards)
+            out_models.append(m)
+            tools[name] = t
+        log("memory sweep over depths (plans only) ...")
+        with timer("memory_sweep"):
+            mem = memory_scaling.sweep(depths)
+    return {
+        "meta": {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "mode": "quick" if quick else "full",
+            "machine": machine_info(),
+            "settings": {k: v for k, v in vars(st).items()},
+            "run_s": time.perf_counter() - t0,
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg(),
+            "phases_s": timer.phases,
+            "board_cache": str(cache),
+        },
+        "models": out_models,
+        "tools": tools,
+        "memory_scaling": mem,
+    }
+
+
+# ---------------------------------------------------------------------------------- output
+
+
+def _f(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    from pipetrain.compiler.report import markdown_table
+
+    return markdown_table(head, rows)
+
+
+def _board_cell(rec: dict[str, Any]) -> str:
+    if rec.get("status") == "built":
+        return f"{rec['fmax_mhz']:.1f} MHz" + ("" if not rec.get("stale") else " (older HDL)")
+    if rec.get("status") in ("no_fit_plan", "no_fit_synth"):
+        rows = rec.get("synth") or rec.get("fit") or {}
+        over = [
+            f"{k} {v['needed']}/{v['available']}"
+            for k, v in rows.items()
+            if v["needed"] > v["available"]
+        ]
+        where = "synthesis" if rec["status"] == "no_fit_synth" else "plan"
+        return f"does not fit ({where}: {', '.join(over)} needed/available)"
+    return rec.get("status", "?")
+
+
+def summary_table(res: dict[str, Any]) -> str:
+    """The headline table (README): efficiency and projected throughput vs the CPU."""
+    boards = list(next(iter(res["models"]))["boards"]) if res["models"] else []
+    head = ["model", "stages", "RTL cycles/sample", "ideal", "PB vs sequential"]
+    for b in boards:
+        head += [f"{b} Fmax", f"{b} samples/s"]
+    head += ["CPU PyTorch samples/s", "best board ÷ CPU"]
+    rows = []
+    for m in res["models"]:
+        row = [
+            m["name"],
+            str(m["stages"]),
+            _f(m["cycles_per_sample"], 1),
+            _f(m["ideal_cycles_per_sample"]),
+            f"{m['pb_vs_sequential_speedup']:.2f}×",
+        ]
+        ratios = []
+        for b in boards:
+            rec = m["boards"][b]
+            row += [_board_cell(rec), _f(m["projected_samples_per_s"][b])]
+            if rec.get("vs_cpu_torch"):
+                ratios.append(rec["vs_cpu_torch"])
+        row += [_f(m["cpu_torch_samples_per_s"]), f"{max(ratios):.1f}×" if ratios else "–"]
+        rows.append(row)
+    return _table(head, rows)
+
+
+def render_markdown(res: dict[str, Any]) -> str:
+    """``results.md``: every table of the run, with the date, machine and run times."""
+    meta = res["meta"]
+    mach = meta["machine"]
+    out = [
+        "# pipetrain benchmarks",
+        "",
+        f"Run {meta['date']} ({meta['mode']} mode, {meta['run_s']:.0f} s) on {mach['cpu']}, "
+        f"{mach['cores']} cores; Python {mach['python']}, torch {mach['torch']}. "
+        "Generated by `python benchmarks/run.py`; numbers in `results.json`.",
+        "",
+        "## Summary",
+        "",
+        summary_table(res),
+        "",
+        "Projected samples/s = achieved Fmax (nextpnr) ÷ RTL cycles per sample: the compute "
+        "bound of the generated design on that board if it were clocked at Fmax. The board "
+        "tops run at the oscillator (ULX3S 25 MHz, iCEBreaker 12 MHz) and stream samples over "
+        "a 1 Mbaud UART, which bounds real throughput far lower (table below). CPU PyTorch: "
+        "the same model, float32, batch 1, `torch.optim.SGD`, forward + backward + step per "
+        "sample; the best of: 1 thread and the default threads (wall clock), and 1 thread's "
+        "samples per CPU-second (what an unloaded core does; the machine is shared — load "
+        f"average {meta['loadavg_start'][0]:.1f} at the start, {meta['loadavg_end'][0]:.1f} at "
+        "the end of the run).",
+        "",
+        "## 1. Hardware efficiency (RTL, Verilator)",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        p, s = m["rtl"]["pb"], m["rtl"]["sequential"]
+        rows.append(
+            [
+                m["name"],
+                "→".join(str(v) for v in m["shape"]),
+                ",".join(str(v) for v in m["lanes"]),
+                _f(p["cycles_per_sample"], 1),
+                _f(p["ideal_cycles_per_sample"]),
+                _f(s["cycles_per_sample"], 1),
+                _f(s["ideal_cycles_per_sample"]),
+                f"{m['pb_vs_sequential_speedup']:.2f}×",
+                f"{m['mac_util']:.0%}",
+                "yes" if m["bit_exact"] else "**NO**",
+                f"{p['samples']}/{s['samples']}",
+            ]
+        )
+    out += [
+        _table(
+            [
+                "model",
+                "shape",
+                "lanes",
+                "PB cycles/sample (RTL)",
+                "PB ideal",
+                "sequential cycles/sample (RTL)",
+                "sequential ideal",
+                "speed-up",
+                "MAC util",
+                "bit-exact",
+                "samples pb/seq",
+            ],
+            rows,
+        ),
+        "",
+        "Cycles/sample: steady-state spacing of result records in the RTL run; ideal: the "
+        "plan's `ideal_cycles_per_sample` (tick for PB, every stage's forward and backward "
+        "pass + loss unit for sequential). MAC util = Σ M·(N+1) ÷ (Σ lanes · tick): useful "
+        "multiply-accumulate slots per lane-cycle.",
+        "",
+        "### Per-stage lane utilisation (PB)",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        for u in m["stage_utilisation"]:
+            rows.append(
+                [
+                    m["name"],
+                    str(u["stage"]),
+                    u["shape"],
+                    str(u["lanes"]),
+                    str(u["delay"]),
+                    f"{u['lane_slot_util']:.0%}",
+                    str(u["cycles_per_tick"]),
+                    str(u["pass_cycles"]),
+                    str(u["tick_cycles"]),
+                    f"{u['tick_share']:.0%}",
+                    f"{u['mac_util']:.0%}",
+                ]
+            )
+    out += [
+        _table(
+            [
+                "model",
+                "stage",
+                "N→M",
+                "lanes",
+                "D_s",
+                "lane-slot util",
+                "slots (cycles)",
+                "pass cycles",
+                "tick",
+                "pass/tick",
+                "MAC util",
+            ],
+            rows,
+        ),
+        "",
+        "Lane-slot util = M ÷ (⌈M/L⌉·L); pass cycles = slots + pipeline latency; "
+        "MAC util = M·(N+1) ÷ (L·tick).",
+        "",
+        "## 2. Projected on-board throughput vs CPU",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        for b, rec in m["boards"].items():
+            u = rec.get("utilization") or {}
+
+            def used(k: str, u: dict = u) -> str:
+                return f"{u[k]['used']}/{u[k]['available']}" if k in u else "–"
+
+            rows.append(
+                [
+                    m["name"],
+                    b,
+                    ",".join(str(v) for v in rec.get("lanes", [])),
+                    _board_cell(rec),
+                    _f(rec.get("clock_mhz"), 0),
+                    used("luts"),
+                    used("multipliers"),
+                    used("bram_blocks"),
+                    _f(rec.get("projected_samples_per_s")),
+                    _f(rec.get("board_clock_samples_per_s")),
+                    _f(rec.get("link_bound_samples_per_s")),
+                    _f(m["cpu_torch_samples_per_s"]),
+                    f"{rec['vs_cpu_torch']:.1f}×" if rec.get("vs_cpu_torch") else "–",
+                    _f(rec.get("build_s"), 0),
+                ]
+            )
+    out += [
+        _table(
+            [
+                "model",
+                "board",
+                "lanes",
+                "Fmax / fit",
+                "board clock MHz",
+                "LUTs",
+                "multipliers",
+                "BRAM",
+                "samples/s @Fmax",
+                "@board clock",
+                "UART bound",
+                "CPU PyTorch",
+                "@Fmax ÷ CPU",
+                "build s",
+            ],
+            rows,
+        ),
+        "",
+        "UART bound: 1 Mbaud 8N1 ÷ the sample record's bytes (frame headers, CRC and result "
+        "reads make it lower still). Build s: the board build that made the cached report.",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        t1, td = m["cpu_torch"]["one_thread"], m["cpu_torch"]["default_threads"]
+        rows.append(
+            [
+                m["name"],
+                _f(t1["samples_per_s"]),
+                f"{_f(td['samples_per_s'])} ({td['threads']} threads)",
+                _f(t1["samples_per_cpu_s"]),
+            ]
+        )
+    out += [
+        _table(
+            ["model", "PyTorch 1 thread samples/s", "default threads", "1 thread samples/CPU-s"],
+            rows,
+        ),
+        "",
+        "## 3. Tool speed",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        t = res["tools"][m["name"]]
+        vb = t.get("verilator_build_s")
+        rows.append(
+            [
+                m["name"],
+                _f(t.get("verilog_s"), 1),
+                (_f(vb, 1) + ("" if t.get("measured_now") else " (cached)")) if vb else "–",
+                _f(t["rtl_sim_cycles_per_s"]),
+                _f(t["rtl_train_cycles_per_s"]),
+                _f(t["rtl_samples_per_s"]),
+                _f(t["golden_samples_per_s"]),
+                _f(t["reference_samples_per_s"]),
+            ]
+        )
+    out += [
+        _table(
+            [
+                "model",
+                "Verilog gen s",
+                "Verilator build s",
+                "RTL sim cycles/s (whole run)",
+                "RTL cycles/s (training)",
+                "RTL samples/s",
+                "golden samples/s",
+                "reference samples/s",
+            ],
+            rows,
+        ),
+        "",
+        "RTL sim: cocotb + Verilator, free-running streams; whole run includes the weight "
+        "load and read-back through the per-word access port. Verilator build: Verilog → "
+        'C++ → binary with the prebuilt runtime objects ("cached": recorded when the cached '
+        "build was made). Golden: the bit-exact fixed-point model (int64 PyTorch); reference: "
+        "the float PB trainer.",
+        "",
+        "## 4. Memory",
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        mm = m["memory"]
+        for u in m["stage_utilisation"]:
+            rows.append(
+                [
+                    m["name"],
+                    str(u["stage"]),
+                    str(u["delay"]),
+                    _f(u["stash_bits"]),
+                    _f(u["weight_bits"]),
+                    _f(u["velocity_bits"]),
+                    _f(u["memory_bits"]),
+                ]
+            )
+        rows.append(
+            [
+                f"**{m['name']}**",
+                "all",
+                "",
+                _f(mm["stash_bits"]),
+                _f(mm["weight_bits"]),
+                _f(mm["velocity_bits"]),
+                _f(mm["memory_bits"]),
+            ]
+        )
+    out += [
+        _table(
+            ["model", "stage", "D_s", "stash bits", "weight bits", "velocity bits", "total"], rows
+        ),
+        "",
+        "Depth sweep (64→32×(S−1)→10, default formats, plans only): stash = Σ_s (D_s+1)·|x_s| "
+        "grows as S(S+1); weights linearly. See `memory_scaling.png`.",
+        "",
+    ]
+    rows = [
+        [
+            str(r["depth"]),
+            _f(r["stash_x_bits"]),
+            _f(r["analytic_stash_bits"]),
+            "yes" if r["stash_x_bits"] == r["analytic_stash_bits"] else "**no**",
+            _f(r["stash_bits"]),
+            _f(r["weight_bits"]),
+            _f(r["sequential_stash_bits"]),
+        ]
+        for r in res["memory_scaling"]
+    ]
+    out += [
+        _table(
+            [
+                "S",
+                "stash x bits (plan)",
+                "Σ(D_s+1)·bits(x_s)",
+                "equal",
+                "stash + mask bits",
+                "weight bits",
+                "sequential stash",
+            ],
+            rows,
+        ),
+        "",
+        "![memory vs depth](memory_scaling.png)",
+        "",
+        "![throughput](throughput.png)",
+        "",
+        "## Run times",
+        "",
+        _table(
+            ["phase", "seconds"],
+            [[k, f"{v:.1f}"] for k, v in meta["phases_s"].items()]
+            + [["total", f"{meta['run_s']:.1f}"]],
+        ),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def plot_throughput(res: dict[str, Any], path: Path) -> None:
+    """Bar chart (log scale): projected board samples/s, UART bound and CPU PyTorch per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = res["models"]
+    boards = list(models[0]["boards"]) if models else []
+    series: list[tuple[str, list[float]]] = []
+    for b in boards:
+        series.append((f"{b} @Fmax", [m["projected_samples_per_s"][b] or 0.0 for m in models]))
+    series.append(
+        ("UART bound", [m["boards"][boards[0]]["link_bound_samples_per_s"] for m in models])
+    )
+    series.append(("CPU PyTorch batch 1", [m["cpu_torch_samples_per_s"] for m in models]))
+    series.append(
+        ("golden model", [res["tools"][m["name"]]["golden_samples_per_s"] for m in models])
+    )
+    series.append(("RTL sim", [res["tools"][m["name"]]["rtl_samples_per_s"] for m in models]))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    w = 0.8 / len(series)
+    for k, (label, vals) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * w for i in range(len(models))]
+        ax.bar(xs, [v if v > 0 else float("nan") for v in vals], w, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(models)), [m["name"] for m in models])
+    ax.set_ylabel("training samples/s")
+    ax.set_title("Training throughput (missing bar: does not fit)")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def update_readme(res: dict[str, Any], readme: Path) -> None:
+    """Put the summary table into README's "Benchmarks" section (appended if absent)."""
+    meta = res["meta"]
+    block = "\n".join(
+        [
+            README_START,
+            f"Measured {meta['date'][:10]} on {meta['machine']['cpu']} ({meta['machine']['cores']}"
+            f" cores), {meta['mode']} run of `python benchmarks/run.py` "
+            f"({meta['run_s'] / 60:.0f} min); details in "
+            "[benchmarks/results.md](benchmarks/results.md).",
+            "",
+            summary_table(res),
+            README_END,
+        ]
+    )
+    text = readme.read_text()
+    if README_START in text and README_END in text:
+        pre, rest = text.split(README_START, 1)
+        post = rest.split(README_END, 1)[1]
+        text = pre + block + post
+    else:
+        text = text.rstrip("\n") + "\n\n## Benchmarks\n\n" + block + "\n"
+    readme.write_text(text)
+
+
+def write_outputs(res: dict[str, Any], out: Path) -> None:
+    """Write ``results.json``, ``results.md``, ``memory_scaling.png`` and ``throughput.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    (out / "results.md").write_text(render_markdown(res))
+    memory_scaling.plot(res["memory_scaling"], str(out / "memory_scaling.png"))
+    if res["models"]:
+        plot_throughput(res, out / "throughput.png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples, cached builds")
+    ap.add_argument("--json", default=None, help="write the results JSON here ('-' = stdout)")
+    ap.add_argument("--out", default=None, help="folder for results.{json,md} and PNGs")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
+    ap.add_argument("--boards", default=",".join(BOARDS), help="comma-separated boards")
+    ap.add_argument("--cache-dir", default=None, help="board report cache")
+    ap.add_argument("--no-board-builds", action="store_true", help="never run YoWASP builds")
+    ap.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None)
+    args = ap.parse_args(argv)
+    res = run(
+        args.quick,
+        tuple(m for m in args.models.split(",") if m),
+        tuple(b for b in args.boards.split(",") if b),
+        Path(args.cache_dir) if args.cache_dir else None,
+        board_builds=not args.no_board_builds,
+    )
+    out = args.out or (None if args.quick else str(HERE))
+    if out:
+        write_outputs(res, Path(out))
+        log(f"wrote {out}/results.json, results.md, PNGs")
+    if args.readme or (args.readme is None and not args.quick and out == str(HERE)):
+        update_readme(res, HERE.parent / "README.md")
+        log("updated README.md (Benchmarks)")
+    if args.json == "-":
+        print(json.dumps(res, indent=1, default=str))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
+    log(f"done in {res['meta']['run_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
