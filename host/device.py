@@ -485,7 +485,7 @@ class Device:
             return
         self._closed = True
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
         if self._transport is not None:
             self._transport.close()
         if self._bridge is not None:
@@ -571,9 +571,10 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     ``target``: ``sim`` | ``golden`` | ``reference`` | ``serial://PORT[?baud=N]`` |
     ``tcp://HOST:PORT``. ``shadow``: (link targets) feed a golden model the same stream, in a
     worker thread, for :meth:`Device.verify`. ``write_weights``: (link targets) start from the
-    model's weights. ``timeout``: link seconds per attempt (default 60 for ``sim``, 0.5
-    otherwise). ``progress``: progress bars (None: automatic). ``sim_options``: keyword
-    arguments of :class:`~pipetrain.sim.bridge.SimBridge`.
+    model's weights. ``timeout``: link seconds per attempt (default 60 for ``sim``, with 2
+    retries since TCP loses nothing; 0.5 otherwise, 50 retries). ``progress``: progress bars
+    (None: automatic). ``sim_options``: keyword arguments of
+    :class:`~pipetrain.sim.bridge.SimBridge`.
 
     Raises :class:`DeviceError` for an unknown target or a missing model,
     :class:`~pipetrain.host.transport.TransportError` when a link cannot be opened,
@@ -615,11 +616,12 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
 
             bridge = SimBridge(plan, **(sim_options or {})).start()
             transport = TcpTransport("127.0.0.1", bridge.port)
-            link_timeout = 60.0 if timeout is None else timeout
+            # TCP loses nothing: a timeout means a hung design, so give up after two retries
+            link_timeout, retries = (60.0 if timeout is None else timeout), 2
         else:
             transport = open_transport(target)
-            link_timeout = 0.5 if timeout is None else timeout
-        client = LinkClient(transport, plan, timeout=link_timeout)
+            link_timeout, retries = (0.5 if timeout is None else timeout), 50
+        client = LinkClient(transport, plan, timeout=link_timeout, max_retries=retries)
         client.hello()
         client.reset_counters()
         if write_weights and golden is not None:
