@@ -118,3 +118,20 @@ def test_compile_writes_the_verilog(tmp_path):
     )
     assert not any(f.endswith(".v") for f in inter.files)
     assert any("no Verilog written" in w for w in inter.warnings)
+
+
+def test_design_resources_count_the_lanes():
+    """One forward and one update multiplier per lane, plus the input-gradient one after stage
+    1, plus the loss unit's e·r; weight/velocity memories are L banks of row_groups·(N+1)."""
+    from pipetrain.hdl.resources import design_resources
+
+    plan, _, _ = tiny()
+    res = design_resources(plan)
+    expect = sum(s.lanes * (3 if s.input_gradient else 2) for s in plan.stages) + 1
+    assert len(res.variable_multipliers) == expect == 2 * 2 + 3 * 3 + 2 * 3 + 1
+    wu = sum(m.bits for m in res.memories if m.path.split("/")[-1][:1] in "wu")
+    assert wu == sum(
+        s.lanes * s.row_groups * (s.in_features + 1) * (s.formats.w.bits + s.formats.u.bits)
+        for s in plan.stages
+    )
+    assert res.memory_bits > wu  # stash, masks, error buffers, loss unit, result FIFO
