@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,25 @@ def test_main_job_defaults(tmp_path):
     assert report["device_samples"] == report["train_samples"] >= 1437
     assert abs(report["float_test_accuracy"] - report["test_accuracy"]) <= 0.02
     assert set(torch.load(out, weights_only=True)) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+def test_bridge_serves_frames_split_across_writes(compiled):
+    """A frame that arrives in pieces (TCP segments, junk before it) is still one command."""
+    from pipetrain.host.protocol import Cmd, Frame, FrameDecoder, encode_frame
+    from pipetrain.host.transport import TcpTransport
+
+    result, _ = compiled
+    with bridge.SimBridge(result.plan) as sim:
+        tr = TcpTransport("127.0.0.1", sim.port)
+        wire = encode_frame(Frame(Cmd.HELLO, 5))
+        tr.write(b"\x00\xa5\x13" + wire[:4])
+        time.sleep(0.3)  # the simulator runs on (busy, inside a frame) and polls again
+        tr.write(wire[4:])
+        dec, frames = FrameDecoder(), []
+        deadline = time.monotonic() + 30
+        while not frames and time.monotonic() < deadline:
+            frames += dec.feed(tr.read(1.0))
+        tr.close()
+    assert [(f.type, f.seq) for f in frames] == [(0x80 | Cmd.HELLO, 5)]
+    assert frames[0].payload[:8] == bytes.fromhex(result.plan.hash)
+    assert sim.stats is not None and sim.stats["bytes_in"] == len(wire) + 3
