@@ -141,6 +141,7 @@ def _fake_results() -> dict:
         "loadavg_start": (1.0, 1.0, 1.0),
         "loadavg_end": (1.0, 1.0, 1.0),
         "phases_s": {"rtl_sim": 10.0},
+        "cold_extra_s": {"verilator_builds": 100.0, "board_builds": 400.0},
     }
     return {
         "meta": meta,
