@@ -16,7 +16,7 @@ the activation derivative, ``ŵ``); S2 multiplies; S3 accumulates, forms ``U`` a
 (and ``w'`` without SC) and draws random bits; S4 finalises the forward outputs and writes
 back (S5 with SC: ``V`` and ``w'``). A pass therefore takes ``row_groups·(N+1) + depth``
 cycles, ``depth = 5`` (6 with SC) including the cycle the start pulse arrives
-(:func:`pass_cycles`).
+(:func:`pipetrain.compiler.build.pass_cycles`).
 
 Memories (all ``amaranth.lib.memory`` with synchronous reads):
 
@@ -36,11 +36,12 @@ arithmetic). The stash sizing and the pipeline are *derived* (see above).
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..compiler.build import PASS_LATENCY, pass_cycles
 from ..compiler.plan import Plan, Stage
 from .arith import align, const_mul, rhu, round_upd, sat
 from .lfsr import LFSR
@@ -48,16 +49,12 @@ from .lfsr import LFSR
 __all__ = ["StageUnit", "pass_cycles", "PASS_DEPTH", "stash_entries"]
 
 #: Pipeline cycles a pass needs after its last slot is issued (without / with SC), counting
-#: the start-pulse cycle: start → S0 … write stage → done.
-PASS_DEPTH = {False: 5, True: 6}
+#: the start-pulse cycle: start → S0 … write stage → done. The plan's estimates use the same
+#: numbers (``compiler.build.PASS_LATENCY``, :func:`~pipetrain.compiler.build.pass_cycles`);
+#: the tests check the measured tick against the plan.
+PASS_DEPTH = {False: PASS_LATENCY, True: PASS_LATENCY + 1}
 
 SAT_MAX = (1 << 32) - 1
-
-
-def pass_cycles(stage: Stage) -> int:
-    """Cycles from a stage's start pulse until ``done`` is high again (derived from the
-    pipeline above): ``row_groups·(N+1) + depth``."""
-    return stage.cycles_per_tick + PASS_DEPTH[stage.update.sc]
 
 
 def stash_entries(stage: Stage) -> int:
@@ -65,7 +62,7 @@ def stash_entries(stage: Stage) -> int:
     return stage.stash_depth + 1
 
 
-def _popcount_sum(flags: list) -> object:
+def _popcount_sum(flags: list) -> Value:
     total = Const(0, 1)
     for f in flags:
         total = total + f
