@@ -18,7 +18,8 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    this CPU trains the same model at batch 1 with ``torch.optim.SGD`` (best of 1 thread and the
    default threads), and the ratio. Board builds are cached by plan hash + board
    (:mod:`board_cache`); ``--quick`` reuses cached reports even when built from older HDL and
-   builds only missing ones (``--no-board-builds``: none).
+   builds only missing ones (``--no-board-builds``: none); a full run also rebuilds reports
+   made from older HDL unless ``--reuse-stale-boards`` (they are then marked).
 3. **Tool speed** — Verilog generation, Verilator build (rebuilt and timed in a full run; the
    recorded time of the cached build with ``--quick``), RTL simulation cycles/s and samples/s,
    golden model and reference trainer samples/s.
@@ -72,7 +73,7 @@ class Settings:
         other HDL (full run).
     """
 
-    def __init__(self, quick: bool, board_builds: bool = True) -> None:
+    def __init__(self, quick: bool, board_builds: bool = True, reuse_stale: bool = False) -> None:
         self.quick = quick
         self.rtl_samples = 64 if quick else 300
         self.seq_samples = 24 if quick else 100
@@ -82,7 +83,7 @@ class Settings:
         self.fresh_verilator = not quick
         self.verilog_all = not quick
         self.board_build = board_builds
-        self.board_current = not quick
+        self.board_current = not quick and not reuse_stale
 
 
 def log(msg: str) -> None:
@@ -269,9 +270,14 @@ def run(
     cache_dir: Path | None = None,
     board_builds: bool = True,
     depths: range | list[int] = range(2, 17),
+    reuse_stale: bool = False,
 ) -> dict[str, Any]:
-    """Run every measurement; return the results dict (the ``--json`` payload)."""
-    st = Settings(quick, board_builds)
+    """Run every measurement; return the results dict (the ``--json`` payload).
+
+    ``board_builds=False`` never runs YoWASP (missing reports stay missing); ``reuse_stale``
+    keeps board reports built from older HDL in a full run (``--quick`` always does).
+    """
+    st = Settings(quick, board_builds, reuse_stale)
     timer = _Timer()
     t0 = time.perf_counter()
     load0 = os.getloadavg()
@@ -779,6 +785,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--boards", default=",".join(BOARDS), help="comma-separated boards")
     ap.add_argument("--cache-dir", default=None, help="board report cache")
     ap.add_argument("--no-board-builds", action="store_true", help="never run YoWASP builds")
+    ap.add_argument(
+        "--reuse-stale-boards",
+        action="store_true",
+        help="full run: keep board reports built from older HDL (marked) instead of rebuilding",
+    )
     ap.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None)
     args = ap.parse_args(argv)
     res = run(
@@ -787,6 +798,7 @@ def main(argv: list[str] | None = None) -> None:
         tuple(b for b in args.boards.split(",") if b),
         Path(args.cache_dir) if args.cache_dir else None,
         board_builds=not args.no_board_builds,
+        reuse_stale=args.reuse_stale_boards,
     )
     out = args.out or (None if args.quick else str(HERE))
     if out:
