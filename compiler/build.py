@@ -77,6 +77,10 @@ MAX_DATA_BITS = 32
 MAX_WEIGHT_BITS = 40
 
 
+#: TrainConfig fields that only steer the host's stream and so stay out of the plan (and its hash).
+HOST_ONLY_SETTINGS = ("epochs",)
+
+
 class PlanError(ValueError):
     """The requested design is invalid or does not fit; the message gives the numbers."""
 
@@ -614,7 +618,9 @@ def build_plan(
             f"stage {worst.index} ({worst.name}) with {worst.memory_bits} bits; use narrower "
             "formats, a smaller network or a shorter delay (schedule/strategy)"
         )
-    train = config.to_dict() | {"lr1": config.lr1, "momentum1": config.momentum1}
+    # The plan is the hardware's identity: how long the host streams (epochs) is not part of it.
+    train = {k: v for k, v in config.to_dict().items() if k not in HOST_ONLY_SETTINGS}
+    train |= {"lr1": config.lr1, "momentum1": config.momentum1}
     return Plan(
         version=PLAN_VERSION,
         name=ir.name,
