@@ -709,6 +709,12 @@ def plot_throughput(res: dict[str, Any], path: Path) -> None:
     for b in boards:
         series.append((f"{b} @Fmax", [m["projected_samples_per_s"][b] or 0.0 for m in models]))
     series.append(
+        (
+            f"{boards[0]} @board clock",
+            [m["boards"][boards[0]].get("board_clock_samples_per_s") or 0.0 for m in models],
+        )
+    )
+    series.append(
         ("UART bound", [m["boards"][boards[0]]["link_bound_samples_per_s"] for m in models])
     )
     series.append(("CPU PyTorch batch 1", [m["cpu_torch_samples_per_s"] for m in models]))
@@ -716,7 +722,7 @@ def plot_throughput(res: dict[str, Any], path: Path) -> None:
         ("golden model", [res["tools"][m["name"]]["golden_samples_per_s"] for m in models])
     )
     series.append(("RTL sim", [res["tools"][m["name"]]["rtl_samples_per_s"] for m in models]))
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    fig, ax = plt.subplots(figsize=(10.5, 4.2))
     w = 0.8 / len(series)
     for k, (label, vals) in enumerate(series):
         xs = [i + (k - (len(series) - 1) / 2) * w for i in range(len(models))]
@@ -724,9 +730,9 @@ def plot_throughput(res: dict[str, Any], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(len(models)), [m["name"] for m in models])
     ax.set_ylabel("training samples/s")
-    ax.set_title("Training throughput (missing bar: does not fit)")
+    ax.set_title("Training throughput (missing bar: does not fit or not built)")
     ax.grid(axis="y", alpha=0.3, which="both")
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
