@@ -98,7 +98,9 @@ def board_result(
     the record), ``reason`` (text, when it does not fit or failed), ``synth`` (synthesised
     hard blocks vs available, synthesis failures), ``hdl_hash`` (the HDL the record was built
     from), ``cached`` (this call reused it), ``stale`` (``hdl_hash`` differs from the current
-    HDL).
+    HDL), ``plan_changed`` (the current plan hash, when the record was made for another plan
+    hash of the same model, board, lanes and resource totals — reused only when not building
+    for current HDL).
 
     ``build=False`` never runs the toolchain (a missing record gives ``status: missing``);
     ``require_current_hdl`` rebuilds a record made from other HDL. Build folders are
@@ -135,6 +137,16 @@ def board_result(
         stale = rec.get("hdl_hash") != hdl
         if not (stale and require_current_hdl and build):
             return rec | {"cached": True, "stale": stale}
+    elif not (require_current_hdl and build):
+        # the plan hash also changes with fields the hardware ignores (e.g. the format of the
+        # training settings): reuse a report of the same model, board, lanes and resource
+        # totals, marked stale
+        fit = fit_rows(plan, board)
+        for other in sorted(cache.glob(f"*-{board.name}.json")):
+            rec = json.loads(other.read_text())
+            if rec.get("model") == model and rec.get("lanes") == base["lanes"]:
+                if rec.get("fit") == fit:
+                    return rec | {"cached": True, "stale": True, "plan_changed": plan.hash}
     if not build:
         return base | {
             "fits": None,

@@ -348,7 +348,7 @@ def _board_cell(rec: dict[str, Any], short: bool = False) -> str:
     if short and rec.get("status") in ("no_fit_plan", "no_fit_synth"):
         return "does not fit"
     if rec.get("status") == "built":
-        return f"{rec['fmax_mhz']:.1f} MHz" + ("" if not rec.get("stale") else " (older HDL)")
+        return f"{rec['fmax_mhz']:.1f} MHz" + ("" if not rec.get("stale") else " (older HDL/plan)")
     if rec.get("status") in ("no_fit_plan", "no_fit_synth"):
         rows = rec.get("synth") or rec.get("fit") or {}
         over = [

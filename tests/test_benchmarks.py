@@ -168,3 +168,33 @@ def test_markdown_and_readme_section(tmp_path: Path) -> None:
     bench.write_outputs(res, tmp_path / "out")
     assert (tmp_path / "out" / "throughput.png").stat().st_size > 1000
     assert json.loads((tmp_path / "out" / "results.json").read_text())["models"][0]["stages"] == 2
+
+
+def test_board_result_reuses_a_report_of_the_same_hardware(tmp_path: Path) -> None:
+    from pipetrain.hdl.boards import get_board
+    from pipetrain.host.cmd_build import plan_for_board
+
+    board = get_board("ulx3s-85f")
+    plan = plan_for_board("mlp-digits", board)
+    old = {
+        "model": "mlp-digits",
+        "board": board.name,
+        "plan_hash": "0" * 16,  # an earlier plan hash of the same hardware
+        "lanes": [s.lanes for s in plan.stages],
+        "fit": board_cache.fit_rows(plan, board),
+        "status": "built",
+        "fits": True,
+        "fmax_mhz": 50.0,
+        "clock_mhz": 25.0,
+        "hdl_hash": "old",
+    }
+    (tmp_path / "boards").mkdir()
+    (tmp_path / "boards" / f"{'0' * 16}-{board.name}.json").write_text(json.dumps(old))
+    rec = board_cache.board_result("mlp-digits", board.name, cache_dir=tmp_path, build=False)
+    assert rec["fmax_mhz"] == 50.0 and rec["stale"] and rec["plan_changed"] == plan.hash
+    # other lanes (other hardware) are not reused
+    (tmp_path / "boards" / f"{'0' * 16}-{board.name}.json").write_text(
+        json.dumps(old | {"lanes": [1, 1]})
+    )
+    rec = board_cache.board_result("mlp-digits", board.name, cache_dir=tmp_path, build=False)
+    assert rec["status"] == "missing"
