@@ -358,6 +358,8 @@ def _board_cell(rec: dict[str, Any], short: bool = False) -> str:
         ]
         where = "synthesis" if rec["status"] == "no_fit_synth" else "plan"
         return f"does not fit ({where}: {', '.join(over)} needed/available)"
+    if rec.get("status") == "missing":
+        return "not built yet"
     return rec.get("status", "?")
 
 
