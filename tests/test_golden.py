@@ -96,9 +96,17 @@ def test_oracle_cases_exercise_saturation():
     assert g.saturations > 0
 
 
-def loss_model(loss: str) -> GoldenModel:
+def loss_model(loss: str, fl: int | None = None) -> GoldenModel:
+    """A one-stage golden model; ``fl`` rebuilds the exp LUT with that index step."""
     ir = NetworkIR("l", 2, (LayerIR("0", 2, 3),), loss)
-    return GoldenModel(build_plan(ir, TrainConfig(loss=loss)), nn.Sequential(nn.Linear(2, 3)))
+    plan = build_plan(ir, TrainConfig(loss=loss))
+    if fl is not None:
+        fe = plan.loss.exp_frac
+        lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(16 << fl))
+        plan = dataclasses.replace(
+            plan, loss=dataclasses.replace(plan.loss, exp_lut_frac=fl, exp_lut=lut)
+        )
+    return GoldenModel(plan, nn.Sequential(nn.Linear(2, 3)))
 
 
 def test_cross_entropy_loss_unit_hand_example():
@@ -109,7 +117,7 @@ def test_cross_entropy_loss_unit_hand_example():
     p = rhu(e·r, 15) = (39567, 23999, 1969); δ = rhu(p, 2) − onehot·2^14
     = (9892, 6000 − 16384, 492). Float softmax·2^14 = (9891.6, −10383.6, 492.0).
     """
-    g = loss_model("cross_entropy")
+    g = loss_model("cross_entropy", fl=3)
     assert g.loss.exp_lut[:1] == (32768,) and g.loss.exp_lut[4] == 19875
     assert g.loss.exp_lut[24] == 1631
     z = torch.tensor([1024, 512, -2048])
@@ -121,6 +129,19 @@ def test_cross_entropy_loss_unit_hand_example():
     pred, _, delta = g.loss_unit(torch.tensor([5 << 10, 5 << 10, -(30 << 10)]), torch.tensor(2))
     assert int(pred) == 0 and delta.tolist() == [8192, 8192, -16384]
     assert g.stage_saturations == [0, 0]
+
+
+def test_default_exp_lut_step_bounds_the_softmax_term_error():
+    """The plan's LUT steps by 2^−5 in t: index rounding moves t by ≤ 2^−6, so each e_j is within
+    e^(1/64) − 1 < 1.6 % of exp(−t) (plus 2^−15 absolute quantisation)."""
+    g = loss_model("cross_entropy")
+    fl, fe = g.loss.exp_lut_frac, g.loss.exp_frac
+    assert fl == 5 and len(g.loss.exp_lut) == 16 << fl
+    fy = g.loss.z.frac
+    for t in range(0, 16 << fy, 7):  # every 7th logit gap in Q.fy up to 16
+        idx = min((t + (1 << (fy - fl - 1))) >> (fy - fl), len(g.loss.exp_lut) - 1)
+        exact = math.exp(-t / 2**fy) * 2**fe
+        assert abs(g.loss.exp_lut[idx] - exact) <= exact * (math.exp(2**-6) - 1) + 0.5 + 1e-9
 
 
 def test_mse_loss_unit_hand_example():
