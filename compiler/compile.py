@@ -170,12 +170,12 @@ def compile_result(
             ds = load_data(data)
             if ds.features != ir.in_features:
                 raise PlanError(
-                    f"calibration data {ds.name!r} has {ds.features} features but model "
+                    f"data {ds.name!r} has {ds.features} features but model "
                     f"{name!r} takes {ir.in_features} inputs"
                 )
             if ds.classes > ir.classes:
                 raise PlanError(
-                    f"calibration data {ds.name!r} has {ds.classes} classes but model "
+                    f"data {ds.name!r} has {ds.classes} classes but model "
                     f"{name!r} has {ir.classes} outputs"
                 )
             spec = auto_formats(

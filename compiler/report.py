@@ -119,10 +119,12 @@ def totals_text(plan: Plan) -> str:
     slowest = max(plan.stages, key=lambda s: s.cycles_per_tick)
     losses = [plan.loss, *plan.head_losses]
     loss_cycles = max(lu.cycles for lu in losses)
-    overhead = plan.tick_cycles - slowest.cycles_per_tick - loss_cycles
+    last = plan.main_stages[-1]
     lines = [
-        f"tick: {plan.tick_cycles} cycles = slowest stage {slowest.index} "
-        f"({slowest.cycles_per_tick}) + loss unit ({loss_cycles}) + overhead ({overhead})",
+        f"tick: {plan.tick_cycles} cycles, the longer of the slowest stage's pass "
+        f"(stage {slowest.index}: {slowest.cycles_per_tick} cycles) and the last stage's pass "
+        f"followed by the loss unit ({last.cycles_per_tick} + {loss_cycles} cycles), plus the "
+        "pass latency and tick control",
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
         f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) in "
@@ -151,7 +153,7 @@ def format_table(plan: Plan) -> str:
                     t,
                     str(f),
                     f.bits,
-                    f"{f.max_value:.6g}",
+                    f"{f.max_value:.10g}",
                     "–" if seen is None else f"{seen:.6g}",
                     "–" if not seen else f"{f.max_value / seen:.2f}",
                 )

@@ -430,7 +430,7 @@ def deploy_bitstream(
 def deploy_cmd(
     bitstream: str, board_name: str, flash: bool, dry_run: bool, json_out: str | None
 ) -> None:
-    """Load BITSTREAM onto a board (openFPGALoader for ULX3S, iceprog for iCEBreaker)."""
+    """Load BITSTREAM onto a board (openFPGALoader; iceprog for iCEBreaker when installed)."""
     board = get_board(board_name)
     result = deploy_bitstream(board, bitstream, flash=flash, dry_run=dry_run)
     info(shlex.join(result["command"]), json_out)

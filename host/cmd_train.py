@@ -163,6 +163,12 @@ def run_training(
     _check_target(target)
     _check_sizes(result, ds)
     t_wall = time.perf_counter()
+    if target == "sim":
+        click.echo(
+            "starting the RTL simulation (Verilator; the first run of a design builds it, "
+            "about a minute)…",
+            err=True,
+        )
     dev = open(result, target, shadow=verify and target == "sim", progress=progress)
     with dev:
         rep = dev.train(ds.x_train, ds.y_train, epochs=epochs)

@@ -75,7 +75,12 @@ def load_npz(path: str | Path) -> Dataset:
     try:
         arrays = np.load(path, allow_pickle=False)
     except Exception as exc:
-        raise DataError(f"{str(path)!r} is not a readable .npz file: {exc}") from exc
+        raise DataError(
+            f"{str(path)!r} is not a readable .npz file (write one with numpy.savez(path, "
+            f"x_train=..., y_train=..., x_test=..., y_test=...)): {type(exc).__name__}"
+        ) from exc
+    if not hasattr(arrays, "files"):  # a plain .npy array, not an archive
+        raise DataError(f"{str(path)!r} holds a single array, not an .npz archive of four arrays")
     need = ("x_train", "y_train", "x_test", "y_test")
     missing = [k for k in need if k not in arrays.files]
     if missing:
