@@ -148,16 +148,26 @@ def verilog_time(plan: Plan) -> dict[str, Any]:
 def verilator_build_time(verilog: str, fresh: bool) -> dict[str, Any]:
     """Verilator build time of ``verilog`` (the network top), cached by its content hash.
 
-    ``fresh``: rebuild now and time it (reuses Verilator's prebuilt runtime objects, as every
-    build does); otherwise report the ``build_s`` recorded when the cached build was made
-    (``measured_now: False``). Returns ``{"verilator_build_s", "measured_now"}``.
+    ``fresh``: rebuild now and time it, without ccache (reuses Verilator's prebuilt runtime
+    objects, as every build does); otherwise report the ``build_s`` recorded when the cached
+    build was made (``measured_now: False``). Returns ``{"verilator_build_s", "measured_now"}``.
     """
     import json
+    import os
 
     from pipetrain.sim.tb.network import TOPLEVEL
     from pipetrain.sim.verilator import build_verilog
 
-    b = build_verilog(verilog, TOPLEVEL, rebuild=fresh)
+    saved = os.environ.get("OBJCACHE")
+    if fresh:
+        os.environ["OBJCACHE"] = ""  # time the C++ compile itself, not ccache hits
+    try:
+        b = build_verilog(verilog, TOPLEVEL, rebuild=fresh)
+    finally:
+        if saved is None:
+            os.environ.pop("OBJCACHE", None)
+        else:
+            os.environ["OBJCACHE"] = saved
     if not b.cached:
         return {"verilator_build_s": b.build_s, "measured_now": True}
     stamp = json.loads((b.directory / ".complete").read_text())

@@ -608,7 +608,8 @@ def render_markdown(res: dict[str, Any]) -> str:
         "",
         "RTL sim: cocotb + Verilator, free-running streams; whole run includes the weight "
         "load and read-back through the per-word access port. Verilator build: Verilog → "
-        'C++ → binary with the prebuilt runtime objects ("cached": recorded when the cached '
+        "C++ → binary (no ccache) with the prebuilt runtime objects "
+        '("cached": recorded when the cached '
         "build was made). Golden: the bit-exact fixed-point model (int64 PyTorch); reference: "
         "the float PB trainer.",
         "",
