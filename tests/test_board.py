@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from amaranth.sim import Simulator
 from click.testing import CliRunner
-from pipetrain.compiler.build import build_plan
+from pipetrain.compiler.build import ICE40_BLOCK_RAM_CONFIGS, build_plan, memory_blocks
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.hdl.board import BoardTop, Loopback
@@ -54,7 +54,9 @@ def test_unknown_board_lists_known_ones() -> None:
 def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
     plan = build_plan(MLP_DIGITS, TrainConfig())
     rows = check_fit(plan, BOARDS["ulx3s-85f"])
-    assert rows["multipliers"] == {"needed": plan.multipliers, "available": 156}
+    # 18×18 blocks: stage 1 (no input gradient) 7 per lane, stage 2 9, loss unit 1
+    assert rows["multipliers"] == {"needed": 7 + 9 + 1, "available": 156}
+    assert plan.multipliers == 7  # datapath multipliers, one each whatever their width
     assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
     blocks = sum(s.memory_blocks for s in plan.stages)
     assert rows["memory_block_bits"]["needed"] == blocks * 18_432
@@ -63,16 +65,35 @@ def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
 def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     # 2 080 weights × (24 + 24) bits in stage 1 alone need more than the 30 EBRs (120 Kib)
     plan = build_plan(MLP_DIGITS, TrainConfig())
-    blocks = sum(s.memory_blocks for s in plan.stages)
+    ebr = memory_blocks(plan, ICE40_BLOCK_RAM_CONFIGS)
     with pytest.raises(BoardFitError) as e:
         check_fit(plan, BOARDS["icebreaker"])
     msg = str(e.value)
-    assert f"{blocks} block RAMs of 18 Kib needed ({blocks * 18_432} bits)" in msg
-    assert "122880 bits available" in msg
-    # with SPRAM usable (a single-port-aware design) the same plan fits
-    assert check_fit(plan, BOARDS["icebreaker"], use_spram=True)["memory_bits"]["available"] == (
-        122_880 + 1_048_576
+    # counted in 4 Kib EBRs: stage 1's 2 080 × 24-bit weights and velocities take 15 each
+    # (512×8: 5 × 3), stage 2's 330 × 24 3 each, stashes 1 + 2 + 1 + 1 (the 18 Kib count: 16)
+    assert (
+        ebr == 15 + 15 + 1 + 2 + 3 + 3 + 1 + 1 == 41
+        and f"{ebr} block RAMs of 4 Kib needed ({ebr * 4096} bits)" in msg
     )
+    assert "122880 bits available" in msg
+    assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
+    # 16×16 SB_MAC16: the 25×17 forward and 35×17 update products take 2 and 3 blocks
+    assert "23 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
+    # with SPRAM usable (a single-port-aware design) the memory fits; the multipliers do not
+    with pytest.raises(BoardFitError) as e2:
+        check_fit(plan, BOARDS["icebreaker"], use_spram=True)
+    assert e2.value.rows["memory_bits"]["available"] == 122_880 + 1_048_576
+    assert "memory" not in str(e2.value) and "23 multipliers needed" in str(e2.value)
+
+
+def test_plan_for_board_checks_its_one_lane_fallback() -> None:
+    from pipetrain.host.cmd_build import plan_for_board
+
+    # the default lanes are too many for the iCEBreaker and so is the one-lane fallback
+    with pytest.raises(BoardFitError, match="multipliers needed, 8 available") as e:
+        plan_for_board("mlp-digits", BOARDS["icebreaker"])
+    assert [s.lanes for s in e.value.plan.stages] == [1, 1]
+    assert e.value.rows["multipliers"] == {"needed": 23, "available": 8}
 
 
 def test_fit_error_names_every_resource() -> None:
