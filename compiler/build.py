@@ -35,6 +35,12 @@ __all__ = [
     "stage_slots",
     "fewest_lanes",
     "map_memory",
+    "map_spram",
+    "spram_blocks",
+    "csd",
+    "shift_add",
+    "pass_cycles",
+    "write_stage",
     "multipliers_per_lane",
     "multiplier_operands",
     "multiplier_blocks",
@@ -62,7 +68,16 @@ PASS_LATENCY = 5
 TICK_OVERHEAD = 2
 #: Widest update sum the golden model (int64) and the HDL support.
 MAX_SUM_BITS = 62
+#: Significant bits of the update constants (momentum, learning rate, SC coefficients) by
+#: default; a board with few multipliers asks for fewer (``build_plan(const_bits=…)``) so that
+#: the constants become shifts or short shift-add chains (:data:`SHIFT_ADD_MAX_TERMS`).
 CONST_MANTISSA_BITS = 18
+#: A constant whose canonical signed-digit form (:func:`csd`) has at most this many non-zero
+#: digits is multiplied by shifts and adders (``hdl.arith.const_mul``), not by a multiplier.
+#: *Derived*: two adders of ~20 bits are ~40 LUTs, cheaper than a DSP block on every family.
+SHIFT_ADD_MAX_TERMS = 3
+#: Depth and width of one iCE40 UltraPlus SB_SPRAM256KA (16 K × 16 bits, single port).
+SPRAM_CONFIG = (16384, 16)
 SLOPE_FRAC = 16
 BLOCK_RAM_BITS = 18 * 1024
 #: Aspect ratios (words, bits) of one 18 Kib block RAM in simple-dual-port mode (Xilinx RAMB18,
@@ -95,6 +110,32 @@ class PlanError(ValueError):
 
 class PlanWarning(UserWarning):
     """The design is valid but wasteful (e.g. many idle lane slots); the message says why."""
+
+
+def map_spram(name: str, banks: int, depth: int, width: int) -> MemoryMap:
+    """Map ``banks`` single-port banks of ``depth`` × ``width`` bits onto iCE40 UltraPlus
+    SPRAMs (:data:`SPRAM_CONFIG`, 16 K × 16): ⌈depth/16K⌉·⌈width/16⌉ per bank."""
+    d, w = SPRAM_CONFIG
+    per = -(-depth // d) * -(-width // w)
+    return MemoryMap(name, banks, depth, width, d, w, per, banks * per, "spram")
+
+
+def _check_single_port(where: str, lanes: int, words: int, f: StageFormats, lwp_w: bool) -> None:
+    """Raise :class:`PlanError` unless a stage's weights can live in SPRAMs (one lane, at most
+    16 K words; ⌈bits/16⌉ SPRAMs side by side per memory)."""
+    d = SPRAM_CONFIG[0]
+    problems = []
+    if lanes != 1:
+        problems.append(f"{lanes} lanes (single-port memories take one lane)")
+    if words > d:
+        problems.append(f"{words} words per bank (> {d})")
+    if lwp_w:
+        problems.append("LWP w form (a third weight memory)")
+    if problems:
+        raise PlanError(
+            f"{where}: single-port (SPRAM) weight memories need one lane and ≤ {d} words "
+            "per memory; this stage has " + ", ".join(problems)
+        )
 
 
 @dataclass(frozen=True)
@@ -161,9 +202,21 @@ def loss_cycles(kind: str, classes: int, exp_frac: int, recip_frac: int) -> int:
     return 3 * classes + recip_frac + 7
 
 
+def write_stage(sc: bool, slot_cycles: int) -> int:
+    """Pipeline stage of the weight write-back in ``hdl/stage.py``: 4 (5 with Spike
+    Compensation); with single-port weight memories (``slot_cycles`` = 2: a read every other
+    cycle) the write must land on the cycles between reads, an odd distance from the read, so
+    an even write stage gets one more register (derived)."""
+    ws = PASS_LATENCY - 1 + (1 if sc else 0)
+    return ws + 1 if slot_cycles == 2 and ws % 2 == 0 else ws
+
+
 def pass_cycles(stage: Stage) -> int:
-    """Cycles of one fused pass of ``stage``: its slots plus the pipeline latency (derived)."""
-    return stage.cycles_per_tick + PASS_LATENCY + (1 if stage.update.sc else 0)
+    """Cycles of one fused pass of ``stage``: the issue of its ``cycles_per_tick`` slots, one
+    every ``slot_cycles`` cycles, plus the pipeline latency up to the write-back (derived:
+    ``hdl/stage.py``; the tests compare the measured tick with the plan)."""
+    s = stage.slot_cycles
+    return s * (stage.cycles_per_tick - 1) + 2 + write_stage(stage.update.sc, s)
 
 
 def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) -> int:
@@ -199,12 +252,18 @@ def _signed_bits_of_const(c: Const) -> int:
 
 
 def _update_constants(
-    cfg: TrainConfig, delay: int, fmt_x: QFormat, fmt_d: QFormat, fmt_w: QFormat, fmt_u: QFormat
+    cfg: TrainConfig,
+    delay: int,
+    fmt_x: QFormat,
+    fmt_d: QFormat,
+    fmt_w: QFormat,
+    fmt_u: QFormat,
+    const_bits: int = CONST_MANTISSA_BITS,
 ) -> UpdateConstants:
     lr, m, wd = cfg.lr1, cfg.momentum1, cfg.weight_decay
     sc = "sc" in cfg.mitigation
     a, b = spike_compensation(m, delay) if sc else (1.0, 0.0)
-    mk = lambda r: Const.normalised(r, CONST_MANTISSA_BITS)  # noqa: E731
+    mk = lambda r: Const.normalised(r, const_bits)  # noqa: E731
     c_m, c_lr, c_lrwd = mk(m), mk(lr), mk(lr * wd)
     c_a, c_b, c_bwd = mk(a), mk(b * lr), mk(b * lr * wd)
     fw = fmt_w.frac
@@ -249,33 +308,70 @@ def multipliers_per_lane(input_gradient: bool, sc: bool) -> int:
     return (3 if input_gradient else 2) + (2 if sc else 1)
 
 
+def csd(value: int) -> tuple[tuple[int, int], ...]:
+    """Canonical signed-digit (non-adjacent) form of an integer: ``((shift, sign), …)`` from the
+    least significant digit, sign ±1, with ``Σ sign·2^shift = value`` and the fewest non-zero
+    digits (no two adjacent). Source: Reitwiesner (1960), the standard recoding for
+    shift-add constant multipliers."""
+    out = []
+    n, k = int(value), 0
+    while n:
+        if n & 1:
+            d = 2 - (n & 3)
+            n -= d
+            out.append((k, d))
+        n >>= 1
+        k += 1
+    return tuple(out)
+
+
+def shift_add(value: int) -> bool:
+    """Whether ``hdl.arith.const_mul`` multiplies by ``value`` with shifts and adders (at most
+    :data:`SHIFT_ADD_MAX_TERMS` signed digits, :func:`csd`) rather than a multiplier."""
+    return len(csd(value)) <= SHIFT_ADD_MAX_TERMS
+
+
 def _const_mul(value: int, operand_bits: int) -> tuple[tuple[tuple[int, int], ...], int]:
     """Multipliers and result width of ``hdl.arith.const_mul(value, v)`` for a signed
-    ``operand_bits``-wide ``v``: none for 0, 1 and positive powers of two (a shift), else one
-    constant × signal product. The constant's width is counted without its trailing zeros
-    (Yosys shifts them out: an even 19-bit constant needs one SB_MAC16 fewer on iCE40)."""
+    ``operand_bits``-wide ``v``: none for 0 and for constants of at most
+    :data:`SHIFT_ADD_MAX_TERMS` signed digits (shifts and adders), else one constant × signal
+    product. The constant's width is counted without its trailing zeros (Yosys shifts them
+    out: an even 19-bit constant needs one SB_MAC16 fewer on iCE40)."""
     if value == 0:
         return (), 1
-    if value == 1:
-        return (), operand_bits
-    if value > 0 and value & (value - 1) == 0:
-        return (), operand_bits + value.bit_length() - 1
+    if shift_add(value):
+        top = max(k for k, _ in csd(value))
+        return (), operand_bits + top + 1 + (1 if value < 0 else 0)
     width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
     odd = value >> ((value & -value).bit_length() - 1)
     odd_width = odd.bit_length() + 1 if odd >= 0 else (-odd - 1).bit_length() + 1
     return ((odd_width, operand_bits),), width + operand_bits
 
 
+def x_operand_bits(fx: QFormat) -> int:
+    """Width (bits, signed) of the stage input operand of the forward and update products:
+    the stashed ``x`` or the bias input ``2^x.frac`` (one more bit when the bias does not fit
+    ``x``'s signed range; derived, ``hdl/stage.py``)."""
+    return fx.bits if fx.frac <= fx.bits - 2 else fx.bits + 1
+
+
+def forward_weight_bits(fw: QFormat, lwp_horizon: int) -> int:
+    """Width (bits, signed) of the forward weight ``ŵ``: ``w`` itself, or ``w − H·u`` with
+    Linear Weight Prediction (derived, ``hdl/stage.py``)."""
+    return fw.bits + lwp_horizon.bit_length() + 1 if lwp_horizon else fw.bits
+
+
 def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     """Operand widths (bits, signed) of the multipliers that ``hdl/stage.py`` instantiates for
     ONE lane of ``stage`` (derived from the HDL; every lane has the same list):
 
-    - forward MAC ``ŵ · x``: (w bits + bitlen(H) + 1, x bits + 1), H = LWP horizon;
+    - forward MAC ``ŵ · x``: (:func:`forward_weight_bits`, :func:`x_operand_bits`);
     - input-gradient MAC ``w · d`` (stages with ``input_gradient``): (w bits, d bits);
     - LWP ``H · u``; leaky-ReLU slope × error and × output (constants);
     - update: momentum × u, (lr × d) × x, lr·wd × w; with Spike Compensation also a × u,
-      (b·lr × d) × x, b·lr·wd × w — zero constants drop their term, 1 and powers of two are
-      shifts (``hdl.arith.const_mul``).
+      (b·lr × d) × x, b·lr·wd × w — zero constants drop their term, constants of few signed
+      digits are shifts and adders (:func:`shift_add`, ``hdl.arith.const_mul``), and then the
+      learning-rate product is formed as lr × (d × x), one d × x multiplier.
     """
     f, up = stage.formats, stage.update
     out: list[tuple[int, int]] = []
@@ -285,8 +381,8 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
         out.extend(muls)
         return width
 
-    xb = f.x.bits + 1
-    out.append((f.w.bits + up.lwp_horizon.bit_length() + 1, xb))
+    xb = x_operand_bits(f.x)
+    out.append((forward_weight_bits(f.w, up.lwp_horizon), xb))
     if stage.input_gradient:
         out.append((f.w.bits, f.d.bits))
     if up.lwp_horizon:
@@ -296,13 +392,19 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
         const(stage.negative_slope.value, f.y.bits)
     const(up.momentum.value, f.u.bits)
     if up.lr.value:
-        out.append((const(up.lr.value, f.d.bits), xb))
+        if shift_add(up.lr.value):  # (d · x) first, then shifts: hdl/stage.py
+            out.append((f.d.bits, xb))
+        else:
+            out.append((const(up.lr.value, f.d.bits), xb))
     if up.lr_wd.value:
         const(up.lr_wd.value, f.w.bits)
     if up.sc:
         const(up.sc_a.value, f.u.bits)
         if up.sc_lr_b.value:
-            out.append((const(up.sc_lr_b.value, f.d.bits), xb))
+            if shift_add(up.sc_lr_b.value):
+                out.append((f.d.bits, xb))
+            else:
+                out.append((const(up.sc_lr_b.value, f.d.bits), xb))
         if up.sc_lr_wd_b.value:
             const(up.sc_lr_wd_b.value, f.w.bits)
     return tuple(out)
@@ -379,17 +481,25 @@ def memory_blocks(
     takes the aspect ratios ``configs`` (default: 18 Kib RAMB18/DP16KD; iCE40:
     :data:`ICE40_BLOCK_RAM_CONFIGS`), mapped as :func:`map_memory` does. A stage without a
     memory list (older plan JSON) counts ⌈memory_bits / block_bits⌉ (``block_bits`` > 0, else
-    the largest configuration's bits)."""
+    the largest configuration's bits). SPRAM-mapped memories (``kind == "spram"``) are not
+    counted (:func:`spram_blocks`)."""
     bits = block_bits or max(d * w for d, w in configs)
     total = 0
     for st in plan.stages:
         if st.memories:
             total += sum(
-                map_memory(m.name, m.banks, m.depth, m.width, configs).blocks for m in st.memories
+                map_memory(m.name, m.banks, m.depth, m.width, configs).blocks
+                for m in st.memories
+                if m.kind == "block"
             )
         else:
             total += -(-st.memory_bits // bits)
     return total
+
+
+def spram_blocks(plan: Plan) -> int:
+    """iCE40 UltraPlus SPRAMs (16 K × 16) the plan's single-port stage memories use."""
+    return sum(m.blocks for st in plan.stages for m in st.memories if m.kind == "spram")
 
 
 def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int | None:
@@ -632,8 +742,17 @@ def build_plan(
     lanes: Sequence[int] | None = None,
     clock_hz: float = 50e6,
     memory_budget_bits: int = 0,
+    const_bits: int = CONST_MANTISSA_BITS,
+    single_port: Sequence[int] = (),
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
+
+    ``const_bits``: significant bits of the update constants (2..18; the default keeps the
+    float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
+    three-digit shift-add). ``single_port``: 1-based indices of stages whose weight and
+    velocity memories are single-port (iCE40 SPRAM; one lane, ≤ 16 K
+    words; ⌈bits/16⌉ SPRAMs per memory): their pass issues a slot every other cycle
+    (``Stage.slot_cycles`` = 2).
 
     Stages: the main stages 1..S, then (strategies ``local``/``interlocking``) the auxiliary-head
     stages of :func:`stage_slots`, with delays from ``schedule.stage_layout``.
@@ -697,7 +816,7 @@ def build_plan(
         f = _slot_formats(fs, slots, sl)
         observed = dict(fs.ranges.get(sl.index, {}))
         _check_formats(sl, f, observed)
-        upd = _update_constants(config, sl.delay, f.x, f.d, f.w, f.u)
+        upd = _update_constants(config, sl.delay, f.x, f.d, f.w, f.u, const_bits)
         if upd.sum_bits > MAX_SUM_BITS:
             raise PlanError(
                 f"{where}: the update sum needs {upd.sum_bits} bits (> {MAX_SUM_BITS}); use "
@@ -711,9 +830,13 @@ def build_plan(
         lwp_w = bool(upd.lwp_horizon and upd.lwp_form == "w")
         prev_bits = wbits if lwp_w else 0
         words = groups * (N + 1)
+        spram = sl.index in single_port
+        if spram:
+            _check_single_port(where, L, words, f, lwp_w)
+        wmap = map_spram if spram else map_memory
         memories = (
-            map_memory("weights", L, words, f.w.bits),
-            map_memory("velocities", L, words, f.u.bits),
+            wmap("weights", L, words, f.w.bits),
+            wmap("velocities", L, words, f.u.bits),
             *((map_memory("prev_weights", L, words, f.w.bits),) if lwp_w else ()),
             map_memory("stash_x", 1, stash_depth * N, f.x.bits),
             map_memory("stash_mask", 1, stash_depth, M),
@@ -748,7 +871,7 @@ def build_plan(
                 weight_bits=wbits,
                 velocity_bits=vbits,
                 memory_bits=wbits + vbits + stash_bits + prev_bits,
-                memory_blocks=sum(m.blocks for m in memories),
+                memory_blocks=sum(m.blocks for m in memories if m.kind == "block"),
                 multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc),
                 formats=f,
                 update=upd,
@@ -760,6 +883,7 @@ def build_plan(
                 gin_losses=sl.gin_losses,
                 memories=memories,
                 calibrated={k: float(v) for k, v in sorted(observed.items())},
+                slot_cycles=2 if spram else 1,
             )
         )
     classes = layers[-1].out_features
@@ -813,4 +937,5 @@ def build_plan(
         train=train,
         head_losses=head_losses,
         memory_blocks=sum(s.memory_blocks for s in stages),
+        const_bits=const_bits,
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .build import FormatSpec, PlanError, build_plan
+from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError, build_plan
 from .calibrate import apply_overrides, auto_formats, parse_format_overrides
 from .config import TrainConfig
 from .frontend import trace
@@ -132,6 +132,8 @@ def compile_result(
     max_multipliers: int | None = None,
     memory_budget_bits: int = 0,
     clock_hz: float = 50e6,
+    const_bits: int = CONST_MANTISSA_BITS,
+    single_port: Sequence[int] = (),
     writers: Sequence[ArtifactWriter] | None = None,
     name: str | None = None,
     seed: int | None = None,
@@ -183,7 +185,9 @@ def compile_result(
             )
         else:
             raise PlanError(f"formats must be 'auto', 'default' or a FormatSpec, got {formats!r}")
-        plan = build_plan(ir, config, spec, chosen, clock_hz, memory_budget_bits)
+        plan = build_plan(
+            ir, config, spec, chosen, clock_hz, memory_budget_bits, const_bits, single_port
+        )
     for rec in records:
         caught.append(str(rec.message))
     result = CompileResult(name, model, ir, config, spec, plan, caught)
@@ -210,8 +214,10 @@ def compile_model(
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
-    ``clock_hz``, ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand
-    for ``config_overrides={"seed": …}``).
+    ``clock_hz``, ``const_bits`` and ``single_port`` (:func:`~pipetrain.compiler.build.
+    build_plan`: constant precision, SPRAM stages), ``writers`` (default
+    :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand for
+    ``config_overrides={"seed": …}``).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing

@@ -183,6 +183,9 @@ class MemoryMap:
     width: bits per word.
     config_depth, config_width: the chosen block aspect ratio (words × bits).
     blocks_per_bank, blocks: block RAMs per bank and in total.
+    kind: ``block`` (block RAM, counted in ``Stage.memory_blocks``) or ``spram`` (iCE40
+        UltraPlus single-port 16 K × 16 SPRAM: ``blocks`` counts SPRAMs; stages with
+        ``slot_cycles`` = 2 only).
     """
 
     name: str
@@ -193,6 +196,7 @@ class MemoryMap:
     config_width: int
     blocks_per_bank: int
     blocks: int
+    kind: str = "block"
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,10 @@ class Stage:
         the input gradient is formed, DESIGN §2.4). Global: (K,) everywhere.
     gin_losses: the streams whose input gradient this stage sends back (empty when
         ``input_gradient`` is False).
-    memories: block-RAM mapping of each memory (18 Kib blocks; sums to ``memory_blocks``).
+    memories: block-RAM mapping of each memory (18 Kib blocks; the ``block`` ones sum to
+        ``memory_blocks``).
+    slot_cycles: cycles per slot of the fused pass: 1, or 2 with single-port weight and
+        velocity memories (iCE40 SPRAM: a read, then the write-back of an earlier slot).
     calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     """
@@ -269,6 +276,7 @@ class Stage:
     gin_losses: tuple[int, ...] = ()
     memories: tuple[MemoryMap, ...] = ()
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
+    slot_cycles: int = 1
 
 
 @dataclass(frozen=True)
@@ -330,6 +338,8 @@ class Plan:
     head_losses: one loss unit per auxiliary head (local/interlocking), in block order; loss
         unit k reads the last stage of head k and is loss L_k.
     memory_blocks: 18 Kib block RAMs over all stages.
+    const_bits: significant bits of the update constants (``build.CONST_MANTISSA_BITS`` by
+        default; fewer make them shifts and short shift-add chains on small FPGAs).
     """
 
     version: int
@@ -358,6 +368,7 @@ class Plan:
     train: dict[str, Any]
     head_losses: tuple[LossUnit, ...] = ()
     memory_blocks: int = 0
+    const_bits: int = 18
 
     @property
     def main_stages(self) -> tuple[Stage, ...]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from amaranth import Const, Mux, Value, signed
 from amaranth.hdl import ValueCastable
 
+from ..compiler.build import csd, shift_add
 from ..compiler.plan import QFormat
 
 __all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul"]
@@ -82,13 +83,24 @@ def align(v: Value, f_from: int, f_to: int) -> Value:
 
 
 def const_mul(value: int, v: Value | ValueCastable) -> Value:
-    """``value · v`` for an integer constant (a signed constant operand of minimal width)."""
+    """``value · v`` for an integer constant, exactly: shifts and adders when the constant has
+    at most ``compiler.build.SHIFT_ADD_MAX_TERMS`` signed digits (its canonical signed-digit
+    form, ``compiler.build.csd``), else one product with a signed constant operand of minimal
+    width (a DSP block after synthesis). The plan's multiplier estimate follows the same rule
+    (``compiler.build.shift_add``)."""
     if value == 0:
         return Const(0, signed(1))
     if value == 1:
         return Value.cast(v)
-    if value > 0 and value & (value - 1) == 0:
-        return Value.cast(v) << (value.bit_length() - 1)
+    if shift_add(value):
+        out = None
+        for shift, sign in reversed(csd(value)):  # most significant digit first
+            term = Value.cast(v) << shift
+            if out is None:
+                out = term if sign > 0 else -term
+            else:
+                out = out + term if sign > 0 else out - term
+        return out
     width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
     return Const(value, signed(width)) * v
 

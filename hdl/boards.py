@@ -30,6 +30,7 @@ from ..compiler.build import (
     ICE40_BLOCK_RAM_CONFIGS,
     hard_multipliers,
     memory_blocks,
+    spram_blocks,
 )
 
 __all__ = [
@@ -93,6 +94,13 @@ class Board:
     bitstream_ext: the file the programmer takes (``bit`` or ``bin``).
     synth_opts: extra options for Yosys' ``synth_<family>`` (``-dsp`` on iCE40 maps multipliers
         to SB_MAC16).
+    weight_bits: widest weight/velocity word the board's plans use (0: the compiler's
+        formats). iCE40: 16, one SB_MAC16 operand and one SPRAM word; ``w`` and ``u`` keep
+        their integer bits and give up fraction bits (``pipetrain.host.cmd_build.
+        plan_for_board``).
+    const_bits: significant bits of the update constants on this board (18: the compiler's
+        default; iCE40: 5, so that lr and momentum are shifts and short shift-add chains
+        instead of SB_MAC16s — ``compiler.build.build_plan``).
     """
 
     name: str
@@ -114,6 +122,8 @@ class Board:
     synth_opts: str = ""
     multiplier_min_product_bits: int = 0
     bram_configs: tuple[tuple[int, int], ...] = ECP5_BRAM_CONFIGS
+    weight_bits: int = 0
+    const_bits: int = 18
 
     @property
     def bram_bits(self) -> int:
@@ -200,6 +210,8 @@ BOARDS: dict[str, Board] = {
             synth_opts="-dsp",
             multiplier_min_product_bits=11,
             bram_configs=ICE40_BRAM_CONFIGS,
+            weight_bits=16,
+            const_bits=5,
         ),
     )
 }
@@ -236,34 +248,43 @@ def plan_totals(plan: Any, board: Board | None = None) -> dict[str, int]:
         else:
             hard = out["multipliers"]
             bram = -(-out["memory_blocks"] * PLAN_BLOCK_BITS // board.bram_block_bits)
-        out |= {"hard_multipliers": int(hard), "bram_blocks": int(bram)}
+        out |= {
+            "hard_multipliers": int(hard),
+            "bram_blocks": int(bram),
+            "spram_blocks": int(spram_blocks(plan)) if getattr(plan, "stages", None) else 0,
+        }
     return out
 
 
-def check_fit(plan: Any, board: Board, *, use_spram: bool = False) -> dict[str, dict[str, int]]:
+def check_fit(plan: Any, board: Board) -> dict[str, dict[str, int]]:
     """Check the plan against the board's budget; return ``{resource: {needed, available}}``.
 
     - multipliers: hard multiplier blocks of the board's DSP width
       (``compiler.build.hard_multipliers``) vs the board's; the plan's ``multipliers`` count
       each datapath multiplier once, whatever its width.
-    - memory bits: ``plan.memory_bits`` vs block RAM bits (+ SPRAM if ``use_spram``: the
-      weight memories are read and written in the same cycle, so single-port SPRAM is only
-      usable by a design that maps memories onto it explicitly).
-    - memory blocks: the stage memories mapped onto the board's block RAM (``bram_blocks`` of
-      ``bram_block_bits``: 18 Kib DP16KD, 4 Kib iCE40 EBR), as bits, vs block RAM bits (each
-      lane's memories are rounded up to whole blocks, so this is the tighter check).
+    - spram: SPRAMs of the stages with single-port weight memories (``Stage.slot_cycles`` = 2,
+      ``compiler.build.spram_blocks``) vs the board's (0 except on the iCE40 UltraPlus).
+    - memory bits: ``plan.memory_bits`` vs block RAM bits + the bits of the SPRAMs the plan
+      uses.
+    - memory blocks: the other stage memories mapped onto the board's block RAM
+      (``bram_blocks`` of ``bram_block_bits``: 18 Kib DP16KD, 4 Kib iCE40 EBR), as bits, vs
+      block RAM bits (each lane's memories are rounded up to whole blocks, so this is the
+      tighter check).
 
     Raises :class:`BoardFitError` naming every resource that does not fit, with needed vs
     available numbers (its ``rows`` hold the same table).
     """
     t = plan_totals(plan, board)
-    ram_bits = board.bram_bits + (board.spram_bits if use_spram else 0)
-    ram_name = "block RAM" + (" + SPRAM" if use_spram else "")
+    sp = t.get("spram_blocks", 0)
+    sp_bits = min(sp, board.spram_blocks) * board.spram_block_bits
+    ram_bits = board.bram_bits + sp_bits
+    ram_name = "block RAM" + (f" + {sp} SPRAM" if sp else "")
     block_bits = t["bram_blocks"] * board.bram_block_bits
     rows = {
         "multipliers": {"needed": t["hard_multipliers"], "available": board.multipliers},
+        "spram": {"needed": sp, "available": board.spram_blocks},
         "memory_bits": {"needed": t["memory_bits"], "available": ram_bits},
-        "memory_block_bits": {"needed": block_bits, "available": ram_bits},
+        "memory_block_bits": {"needed": block_bits, "available": board.bram_bits},
     }
     w = board.multiplier_width
     problems = []
@@ -272,12 +293,14 @@ def check_fit(plan: Any, board: Board, *, use_spram: bool = False) -> dict[str, 
             f"{t['hard_multipliers']} multipliers needed, {board.multipliers} available "
             f"({w}×{w} blocks for {t['multipliers']} datapath multipliers)"
         )
+    if sp > board.spram_blocks:
+        problems.append(f"{sp} SPRAMs needed, {board.spram_blocks} available")
     if t["memory_bits"] > ram_bits:
         problems.append(f"{t['memory_bits']} memory bits needed, {ram_bits} available ({ram_name})")
-    elif block_bits > ram_bits:
+    elif t["bram_blocks"] > board.bram_blocks:
         problems.append(
             f"{t['bram_blocks']} block RAMs of {board.bram_block_bits // 1024} Kib needed "
-            f"({block_bits} bits), {ram_bits} bits available ({ram_name})"
+            f"({block_bits} bits), {board.bram_blocks} available ({board.bram_bits} bits)"
         )
     if problems:
         raise BoardFitError(

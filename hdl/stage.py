@@ -41,10 +41,18 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.build import PASS_LATENCY, pass_cycles
+from ..compiler.build import (
+    PASS_LATENCY,
+    forward_weight_bits,
+    pass_cycles,
+    shift_add,
+    write_stage,
+    x_operand_bits,
+)
 from ..compiler.plan import Plan, Stage
 from .arith import align, const_mul, rhu, round_upd, sat
 from .lfsr import LFSR
+from .spram import SinglePortRAM
 
 __all__ = ["StageUnit", "pass_cycles", "PASS_DEPTH", "stash_entries"]
 
@@ -166,19 +174,33 @@ class StageUnit(wiring.Component):
         f, up = st.formats, st.update
         N, M, L, G, T, Lw = self.N, self.M, self.L, self.G, self.T, self.lw
         sc = up.sc
-        ws = PASS_DEPTH[sc] - 1  # pipeline stage index of the write-back (4 or 5)
+        SC2 = st.slot_cycles  # 2: single-port w/u memories, a slot every other cycle
+        natural_ws = PASS_DEPTH[sc] - 1  # stage where w', u' are ready (4, or 5 with SC)
+        # pipeline stage index of the write-back: natural_ws, one later when single-port
+        # memories need the write an odd number of cycles after the read
+        ws = write_stage(sc, SC2)
 
         # ---------------- memories ----------------
         wr, ww, ur, uw = [], [], [], []
         for lane in range(L):
-            wm = Memory(shape=signed(f.w.bits), depth=T, init=[])
-            um = Memory(shape=signed(f.u.bits), depth=T, init=[])
+            if SC2 == 2:
+                wm = SinglePortRAM(signed(f.w.bits), T)
+                um = SinglePortRAM(signed(f.u.bits), T)
+            else:
+                wm = Memory(shape=signed(f.w.bits), depth=T, init=[])
+                um = Memory(shape=signed(f.u.bits), depth=T, init=[])
             m.submodules[f"w{lane}"] = wm
             m.submodules[f"u{lane}"] = um
-            wr.append(wm.read_port())
-            ww.append(wm.write_port())
-            ur.append(um.read_port())
-            uw.append(um.write_port())
+            if SC2 == 2:
+                wr.append(wm.read)
+                ww.append(wm.write)
+                ur.append(um.read)
+                uw.append(um.write)
+            else:
+                wr.append(wm.read_port())
+                ww.append(wm.write_port())
+                ur.append(um.read_port())
+                uw.append(um.write_port())
         xm = Memory(shape=Lw * f.x.bits, depth=self.x_depth, init=[])
         m.submodules.xstash = xm
         xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
@@ -232,6 +254,16 @@ class StageUnit(wiring.Component):
         fe = Signal()
         ft = Signal()
         be = Signal()
+        adv = Signal()  # a slot issues (reads its memories) this cycle
+        if SC2 == 2:
+            phase = Signal()  # 1: the write-back cycle between two reads
+            with m.If(self.start):
+                m.d.sync += phase.eq(0)
+            with m.Elif(busy):
+                m.d.sync += phase.eq(~phase)
+            m.d.comb += adv.eq(busy & ~phase)
+        else:
+            m.d.comb += adv.eq(busy)
         with m.If(self.start):
             m.d.sync += [
                 busy.eq(1),
@@ -244,7 +276,7 @@ class StageUnit(wiring.Component):
                 ft.eq(self.fwd_train),
                 be.eq(self.bwd_en),
             ]
-        with m.Elif(busy):
+        with m.Elif(adv):
             m.d.sync += k.eq(k + 1)
             with m.If(k == T - 1):
                 m.d.sync += busy.eq(0)
@@ -288,7 +320,7 @@ class StageUnit(wiring.Component):
                 regs.append(r)
             return regs
 
-        v = stage_regs(ws, "v", 1, busy)
+        v = stage_regs(ws, "v", 1, adv)
         iv = stage_regs(ws, "i", range(N + 1), i0)
         gv = stage_regs(ws, "g", range(max(G, 2)), g0)
         kv = stage_regs(ws, "k", range(T), k)
@@ -330,13 +362,13 @@ class StageUnit(wiring.Component):
                 what1.append(w1)
 
         # ---------------- S1 → S2 registers ----------------
-        what_bits = f.w.bits + max(0, (up.lwp_horizon).bit_length()) + 1
+        what_bits = forward_weight_bits(f.w, up.lwp_horizon)
         w2 = [Signal(signed(f.w.bits), name=f"w2_{lane}") for lane in range(L)]
         u2 = [Signal(signed(f.u.bits), name=f"u2_{lane}") for lane in range(L)]
         wh2 = [Signal(signed(what_bits), name=f"wh2_{lane}") for lane in range(L)]
         d2 = [Signal(signed(f.d.bits), name=f"d2_{lane}") for lane in range(L)]
-        xf2 = Signal(signed(f.x.bits + 1))
-        xb2 = Signal(signed(f.x.bits + 1))
+        xf2 = Signal(signed(x_operand_bits(f.x)))
+        xb2 = Signal(signed(x_operand_bits(f.x)))
         # every pipeline register loads only when its slot is valid: the same hardware, and
         # Amaranth's simulator skips the arithmetic of idle cycles
         with m.If(v[1]):
@@ -376,7 +408,10 @@ class StageUnit(wiring.Component):
             terms = [
                 (const_mul(up.momentum.value, u2[lane]), up.momentum.frac + f.w.frac),
                 (
-                    const_mul(up.lr.value, d2[lane]) * xb2,
+                    # exact either way: (d·x) first when lr is a shift-add constant
+                    const_mul(up.lr.value, d2[lane] * xb2)
+                    if shift_add(up.lr.value)
+                    else const_mul(up.lr.value, d2[lane]) * xb2,
                     up.lr.frac + f.d.frac + f.x.frac,
                 ),
                 (const_mul(up.lr_wd.value, w2[lane]), up.lr_wd.frac + f.w.frac),
@@ -393,7 +428,9 @@ class StageUnit(wiring.Component):
             if sc:
                 vt = [
                     (
-                        const_mul(up.sc_lr_b.value, d2[lane]) * xb2,
+                        const_mul(up.sc_lr_b.value, d2[lane] * xb2)
+                        if shift_add(up.sc_lr_b.value)
+                        else const_mul(up.sc_lr_b.value, d2[lane]) * xb2,
                         up.sc_lr_b.frac + f.d.frac + f.x.frac,
                     ),
                     (const_mul(up.sc_lr_wd_b.value, w2[lane]), up.sc_lr_wd_b.frac + f.w.frac),
@@ -538,6 +575,12 @@ class StageUnit(wiring.Component):
         ]
 
         # ---------------- write-back and weight access ----------------
+        for _ in range(ws - natural_ws):  # single-port memories: one more register
+            nu = [Signal.like(u, name=f"{u.name}_d") for u in new_u]
+            nw = [Signal.like(w, name=f"{w.name}_d") for w in new_w]
+            with m.If(v[natural_ws]):
+                m.d.sync += [a.eq(b) for a, b in zip(nu + nw, new_u + new_w, strict=True)]
+            new_u, new_w = nu, nw
         wen = v[ws] & be
         acc_w = self.acc_en & self.acc_we
         w_in, w_ic = sat(self.acc_wdata, f.w)

@@ -264,28 +264,101 @@ def build_design(
 def plan_for_board(
     model: str, board: Board, seed: int = 0, lanes: tuple[int, ...] | None = None
 ) -> Any:
-    """Compile ``model`` (built-in name or ``.py`` file) to a plan clocked at the board clock.
+    """Compile ``model`` (built-in name or ``.py`` file) to a plan fitted to ``board``, clocked
+    at the board clock.
 
-    Lanes: ``lanes`` if given; otherwise the compiler's default balance, and if that plan does
-    not fit the board (:func:`check_fit`), one lane per stage — the UART bounds samples/s well
-    below one lane's compute rate (see :mod:`pipetrain.hdl.board`), so fewer lanes cost only
-    idle compute. Raises :class:`BoardFitError` when even that does not fit.
+    Fitting, in order (each step only when the board asks for it):
+
+    1. constants with ``board.const_bits`` significant bits (iCE40: 5 — lr 0.002 becomes the
+       shift 2^-9, m 0.9 becomes 29/32, a three-digit shift-add; no SB_MAC16 for them);
+    2. weights and velocities narrowed to ``board.weight_bits`` (iCE40: 16) keeping their
+       calibrated integer bits (the auto formats are computed once and reused);
+    3. lanes: ``lanes`` if given; otherwise the compiler's default balance, and if that plan
+       does not fit (:func:`check_fit`), one lane per stage — the UART bounds samples/s well
+       below one lane's compute rate (see :mod:`pipetrain.hdl.board`), so fewer lanes cost
+       only idle compute;
+    4. SPRAM (iCE40 UltraPlus): one-lane stages, largest weight + velocity bits first, get
+       single-port SPRAM weight memories (``Stage.slot_cycles`` = 2: a slot every other
+       cycle) as long as SPRAMs remain.
+
+    Raises :class:`BoardFitError` (needed vs available numbers) when even that does not fit,
+    unless ``lanes`` was given (the caller checks then).
     """
-    from ..compiler.compile import compile_model
+    from ..compiler.compile import compile_result
 
-    opts: dict[str, Any] = {"clock_hz": board.clock_hz, "seed": seed}
-    plan = compile_model(model, lanes=lanes, **opts)
+    opts: dict[str, Any] = {
+        "clock_hz": board.clock_hz,
+        "seed": seed,
+        "const_bits": board.const_bits,
+    }
+    first = compile_result(model, lanes=lanes, **opts)
+    over = narrow_weight_formats(first.plan, board.weight_bits)
+
+    def make(lanes_: tuple[int, ...] | None, single_port: tuple[int, ...] = ()) -> Any:
+        if not over and not single_port and lanes_ == lanes:
+            return first.plan
+        return compile_result(
+            model,
+            lanes=lanes_,
+            formats=first.formats,
+            format_overrides=over,
+            single_port=single_port,
+            **opts,
+        ).plan
+
+    candidates = [lanes] if lanes is not None else [None, (1,)]
+    err: BoardFitError | None = None
+    plan = None
+    for lanes_ in candidates:
+        plan = _with_spram(make(lanes_), board, lambda sp, ln=lanes_: make(ln, sp))
+        if plan is not None and all(s.lanes == 1 for s in plan.stages) and lanes_ is None:
+            candidates = [None]  # the default plan is already one lane per stage
+        try:
+            check_fit(plan, board)
+            return plan
+        except BoardFitError as exc:
+            err = exc
     if lanes is not None:
         return plan
-    try:
-        check_fit(plan, board)
+    assert err is not None
+    raise err
+
+
+def narrow_weight_formats(plan: Any, weight_bits: int) -> list[str]:
+    """Format overrides (``s<i>.w=Qi.f``, ``s<i>.u=Qi.f``) that fit each stage's ``w`` and ``u``
+    into ``weight_bits`` bits, keeping their integer bits and a common fraction (numerics: the
+    velocity is stored in weight units); [] when ``weight_bits`` is 0 or every stage fits."""
+    out: list[str] = []
+    if not weight_bits:
+        return out
+    for st in plan.stages:
+        fw, fu = st.formats.w, st.formats.u
+        if max(fw.bits, fu.bits) <= weight_bits:
+            continue
+        wi, ui = fw.bits - 1 - fw.frac, fu.bits - 1 - fu.frac
+        frac = weight_bits - 1 - max(wi, ui)
+        out += [f"s{st.index}.w=Q{wi}.{frac}", f"s{st.index}.u=Q{ui}.{frac}"]
+    return out
+
+
+def _with_spram(plan: Any, board: Board, make: Any) -> Any:
+    """Give every one-lane stage SPRAM weight memories, largest first, while SPRAMs remain
+    (see :func:`plan_for_board`, step 4). Not only until the plan's own count fits: that
+    count covers the stage weights and stashes, while the link engine, the loss unit and the
+    error buffers take ~15 more EBRs on the iCE40 (measured with Yosys, ``mlp-digits``), so
+    every EBR the weights leave free is needed."""
+    if not board.spram_blocks:
         return plan
-    except BoardFitError:
-        if all(s.lanes == 1 for s in plan.stages):
-            raise
-    fallback = compile_model(model, lanes=(1,), **opts)
-    check_fit(fallback, board)  # BoardFitError (needed vs available) when even one lane is too big
-    return fallback
+    chosen: list[int] = []
+    free = board.spram_blocks
+    for st in sorted(plan.stages, key=lambda s: -(s.weight_bits + s.velocity_bits)):
+        f = st.formats
+        need = -(-f.w.bits // 16) + -(-f.u.bits // 16)
+        if st.lanes != 1 or st.cycles_per_tick > 16384 or need > free:
+            continue
+        chosen.append(st.index)
+        free -= need
+    return make(tuple(sorted(chosen))) if chosen else plan
 
 
 def _board_option(func: Any) -> Any:

@@ -75,25 +75,49 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
         ebr == 15 + 15 + 1 + 2 + 3 + 3 + 1 + 1 == 41
         and f"{ebr} block RAMs of 4 Kib needed ({ebr * 4096} bits)" in msg
     )
-    assert "122880 bits available" in msg
+    assert "30 available (122880 bits)" in msg
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
-    # 16×16 SB_MAC16: the 25×17 forward and 35×17 update products take 2 and 3 blocks
+    # 16×16 SB_MAC16 with 18-bit constants: the 35×16 update product (lr·δ)·x takes 3 blocks,
+    # momentum × u 2, the 24×16 forward product 2
     assert "23 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
-    # with SPRAM usable (a single-port-aware design) the memory fits; the multipliers do not
+    # single-port (SPRAM) weights take the big memories out of the EBR count
+    sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
+    assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 1 + 2 + 1 + 1
     with pytest.raises(BoardFitError) as e2:
-        check_fit(plan, BOARDS["icebreaker"], use_spram=True)
-    assert e2.value.rows["memory_bits"]["available"] == 122_880 + 1_048_576
-    assert "memory" not in str(e2.value) and "23 multipliers needed" in str(e2.value)
+        check_fit(sp, BOARDS["icebreaker"])
+    # 24-bit w and u take two 16-bit SPRAMs each: 8 needed, 4 on the chip
+    assert e2.value.rows["spram"] == {"needed": 8, "available": 4}
+    assert "8 SPRAMs needed, 4 available" in str(e2.value)
 
 
-def test_plan_for_board_checks_its_one_lane_fallback() -> None:
+def test_plan_for_board_fits_mlp_digits_on_the_icebreaker() -> None:
     from pipetrain.host.cmd_build import plan_for_board
 
-    # the default lanes are too many for the iCEBreaker and so is the one-lane fallback
-    with pytest.raises(BoardFitError, match="multipliers needed, 8 available") as e:
-        plan_for_board("mlp-digits", BOARDS["icebreaker"])
-    assert [s.lanes for s in e.value.plan.stages] == [1, 1]
-    assert e.value.rows["multipliers"] == {"needed": 23, "available": 8}
+    plan = plan_for_board("mlp-digits", BOARDS["icebreaker"])
+    assert [s.lanes for s in plan.stages] == [1, 1]
+    # 16-bit weights with the calibrated integer bits, SPRAM for both stages' w and u
+    assert {(str(s.formats.w), str(s.formats.u)) for s in plan.stages} == {("Q1.14", "Q1.14")}
+    assert [s.slot_cycles for s in plan.stages] == [2, 2]
+    # 5-bit constants: lr 0.002 → 2^-9 (a shift), m 0.9 → 29/32 (three signed digits)
+    up = plan.stages[0].update
+    assert (up.lr.value, up.lr.frac, up.momentum.value, up.momentum.frac) == (16, 13, 29, 5)
+    # a slot every other cycle: 2·(2 080 − 1) + 2 + 5 for stage 1, + 2 control cycles
+    assert plan.tick_cycles == 2 * 2079 + 7 + 2 == 4167
+    rows = check_fit(plan, BOARDS["icebreaker"])
+    # per stage: forward ŵ·x and δ·x (+ w·δ in stage 2) 16×16 each; the loss unit's e·r
+    assert rows["multipliers"] == {"needed": 2 + 3 + 1, "available": 8}
+    assert rows["spram"] == {"needed": 4, "available": 4}
+    assert plan.clock_hz == 12e6
+
+
+def test_plan_for_board_names_what_does_not_fit() -> None:
+    from pipetrain.host.cmd_build import plan_for_board
+
+    # four stages: 2 + 3 + 3 + 3 16×16 products and the loss unit's, 8 SB_MAC16 on the chip
+    with pytest.raises(BoardFitError, match="12 multipliers needed, 8 available") as e:
+        plan_for_board("mlp-digits-deep", BOARDS["icebreaker"])
+    assert [s.lanes for s in e.value.plan.stages] == [1, 1, 1, 1]
+    assert e.value.rows["multipliers"] == {"needed": 12, "available": 8}
 
 
 def test_fit_error_names_every_resource() -> None:

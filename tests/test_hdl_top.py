@@ -50,6 +50,11 @@ CASES = [
     dict(schedule="pb", mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
     dict(schedule="pb", mitigation="lwp", loss="mse", lr=0.3),  # drives the formats to clamp
     dict(schedule="sequential", mitigation="sc"),
+    # the iCE40 options: single-port (SPRAM) weights, a slot every other cycle, and 5-bit
+    # constants (lr a shift, m = 0.90625 a shift-add) — with and without SC (write stage 5
+    # either way) and with LWP (H·u as shifts)
+    dict(schedule="pb", lanes=(1, 3, 1), single_port=(1, 3), const_bits=5),
+    dict(schedule="pb", mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4),
 ]
 
 

@@ -9,8 +9,10 @@ from pipetrain.compiler.ir import LayerIR, NetworkIR
 from torch import nn
 
 
-def tiny(loss="cross_entropy", lanes=(2, 3, 2), **cfg):
-    """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots)."""
+def tiny(loss="cross_entropy", lanes=(2, 3, 2), const_bits=18, single_port=(), **cfg):
+    """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots).
+    ``const_bits``/``single_port``: :func:`build_plan`'s board options (few-bit constants,
+    single-port SPRAM weight memories)."""
     torch.manual_seed(1)
     model = nn.Sequential(
         nn.Linear(6, 5), nn.LeakyReLU(0.1), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)
@@ -23,7 +25,13 @@ def tiny(loss="cross_entropy", lanes=(2, 3, 2), **cfg):
     config = TrainConfig(loss=loss, **({"lr": 0.1, "weight_decay": 0.01} | cfg))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the deliberate padding lanes raise a PlanWarning
-        plan = build_plan(NetworkIR("tiny", 6, layers, loss), config, lanes=list(lanes))
+        plan = build_plan(
+            NetworkIR("tiny", 6, layers, loss),
+            config,
+            lanes=list(lanes),
+            const_bits=const_bits,
+            single_port=single_port,
+        )
     return plan, model, config
 
 
