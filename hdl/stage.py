@@ -323,7 +323,13 @@ class StageUnit(wiring.Component):
         v = stage_regs(ws, "v", 1, adv)
         iv = stage_regs(ws, "i", range(N + 1), i0)
         gv = stage_regs(ws, "g", range(max(G, 2)), g0)
-        kv = stage_regs(ws, "k", range(T), k)
+        # write-back address: slots reach the write stage in issue order, one per valid cycle,
+        # so a counter replaces a k pipeline (derived: fewer flip-flops than ws copies of k)
+        wk = Signal(range(T + 1))
+        with m.If(self.start):
+            m.d.sync += wk.eq(0)
+        with m.Elif(v[ws]):
+            m.d.sync += wk.eq(wk + 1)
         sel1 = Signal.like(sel0)
         m.d.sync += sel1.eq(sel0)
 
@@ -590,10 +596,10 @@ class StageUnit(wiring.Component):
             sel = self.acc_lane == lane
             m.d.comb += [
                 ww[lane].en.eq(live | (acc_w & sel & (self.acc_kind == 0))),
-                ww[lane].addr.eq(Mux(live, kv[ws], self.acc_addr)),
+                ww[lane].addr.eq(Mux(live, wk, self.acc_addr)),
                 ww[lane].data.eq(Mux(live, new_w[lane], w_in)),
                 uw[lane].en.eq(live | (acc_w & sel & (self.acc_kind == 1))),
-                uw[lane].addr.eq(Mux(live, kv[ws], self.acc_addr)),
+                uw[lane].addr.eq(Mux(live, wk, self.acc_addr)),
                 uw[lane].data.eq(Mux(live, new_u[lane], u_in)),
             ]
         # response, the cycle after acc_en
