@@ -12,6 +12,8 @@ Targets:
 * ``reference`` — the float PB reference trainer in this process;
 * ``sim`` — the RTL (``LinkEngine`` ↔ ``NetworkTop``) in Verilator, reached over the host link
   on a loopback TCP port (:class:`~pipetrain.sim.bridge.SimBridge`, started and stopped here);
+  ``sim_options={"uart_divisor": N}`` simulates the board top instead, every byte an 8N1 frame
+  on its UART pins (N clock cycles per bit, :mod:`pipetrain.sim.cocotb_uart`);
 * ``serial://PORT[?baud=N]``, ``tcp://HOST:PORT`` — a device (board or bridge) over the link.
 
 Link targets (``sim``, ``serial``, ``tcp``) start from the same weights as the golden model:

@@ -16,6 +16,10 @@ Pieces:
   subprocess (its own process group), waits for the port, and shuts it down cleanly (closing
   the connection ends the simulation; a process that does not exit is killed).
 
+UART level: ``SimBridge(plan, uart_divisor=8)`` simulates the board top instead — UART pins
+driven by a bit-level UART model, ``divisor`` clock cycles per bit
+(:mod:`pipetrain.sim.uart_bridge`, :mod:`pipetrain.sim.cocotb_uart`).
+
 Host use: ``with SimBridge(plan) as sim: LinkClient(TcpTransport("127.0.0.1", sim.port), plan)``
 (:func:`pipetrain.host.open` does this for ``target="sim"``).
 
@@ -63,6 +67,8 @@ DEFAULT_WORD_BYTES = 64
 TOPLEVEL = "pipetrain_bridge"
 #: The cocotb test module that serves the byte stream.
 TB_MODULE = "pipetrain.sim.cocotb_bridge"
+#: The cocotb test module that serves it through the UART pins (``uart_divisor`` set).
+UART_TB_MODULE = "pipetrain.sim.cocotb_uart"
 #: Bump when the bridge wrapper or its testbench protocol changes (invalidates the index).
 BRIDGE_VERSION = 1
 CLOCK_NS = 10
@@ -238,15 +244,25 @@ class SimBridge:
         build, which happens before in this process).
     port: TCP port to listen on (0 = any free one).
     work_dir: where the run's job, log and stats go (default: a temporary directory).
+    uart_divisor: None serves the word streams of :class:`BridgeTop`; an integer N (≥
+        :data:`~pipetrain.hdl.uart.MIN_DIVISOR`) simulates the board top instead
+        (:class:`~pipetrain.sim.uart_bridge.UartBridgeTop`: ``BoardTop`` around ``NetworkCore``
+        at ``plan.clock_hz``, N clock cycles per UART bit), every byte moved as an 8N1 frame on
+        its pins by a bit-level UART model (:mod:`pipetrain.sim.cocotb_uart`).
+    rx_timeout_s: (UART level) the link engine's receive timeout in seconds of
+        ``plan.clock_hz``, as on a board (default the board core's 21 ms); TCP splits of a frame
+        cannot trigger it (the server stops the clock while it waits for the rest).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`. Members after
     :meth:`start`: ``port``, ``url`` (``tcp://127.0.0.1:PORT``), ``design`` (the build);
     after :meth:`close`: ``stats`` (``cycles``, ``bytes_in``, ``bytes_out``, ``wakeups``,
-    ``python_s``, ``wall_s`` of the simulator process).
+    ``python_s``, ``wall_s`` of the simulator process; UART level adds ``uart_bytes_sent``,
+    ``uart_bytes_received``, ``partial_waits``, ``divisor``).
 
     Raises :class:`~pipetrain.sim.verilator.ToolchainError`/:class:`RTLSimError` from the
-    build and :class:`SimBridgeError` when the simulator exits or stays silent before the port
-    opens (the message carries the simulator log's tail).
+    build, :class:`~pipetrain.hdl.uart.UARTError` for a ``uart_divisor`` below
+    ``MIN_DIVISOR``, and :class:`SimBridgeError` when the simulator exits or stays silent
+    before the port opens (the message carries the simulator log's tail).
     """
 
     def __init__(
@@ -258,8 +274,12 @@ class SimBridge:
         startup_timeout: float = 60.0,
         port: int = 0,
         work_dir: str | os.PathLike | None = None,
+        uart_divisor: int | None = None,
+        rx_timeout_s: float | None = None,
     ) -> None:
         self.plan = plan
+        self.uart_divisor = uart_divisor
+        self.rx_timeout_s = rx_timeout_s
         self.word_bytes = word_bytes
         self.chunk_cycles = chunk_cycles
         self.startup_timeout = startup_timeout
@@ -268,7 +288,7 @@ class SimBridge:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
-        self.design: BridgeDesign | None = None
+        self.design: Any = None  # BridgeDesign, or UartBridgeDesign at UART level
         self.stats: dict[str, Any] | None = None
 
     @property
@@ -280,7 +300,13 @@ class SimBridge:
 
     def start(self) -> SimBridge:
         """Build (cached), start the simulator and wait until its port is open."""
-        self.design = build_bridge(self.plan, self.word_bytes)
+        if self.uart_divisor is None:
+            self.design = build_bridge(self.plan, self.word_bytes)
+        else:
+            from .uart_bridge import RX_TIMEOUT_S, build_uart_bridge
+
+            tmo = RX_TIMEOUT_S if self.rx_timeout_s is None else self.rx_timeout_s
+            self.design = build_uart_bridge(self.plan, self.uart_divisor, rx_timeout_s=tmo)
         if self._work_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pt-bridge-")
             self._work_dir = Path(self._tmp.name)
@@ -304,6 +330,13 @@ class SimBridge:
             "accept_timeout_s": self.startup_timeout,
             "parent_pid": os.getpid(),
         }
+        if self.uart_divisor is not None:
+            job |= {
+                "tb_module": UART_TB_MODULE,
+                "testcase": "serve",
+                "divisor": self.uart_divisor,
+                "plan": self.plan.to_json(),
+            }
         job_file = wd / "bridge_job.json"
         job_file.write_text(json.dumps(job))
         self._log = wd / "bridge.log"
@@ -390,7 +423,8 @@ def _serve(job_file: str) -> int:
     build = RTLBuild(Path(b["directory"]), b["toplevel"], b["key"], None, 0.0, True)
     work = Path(job_file).parent / "run"
     try:
-        result = run_cocotb(build, TB_MODULE, job, work_dir=work)
+        tb = job.get("tb_module", TB_MODULE)
+        result = run_cocotb(build, tb, job, work_dir=work, testcase=job.get("testcase"))
     except RTLSimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
