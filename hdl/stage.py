@@ -405,11 +405,15 @@ class StageUnit(wiring.Component):
         pg3 = [Signal(signed(f.w.bits + f.d.bits), name=f"pg3_{lane}") for lane in range(L)]
         w3 = [Signal(signed(f.w.bits), name=f"w3_{lane}") for lane in range(L)]
         u_terms3, v_terms3 = [], []
+        # The S2 → S3 product registers load every cycle: S3 reads them exactly one cycle
+        # after a valid S2, and without an enable Yosys can absorb them into the DSP blocks'
+        # output registers (iCE40 SB_MAC16, ECP5 MULT18X18D) instead of spending flip-flops.
         for lane in range(L):
+            m.d.sync += pf3[lane].eq(wh2[lane] * xf2)
             with m.If(v[2]):
-                m.d.sync += [pf3[lane].eq(wh2[lane] * xf2), w3[lane].eq(w2[lane])]
-                if st.input_gradient:  # stage 1 has no input-gradient multiplier
-                    m.d.sync += pg3[lane].eq(w2[lane] * d2[lane])
+                m.d.sync += w3[lane].eq(w2[lane])
+            if st.input_gradient:  # stage 1 has no input-gradient multiplier
+                m.d.sync += pg3[lane].eq(w2[lane] * d2[lane])
             # U terms: (product expression, its fraction bits)
             terms = [
                 (const_mul(up.momentum.value, u2[lane]), up.momentum.frac + f.w.frac),
@@ -427,8 +431,7 @@ class StageUnit(wiring.Component):
                 if n > 0 and ((n == 1 and up.lr.value == 0) or (n == 2 and up.lr_wd.value == 0)):
                     continue
                 r = Signal(expr.shape(), name=f"ut{n}_{lane}")
-                with m.If(v[2]):
-                    m.d.sync += r.eq(expr)
+                m.d.sync += r.eq(expr)  # read at S3 only (see above)
                 regs.append((r, frac))
             u_terms3.append(regs)
             if sc:
@@ -447,8 +450,7 @@ class StageUnit(wiring.Component):
                     if c.value == 0:
                         continue
                     r = Signal(expr.shape(), name=f"vt{n}_{lane}")
-                    with m.If(v[2]):
-                        m.d.sync += r.eq(expr)
+                    m.d.sync += r.eq(expr)  # read at S3 only
                     vregs.append((r, frac))
                 v_terms3.append(vregs)
 

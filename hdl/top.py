@@ -173,7 +173,11 @@ class NetworkTop(wiring.Component):
         m.submodules.loss = loss
         ctrl = TickController(plan, [u.kx for u in units])
         m.submodules.ctrl = ctrl
-        fifo = SyncFIFOBuffered(width=result_layout().size, depth=RESULT_FIFO_DEPTH)
+        # the sample number is not stored: records leave in order, so it is the pop count
+        rest = data.StructLayout(
+            {k: v.shape for k, v in result_layout() if k != "sample"}  # pred, loss, train
+        )
+        fifo = SyncFIFOBuffered(width=rest.size, depth=RESULT_FIFO_DEPTH)
         m.submodules.results = fifo
 
         # ---- stage control and the vector paths between units ----
@@ -253,24 +257,27 @@ class NetworkTop(wiring.Component):
             m.d.sync += pending.eq(0)
 
         # ---- results out ----
-        count = Signal(32)
-        res = Signal(result_layout())
+        popped = Signal(32)  # records delivered = the sample number of the next one
+        res = Signal(rest)
         m.d.comb += [
-            res.sample.eq(count),
             res.pred.eq(loss.pred),
             res.loss.eq(loss.loss),
             res.train.eq(ctrl.result_train),
             fifo.w_en.eq(ctrl.result_valid),
             fifo.w_data.eq(res.as_value()),
         ]
-        with m.If(ctrl.result_valid):
-            m.d.sync += count.eq(count + 1)
         ro = self.result_out
+        out = data.View(rest, fifo.r_data)
         m.d.comb += [
-            ro.payload.eq(fifo.r_data),
+            ro.payload.sample.eq(popped),
+            ro.payload.pred.eq(out.pred),
+            ro.payload.loss.eq(out.loss),
+            ro.payload.train.eq(out.train),
             ro.valid.eq(fifo.r_rdy),
             fifo.r_en.eq(ro.ready),
         ]
+        with m.If(ro.valid & ro.ready):
+            m.d.sync += popped.eq(popped + 1)
 
         # ---- weight access ----
         wc, wr = self.wacc_cmd, self.wacc_rsp

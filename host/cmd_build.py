@@ -152,6 +152,28 @@ def synth_overflow(board: Board, cells: dict[str, int]) -> list[str]:
     return out
 
 
+#: nextpnr's messages when the placed design has more cells of a kind than the device:
+#: ``Failed to expand region … of N ICESTORM_LCs`` (iCE40 packer/placer) and ``Design uses N
+#: TRELLIS_COMB …`` style lines are reduced to (cell type, count needed).
+_PNR_OVERFLOW = (
+    re.compile(r"Failed to expand region .* of (\d+) (ICESTORM_LCs|TRELLIS_COMB|TRELLIS_SLICE)"),
+    re.compile(r"Unable to place cell .*: (\d+) (ICESTORM_LC|TRELLIS_COMB) cells? needed"),
+)
+
+
+def pnr_overflow(board: Board, log: str) -> str | None:
+    """Return "N logic cells needed, M available" when nextpnr gave up because the packed
+    design has more logic cells (LUT4 + flip-flop pairs) than ``board.luts``, else None."""
+    for pat in _PNR_OVERFLOW:
+        m = pat.search(log)
+        if m and int(m.group(1)) > board.luts:
+            return (
+                f"{int(m.group(1))} logic cells ({m.group(2)}: LUT4 + flip-flop) needed after "
+                f"packing, {board.luts} available"
+            )
+    return None
+
+
 def _first_error(log: str) -> str:
     for line in log.splitlines():
         if re.search(r"\bERROR\b|error:", line):
@@ -234,6 +256,13 @@ def build_design(
                 f"the synthesised design does not fit {board.name} ({board.description}): "
                 + "; ".join(over)
                 + f" (Yosys log: {rpt})"
+            )
+        packed = pnr_overflow(board, log)
+        if packed:
+            raise BoardFitError(
+                f"the placed design does not fit {board.name} ({board.description}): {packed} "
+                f"(synthesis: {synth_cells(yosys_log).get(_SYNTH_HARD[board.family]['luts'][0], 0)}"
+                f" LUT4; full log: {out / 'build.log'}). Use a smaller network or a bigger board"
             )
         tim = out / f"{name}.tim"
         detail = _first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""

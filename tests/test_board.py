@@ -355,6 +355,19 @@ def test_list_boards_json() -> None:
 
 
 def test_build_fit_error_is_a_clean_cli_error() -> None:
-    res = _runner().invoke(cli, ["build", "mlp-digits", "--board", "icebreaker", "--lanes", "1"])
+    # the plan check fails before any tool runs: 12 SB_MAC16 needed, 8 on the chip
+    res = _runner().invoke(cli, ["build", "mlp-digits-deep", "--board", "icebreaker"])
     assert res.exit_code == 2, res.output
     assert "does not fit icebreaker" in res.output and "Traceback" not in res.output
+    assert "12 multipliers needed, 8 available" in res.output
+
+
+def test_pnr_logic_cell_overflow_is_reported_as_needed_vs_available() -> None:
+    from pipetrain.host.cmd_build import pnr_overflow
+
+    log = "Info: ...\nERROR: Failed to expand region (0, 0) |_> (25, 31) of 5578 ICESTORM_LCs\n"
+    msg = pnr_overflow(BOARDS["icebreaker"], log)
+    assert msg == (
+        "5578 logic cells (ICESTORM_LCs: LUT4 + flip-flop) needed after packing, 5280 available"
+    )
+    assert pnr_overflow(BOARDS["icebreaker"], "ERROR: something else") is None
