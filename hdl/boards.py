@@ -98,6 +98,9 @@ class Board:
         formats). iCE40: 16, one SB_MAC16 operand and one SPRAM word; ``w`` and ``u`` keep
         their integer bits and give up fraction bits (``pipetrain.host.cmd_build.
         plan_for_board``).
+    activation_bits: widest activation / error word (``x``, ``y``, ``d``, ``gin``; 0: the
+        compiler's formats). iCE40: 12 — narrower registers, adders and stashes; golden
+        model, 4 epochs on digits: 0.9528 test accuracy vs 0.9583 at 16 bits.
     const_bits: significant bits of the update constants on this board (18: the compiler's
         default; iCE40: 5, so that lr and momentum are shifts and short shift-add chains
         instead of SB_MAC16s — ``compiler.build.build_plan``).
@@ -123,7 +126,13 @@ class Board:
     multiplier_min_product_bits: int = 0
     bram_configs: tuple[tuple[int, int], ...] = ECP5_BRAM_CONFIGS
     weight_bits: int = 0
+    activation_bits: int = 0
     const_bits: int = 18
+
+    def format_bits(self) -> dict[str, int]:
+        """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
+        a = self.activation_bits
+        return {"w": self.weight_bits, "u": self.weight_bits, "x": a, "y": a, "d": a, "gin": a}
 
     @property
     def bram_bits(self) -> int:
@@ -211,6 +220,7 @@ BOARDS: dict[str, Board] = {
             multiplier_min_product_bits=11,
             bram_configs=ICE40_BRAM_CONFIGS,
             weight_bits=16,
+            activation_bits=12,
             const_bits=5,
         ),
     )

@@ -302,8 +302,6 @@ class StageUnit(wiring.Component):
             grd.addr.eq(Mux(self.gr_half, G, 0) + g0),
             mrd.addr.eq(self.bm_base + g0),
         ]
-        if use_gacc:
-            m.d.comb += ard.addr.eq(i0)
 
         def wire(expr, name: str) -> Signal:
             """A comb signal for a value used more than once (one adder in the netlist)."""
@@ -371,7 +369,12 @@ class StageUnit(wiring.Component):
         what_bits = forward_weight_bits(f.w, up.lwp_horizon)
         w2 = [Signal(signed(f.w.bits), name=f"w2_{lane}") for lane in range(L)]
         u2 = [Signal(signed(f.u.bits), name=f"u2_{lane}") for lane in range(L)]
-        wh2 = [Signal(signed(what_bits), name=f"wh2_{lane}") for lane in range(L)]
+        # without LWP the forward weight is w itself: one register, not two
+        wh2 = (
+            [Signal(signed(what_bits), name=f"wh2_{lane}") for lane in range(L)]
+            if up.lwp_horizon
+            else w2
+        )
         d2 = [Signal(signed(f.d.bits), name=f"d2_{lane}") for lane in range(L)]
         xf2 = Signal(signed(x_operand_bits(f.x)))
         xb2 = Signal(signed(x_operand_bits(f.x)))
@@ -383,9 +386,10 @@ class StageUnit(wiring.Component):
                 m.d.sync += [
                     w2[lane].eq(wr[lane].data),
                     u2[lane].eq(ur[lane].data),
-                    wh2[lane].eq(what1[lane]),
                     d2[lane].eq(deltas1[lane]),
                 ]
+                if up.lwp_horizon:
+                    m.d.sync += wh2[lane].eq(what1[lane])
         pad = []  # per lane: 1 if padding in this slot, by pipeline stage
         for lane in range(L):
             if lane >= pad_first:
@@ -393,12 +397,10 @@ class StageUnit(wiring.Component):
             else:
                 pad.append([Const(0, 1)] * (ws + 1))
         if use_gacc:
-            ga2 = Signal(signed(st.acc_bwd_bits))
-            ga3 = Signal(signed(st.acc_bwd_bits))
-            with m.If(v[1]):
-                m.d.sync += ga2.eq(ard.data)
-            with m.If(v[2]):
-                m.d.sync += ga3.eq(ga2)
+            # the partial sum of column i is read at S2 and arrives at S3, where it is added
+            # (no pipeline copies); the write of the same column is a whole row later
+            m.d.comb += ard.addr.eq(iv[2])
+            ga3 = ard.data
 
         # ---------------- S2: products ----------------
         pf3 = [Signal(signed(what_bits + f.x.bits + 1), name=f"pf3_{lane}") for lane in range(L)]
@@ -608,7 +610,7 @@ class StageUnit(wiring.Component):
         r_we = Signal()
         r_kind = Signal(2)
         r_lane = Signal.like(self.acc_lane)
-        r_wv = Signal(signed(32))
+        r_wv = Signal(signed(max(f.w.bits, f.u.bits)))  # the saturated write data
         m.d.sync += [
             r_we.eq(self.acc_we),
             r_kind.eq(self.acc_kind),

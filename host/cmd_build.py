@@ -300,8 +300,9 @@ def plan_for_board(
 
     1. constants with ``board.const_bits`` significant bits (iCE40: 5 — lr 0.002 becomes the
        shift 2^-9, m 0.9 becomes 29/32, a three-digit shift-add; no SB_MAC16 for them);
-    2. weights and velocities narrowed to ``board.weight_bits`` (iCE40: 16) keeping their
-       calibrated integer bits (the auto formats are computed once and reused);
+    2. formats narrowed to the board's widths (iCE40: 16-bit weights and velocities, 12-bit
+       activations and errors), keeping their calibrated integer bits
+       (:func:`narrow_formats`; the auto formats are computed once and reused);
     3. lanes: ``lanes`` if given; otherwise the compiler's default balance, and if that plan
        does not fit (:func:`check_fit`), one lane per stage — the UART bounds samples/s well
        below one lane's compute rate (see :mod:`pipetrain.hdl.board`), so fewer lanes cost
@@ -321,7 +322,7 @@ def plan_for_board(
         "const_bits": board.const_bits,
     }
     first = compile_result(model, lanes=lanes, **opts)
-    over = narrow_weight_formats(first.plan, board.weight_bits)
+    over = narrow_formats(first.plan, board.format_bits())
 
     def make(lanes_: tuple[int, ...] | None, single_port: tuple[int, ...] = ()) -> Any:
         if not over and not single_port and lanes_ == lanes:
@@ -353,20 +354,28 @@ def plan_for_board(
     raise err
 
 
-def narrow_weight_formats(plan: Any, weight_bits: int) -> list[str]:
-    """Format overrides (``s<i>.w=Qi.f``, ``s<i>.u=Qi.f``) that fit each stage's ``w`` and ``u``
-    into ``weight_bits`` bits, keeping their integer bits and a common fraction (numerics: the
-    velocity is stored in weight units); [] when ``weight_bits`` is 0 or every stage fits."""
+def narrow_formats(plan: Any, widths: dict[str, int]) -> list[str]:
+    """Format overrides (``s<i>.<tensor>=Qi.f``) that fit each stage's tensors into
+    ``widths[tensor]`` bits (0 or absent: leave it), keeping their calibrated integer bits and
+    giving up fraction bits; [] when everything fits already.
+
+    The same rule on every tensor keeps the formats that must agree equal: stage s's ``y`` and
+    stage s+1's ``x``, stage s's ``d`` and stage s+1's ``gin``, and ``w``/``u`` share a
+    fraction (the velocity is stored in weight units: their common fraction is set by the
+    wider integer part)."""
     out: list[str] = []
-    if not weight_bits:
-        return out
     for st in plan.stages:
-        fw, fu = st.formats.w, st.formats.u
-        if max(fw.bits, fu.bits) <= weight_bits:
-            continue
-        wi, ui = fw.bits - 1 - fw.frac, fu.bits - 1 - fu.frac
-        frac = weight_bits - 1 - max(wi, ui)
-        out += [f"s{st.index}.w=Q{wi}.{frac}", f"s{st.index}.u=Q{ui}.{frac}"]
+        f = st.formats
+        wb = widths.get("w", 0) or widths.get("u", 0)
+        if wb and max(f.w.bits, f.u.bits) > wb:
+            wi, ui = f.w.bits - 1 - f.w.frac, f.u.bits - 1 - f.u.frac
+            frac = wb - 1 - max(wi, ui)
+            out += [f"s{st.index}.w=Q{wi}.{frac}", f"s{st.index}.u=Q{ui}.{frac}"]
+        for t in ("x", "y", "d", "gin"):
+            q, bits = getattr(f, t), widths.get(t, 0)
+            if q is not None and bits and q.bits > bits:
+                i = q.bits - 1 - q.frac
+                out.append(f"s{st.index}.{t}=Q{i}.{bits - 1 - i}")
     return out
 
 

@@ -97,6 +97,12 @@ def test_plan_for_board_fits_mlp_digits_on_the_icebreaker() -> None:
     assert [s.lanes for s in plan.stages] == [1, 1]
     # 16-bit weights with the calibrated integer bits, SPRAM for both stages' w and u
     assert {(str(s.formats.w), str(s.formats.u)) for s in plan.stages} == {("Q1.14", "Q1.14")}
+    # 12-bit activations and errors, the calibrated integer bits kept (auto: Q2.13 → Q2.9, …)
+    assert [(str(s.formats.x), str(s.formats.y), str(s.formats.d)) for s in plan.stages] == [
+        ("Q2.9", "Q3.8", "Q2.9"),
+        ("Q3.8", "Q4.7", "Q1.10"),
+    ]
+    assert str(plan.stages[1].formats.gin) == "Q2.9"  # = stage 1's d, as the format rules ask
     assert [s.slot_cycles for s in plan.stages] == [2, 2]
     # 5-bit constants: lr 0.002 → 2^-9 (a shift), m 0.9 → 29/32 (three signed digits)
     up = plan.stages[0].update
