@@ -70,7 +70,12 @@ class NetworkCore(wiring.Component):
     ----------
     plan: the design plan (its ``clock_hz`` should be the board clock).
     rx_timeout_s: seconds without a byte inside a frame before the link drops it; converted to
-        cycles of ``plan.clock_hz`` (the link engine counts cycles).
+        cycles of ``plan.clock_hz`` (the link engine counts cycles), at least one cycle;
+        0 turns the timeout off (a frame cut short then waits for the next bytes).
+
+    Raises
+    ------
+    ValueError: ``rx_timeout_s`` is negative.
 
     Members
     -------
@@ -80,8 +85,11 @@ class NetworkCore(wiring.Component):
     """
 
     def __init__(self, plan: Any, rx_timeout_s: float = 0.021) -> None:
+        if rx_timeout_s < 0:
+            raise ValueError(f"rx_timeout_s must be ≥ 0 s (0 = off), got {rx_timeout_s}")
         self.plan = plan
-        self.rx_timeout = max(1, round(plan.clock_hz * rx_timeout_s))
+        # 0 s is "off" (LinkEngine's rx_timeout=0); any positive time is at least one cycle
+        self.rx_timeout = max(1, round(plan.clock_hz * rx_timeout_s)) if rx_timeout_s else 0
         super().__init__(dict(byte_core_signature().members) | {"busy": Out(1)})
 
     def elaborate(self, platform: Any) -> Module:

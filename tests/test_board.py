@@ -196,6 +196,18 @@ def test_board_top_loopback_echoes_bytes_and_beats() -> None:
     assert len(edges) >= 2 and all(b - a == 200 for a, b in zip(edges, edges[1:], strict=False))
 
 
+def test_network_core_timeout_zero_is_off() -> None:
+    """0 s turns the link's receive timeout off (it was one cycle: every frame was dropped)."""
+    from pipetrain.hdl.board import NetworkCore
+
+    plan = build_plan(MLP_DIGITS, TrainConfig())
+    assert NetworkCore(plan, rx_timeout_s=0).rx_timeout == 0
+    assert NetworkCore(plan, rx_timeout_s=1e-12).rx_timeout == 1  # positive: ≥ one cycle
+    assert NetworkCore(plan, rx_timeout_s=0.021).rx_timeout == round(plan.clock_hz * 0.021)
+    with pytest.raises(ValueError, match="rx_timeout_s must be ≥ 0"):
+        NetworkCore(plan, rx_timeout_s=-1.0)
+
+
 # --- nextpnr report parsing ----------------------------------------------------------------
 
 _YOSYS_TAIL = """
