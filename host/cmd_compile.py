@@ -25,7 +25,13 @@ from ..compiler.report import plan_summary, stage_table, totals_text
 from ..compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
 from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
 
-__all__ = ["train_config_options", "config_overrides", "parse_memory", "compile_cmd"]
+__all__ = [
+    "train_config_options",
+    "plan_format_options",
+    "config_overrides",
+    "parse_memory",
+    "compile_cmd",
+]
 
 register_user_error(PlanError)
 
@@ -54,6 +60,42 @@ def train_config_options(func: Callable) -> Callable:
     """Add one option per TrainConfig field (default: unset, i.e. keep the model's config)."""
     for opt, field, typ, text in reversed(_CONFIG_OPTIONS):
         func = click.option(opt, field, type=typ, default=None, help=text)(func)
+    return func
+
+
+def plan_format_options(func: Callable) -> Callable:
+    """Add the options that shape the plan's formats and lanes, shared by ``compile`` and
+    ``train``: ``--formats``, ``--format`` (repeatable), ``--calib-samples``, ``--lanes``."""
+    options = (
+        click.option(
+            "--formats",
+            "formats",
+            type=click.Choice(["auto", "default"]),
+            default="auto",
+            show_default=True,
+            help="auto: calibrate on --data with the float reference trainer; "
+            "default: static formats.",
+        ),
+        click.option(
+            "--format",
+            "format_items",
+            multiple=True,
+            metavar="KEY=Qi.f",
+            help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
+            "repeatable.",
+        ),
+        click.option(
+            "--calib-samples",
+            type=int,
+            default=None,
+            help="Samples streamed for calibration [default: the whole training run].",
+        ),
+        click.option(
+            "--lanes", "lanes_text", default=None, help="Lanes: N for all stages, or 8,2."
+        ),
+    )
+    for opt in reversed(options):
+        func = opt(func)
     return func
 
 
@@ -102,29 +144,8 @@ def parse_memory(text: str) -> int:
     default=None,
     help="Output folder for plan.json and report.md [default: build/<name>].",
 )
-@click.option(
-    "--formats",
-    "formats",
-    type=click.Choice(["auto", "default"]),
-    default="auto",
-    show_default=True,
-    help="auto: calibrate on --data with the float reference trainer; default: static formats.",
-)
-@click.option(
-    "--format",
-    "format_items",
-    multiple=True,
-    metavar="KEY=Qi.f",
-    help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); repeatable.",
-)
 @click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
-@click.option(
-    "--calib-samples",
-    type=int,
-    default=None,
-    help="Samples streamed for calibration [default: the whole training run].",
-)
-@click.option("--lanes", "lanes_text", default=None, help="Lanes: N for all stages, or 8,2.")
+@plan_format_options
 @click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
 @click.option("--max-multipliers", type=int, default=None, help="Fastest design with ≤ M mults.")
 @click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")

@@ -49,7 +49,7 @@ from ..sim.golden import GoldenError, GoldenModel
 from ..sim.trainer import Trainer, accuracy
 from ..sim.verilator import RTLSimError, ToolchainError
 from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
-from .cmd_compile import config_overrides, train_config_options
+from .cmd_compile import config_overrides, plan_format_options, train_config_options
 from .data import Dataset, load_data
 from .device import Device, DeviceError, open
 from .protocol import LinkError, PlanMismatchError
@@ -287,22 +287,7 @@ def compile_job(
     show_default=True,
     help="Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32.",
 )
-@click.option(
-    "--formats",
-    type=click.Choice(["auto", "default"]),
-    default="auto",
-    show_default=True,
-    help="auto: calibrate on --data with the float reference trainer; default: static.",
-)
-@click.option(
-    "--format",
-    "format_items",
-    multiple=True,
-    metavar="KEY=Qi.f",
-    help="Override a format: s1.x=Q3.12 or w=Q3.20; repeatable.",
-)
-@click.option("--calib-samples", type=int, default=None, help="Calibration samples.")
-@click.option("--lanes", "lanes_text", default=None, help="Lanes: N for all stages, or 8,2.")
+@plan_format_options
 @click.option(
     "--save", type=click.Path(dir_okay=False), default=None, help="Save the state_dict (.pt)."
 )
