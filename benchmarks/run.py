@@ -134,9 +134,9 @@ class _Phase:
 
 def _link_bound(plan: Any, baud: int) -> float:
     """Upper bound of samples/s over an 8N1 UART at ``baud``: only the sample record's bytes
-    (:class:`pipetrain.host.protocol.LinkParams` ``record_bytes``), 10 line bits per byte;
+    (:class:`pipetrain.protocol.wire.LinkParams` ``record_bytes``), 10 line bits per byte;
     frame headers, CRC and result reads lower it further."""
-    from pipetrain.host.protocol import LinkParams
+    from pipetrain.protocol.wire import LinkParams
 
     return baud / 10 / LinkParams.from_plan(plan).record_bytes
 

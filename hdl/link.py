@@ -2,8 +2,8 @@
 network top.
 
 The wire format, the commands and the reliability rules are those of ``docs/protocol.md``; the
-constants come from :mod:`pipetrain.host.protocol`, and :class:`~pipetrain.host.protocol.
-LinkDeviceModel` is this engine's byte-exact Python model (the tests compare them).
+constants come from :mod:`pipetrain.protocol.wire`, and :class:`~pipetrain.protocol.
+device_model.LinkDeviceModel` is this engine's byte-exact Python model (the tests compare them).
 
 Structure (one frame at a time; the receiver is stalled while a command runs or a response is
 sent, which is correct under any backpressure because every byte moves by a stream handshake):
@@ -43,7 +43,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import Plan
-from ..host.protocol import (
+from ..protocol.wire import (
     CRC_POLY_REFLECTED,
     HELLO_BYTES,
     NAK,
@@ -136,7 +136,7 @@ class LinkEngine(wiring.Component):
 
     Attributes
     ----------
-    params: the :class:`~pipetrain.host.protocol.LinkParams`.
+    params: the :class:`~pipetrain.protocol.wire.LinkParams`.
     plan_hash: the plan hash as an integer (64 bit); HELLO reports it.
     """
 

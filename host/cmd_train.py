@@ -49,10 +49,10 @@ from ..sim.golden import GoldenError, GoldenModel
 from ..sim.trainer import Trainer, accuracy
 from ..sim.verilator import RTLSimError, ToolchainError
 from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
+from .client import LinkError, PlanMismatchError
 from .cmd_compile import config_overrides, plan_format_options, train_config_options
 from .data import Dataset, load_data
 from .device import Device, DeviceError, open
-from .protocol import LinkError, PlanMismatchError
 from .transport import TransportError
 
 __all__ = [

@@ -44,11 +44,12 @@ from tqdm import tqdm
 from ..compiler.compile import CompileResult, compile_result
 from ..compiler.config import TrainConfig
 from ..compiler.plan import Plan
+from ..protocol.wire import Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel
 from ..sim.trainer import accuracy
+from .client import LinkClient, LinkError, quantise_inputs
 from .data import epoch_order
-from .protocol import LinkClient, LinkError, Result, loss_value, quantise_inputs
 from .transport import TcpTransport, Transport, open_transport
 
 __all__ = [
@@ -252,7 +253,7 @@ class Device:
 
         ``progress``: a tqdm bar over samples (None: on a TTY for ≥ ``PROGRESS_MIN_SAMPLES``).
         Raises :class:`DeviceError` for bad shapes/labels or ``epochs < 1``;
-        :class:`~pipetrain.host.protocol.LinkError` when the link fails.
+        :class:`~pipetrain.host.client.LinkError` when the link fails.
         """
         self._check()
         xt, yt = self._xy(x, y)
@@ -580,7 +581,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
 
     Raises :class:`DeviceError` for an unknown target or a missing model,
     :class:`~pipetrain.host.transport.TransportError` when a link cannot be opened,
-    :class:`~pipetrain.host.protocol.PlanMismatchError` when the device was built from another
+    :class:`~pipetrain.host.client.PlanMismatchError` when the device was built from another
     plan, the compiler's errors for a bad model/config, and for ``sim``
     :class:`~pipetrain.sim.verilator.ToolchainError`/:class:`~pipetrain.sim.verilator.RTLSimError`
     when the simulation cannot be built or started.

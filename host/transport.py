@@ -1,7 +1,7 @@
 """Byte transports for the host link: in-process loopback, fault injection, serial and TCP.
 
-A transport moves raw bytes; framing, CRC and retransmission live in
-:mod:`pipetrain.host.protocol`. The interface is two calls:
+A transport moves raw bytes; framing and CRC live in :mod:`pipetrain.protocol.wire`,
+retransmission in :mod:`pipetrain.host.client`. The interface is two calls:
 
 * ``write(data)`` — send bytes (never blocks for long);
 * ``read(timeout)`` — return the bytes that arrive within ``timeout`` seconds, as soon as some
@@ -63,8 +63,8 @@ class Transport(ABC):
 class ByteDevice(Protocol):
     """An in-process device: ``step(data)`` consumes host bytes, runs until the device is quiet
     (nothing left to do, a partial frame dropped by its receive timeout) and returns the bytes
-    it sent. :class:`~pipetrain.host.protocol.LinkDeviceModel` and the RTL simulation harnesses
-    implement it."""
+    it sent. :class:`~pipetrain.protocol.device_model.LinkDeviceModel` and the RTL simulation
+    harnesses implement it."""
 
     def step(self, data: bytes) -> bytes:
         """Consume ``data``; return the device's output."""

@@ -181,7 +181,7 @@ class FrameTracker:
     Parameters
     ----------
     length_ok: ``(type, length) -> bool``, the engine's header check
-        (:meth:`~pipetrain.host.protocol.LinkParams.command_length_ok`).
+        (:meth:`~pipetrain.protocol.wire.LinkParams.command_length_ok`).
 
     Members
     -------
@@ -229,7 +229,7 @@ class FrameTracker:
 class _Server:
     def __init__(self, dut: Any, job: dict[str, Any]) -> None:
         from ..compiler.plan import Plan
-        from ..host.protocol import LinkParams
+        from ..protocol.wire import LinkParams
 
         self.dut, self.job = dut, job
         self.div = int(job["divisor"])

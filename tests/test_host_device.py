@@ -14,8 +14,9 @@ from pipetrain.compiler.build import build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.host import Device, DeviceError, open
-from pipetrain.host.protocol import LinkDeviceModel, LinkParams, Result
 from pipetrain.host.transport import TransportError
+from pipetrain.protocol.device_model import LinkDeviceModel
+from pipetrain.protocol.wire import LinkParams, Result
 from pipetrain.sim.golden import GoldenModel
 from pipetrain.sim.reference import ReferenceTrainer
 from torch import nn

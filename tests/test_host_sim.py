@@ -152,8 +152,8 @@ def test_main_job_defaults(tmp_path):
 
 def test_bridge_serves_frames_split_across_writes(compiled):
     """A frame that arrives in pieces (TCP segments, junk before it) is still one command."""
-    from pipetrain.host.protocol import Cmd, Frame, FrameDecoder, encode_frame
     from pipetrain.host.transport import TcpTransport
+    from pipetrain.protocol.wire import Cmd, Frame, FrameDecoder, encode_frame
 
     result, _ = compiled
     with bridge.SimBridge(result.plan) as sim:

@@ -12,22 +12,21 @@ from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pipetrain.hdl.link import LinkEngine, crc32_step_matrix
-from pipetrain.host.protocol import (
+from pipetrain.host.client import LinkClient
+from pipetrain.host.transport import FaultyTransport, LoopbackTransport
+from pipetrain.protocol.device_model import LinkDeviceModel, ToyNetwork
+from pipetrain.protocol.wire import (
     SYNC,
     Cmd,
     Frame,
     FrameDecoder,
-    LinkClient,
-    LinkDeviceModel,
     LinkParams,
     Result,
-    ToyNetwork,
     crc32,
     encode_frame,
     encode_record,
     weight_header,
 )
-from pipetrain.host.transport import FaultyTransport, LoopbackTransport
 from test_protocol import tiny_plan
 
 PLAN = tiny_plan(lwp_w=False)

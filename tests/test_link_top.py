@@ -15,7 +15,7 @@ from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.hdl.link import LinkEngine
 from pipetrain.hdl.top import NetworkTop
-from pipetrain.host.protocol import LinkClient, quantise_inputs
+from pipetrain.host.client import LinkClient, quantise_inputs
 from pipetrain.host.transport import FaultyTransport, LoopbackTransport
 from pipetrain.sim.golden import GoldenModel
 from test_link import RX_TIMEOUT, EngineSim

@@ -11,29 +11,30 @@ from hypothesis import strategies as st
 from pipetrain.compiler.build import build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
-from pipetrain.host.protocol import (
+from pipetrain.host.client import (
+    LinkClient,
+    LinkError,
+    NakError,
+    PlanMismatchError,
+    quantise_inputs,
+)
+from pipetrain.host.transport import FaultyTransport, LoopbackTransport
+from pipetrain.protocol.device_model import LinkDeviceModel, ToyNetwork
+from pipetrain.protocol.wire import (
     NAK,
     SYNC,
     Cmd,
     Frame,
     FrameDecoder,
-    LinkClient,
-    LinkDeviceModel,
-    LinkError,
     LinkParams,
-    NakError,
     NakReason,
-    PlanMismatchError,
     Result,
-    ToyNetwork,
     crc32,
     encode_frame,
     encode_record,
     loss_value,
-    quantise_inputs,
     response_type,
 )
-from pipetrain.host.transport import FaultyTransport, LoopbackTransport
 
 FUZZ = settings(
     max_examples=150,

@@ -9,8 +9,10 @@ import threading
 
 import numpy as np
 import pytest
-from pipetrain.host.protocol import LinkClient, LinkDeviceModel, LinkParams, ToyNetwork
+from pipetrain.host.client import LinkClient
 from pipetrain.host.transport import TransportError, open_transport
+from pipetrain.protocol.device_model import LinkDeviceModel, ToyNetwork
+from pipetrain.protocol.wire import LinkParams
 from test_protocol import PLAN
 
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 from pipetrain.hdl.uart import MIN_DIVISOR, UARTError
 from pipetrain.host import open
-from pipetrain.host.protocol import Cmd, Counters, Frame, FrameDecoder, encode_frame
 from pipetrain.host.transport import TcpTransport
+from pipetrain.protocol.wire import Cmd, Counters, Frame, FrameDecoder, encode_frame
 from pipetrain.sim.bridge import SimBridge
 from pipetrain.sim.golden import GoldenModel
 from pipetrain.sim.uart_bridge import UartBridgeTop, build_uart_bridge
