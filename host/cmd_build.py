@@ -44,6 +44,7 @@ __all__ = [
     "BuildError",
     "build_design",
     "parse_report",
+    "compile_for_board",
     "plan_for_board",
     "deploy_bitstream",
 ]
@@ -290,11 +291,21 @@ def build_design(
     return result
 
 
-def plan_for_board(
-    model: str, board: Board, seed: int = 0, lanes: tuple[int, ...] | None = None
+def compile_for_board(
+    model: Any,
+    board: Board,
+    seed: int | None = 0,
+    lanes: tuple[int, ...] | None = None,
+    **compile_options: Any,
 ) -> Any:
-    """Compile ``model`` (built-in name or ``.py`` file) to a plan fitted to ``board``, clocked
-    at the board clock.
+    """Compile ``model`` (built-in name, ``.py`` file or ``nn.Module``) to a
+    :class:`~pipetrain.compiler.compile.CompileResult` whose plan is fitted to ``board`` and
+    clocked at the board clock: the plan ``pipetrain build --board`` puts in the bitstream and
+    ``pipetrain train --board`` streams to it (the device checks the plan hash at HELLO).
+
+    ``compile_options``: further :func:`~pipetrain.compiler.compile.compile_result` options
+    (``config_overrides``, ``formats``, ``format_overrides``, ``data``, ``calib_samples``,
+    ``name``); ``seed=None`` leaves the seed to them / the model's config.
 
     Fitting, in order (each step only when the board asks for it):
 
@@ -304,9 +315,9 @@ def plan_for_board(
        activations and errors), keeping their calibrated integer bits
        (:func:`narrow_formats`; the auto formats are computed once and reused);
     3. lanes: ``lanes`` if given; otherwise the compiler's default balance, and if that plan
-       does not fit (:func:`check_fit`), one lane per stage — the UART bounds samples/s well
-       below one lane's compute rate (see :mod:`pipetrain.hdl.board`), so fewer lanes cost
-       only idle compute;
+       does not fit (:func:`~pipetrain.hdl.boards.check_fit`), one lane per stage — the UART
+       bounds samples/s well below one lane's compute rate (see :mod:`pipetrain.hdl.board`),
+       so fewer lanes cost only idle compute;
     4. SPRAM (iCE40 UltraPlus): one-lane stages, largest weight + velocity bits first, get
        single-port SPRAM weight memories (``Stage.slot_cycles`` = 2: a slot every other
        cycle) as long as SPRAMs remain.
@@ -321,12 +332,14 @@ def plan_for_board(
         "seed": seed,
         "const_bits": board.const_bits,
     }
-    first = compile_result(model, lanes=lanes, **opts)
+    shared = {k: v for k, v in compile_options.items() if k in ("config_overrides", "name")}
+    first = compile_result(model, lanes=lanes, **opts, **compile_options)
     over = narrow_formats(first.plan, board.format_bits())
 
     def make(lanes_: tuple[int, ...] | None, single_port: tuple[int, ...] = ()) -> Any:
         if not over and not single_port and lanes_ == lanes:
-            return first.plan
+            return first
+        # the calibrated formats of the first compile (user overrides included), narrowed
         return compile_result(
             model,
             lanes=lanes_,
@@ -334,24 +347,32 @@ def plan_for_board(
             format_overrides=over,
             single_port=single_port,
             **opts,
-        ).plan
+            **shared,
+        )
 
     candidates = [lanes] if lanes is not None else [None, (1,)]
     err: BoardFitError | None = None
-    plan = None
+    result = None
     for lanes_ in candidates:
-        plan = _with_spram(make(lanes_), board, lambda sp, ln=lanes_: make(ln, sp))
-        if plan is not None and all(s.lanes == 1 for s in plan.stages) and lanes_ is None:
+        result = _with_spram(make(lanes_), board, lambda sp, ln=lanes_: make(ln, sp))
+        if all(s.lanes == 1 for s in result.plan.stages) and lanes_ is None:
             candidates = [None]  # the default plan is already one lane per stage
         try:
-            check_fit(plan, board)
-            return plan
+            check_fit(result.plan, board)
+            return result
         except BoardFitError as exc:
             err = exc
     if lanes is not None:
-        return plan
+        return result
     assert err is not None
     raise err
+
+
+def plan_for_board(
+    model: Any, board: Board, seed: int | None = 0, lanes: tuple[int, ...] | None = None
+) -> Any:
+    """The plan of :func:`compile_for_board` (same arguments and errors)."""
+    return compile_for_board(model, board, seed=seed, lanes=lanes).plan
 
 
 def narrow_formats(plan: Any, widths: dict[str, int]) -> list[str]:
@@ -379,24 +400,24 @@ def narrow_formats(plan: Any, widths: dict[str, int]) -> list[str]:
     return out
 
 
-def _with_spram(plan: Any, board: Board, make: Any) -> Any:
-    """Give every one-lane stage SPRAM weight memories, largest first, while SPRAMs remain
-    (see :func:`plan_for_board`, step 4). Not only until the plan's own count fits: that
-    count covers the stage weights and stashes, while the link engine, the loss unit and the
-    error buffers take ~15 more EBRs on the iCE40 (measured with Yosys, ``mlp-digits``), so
-    every EBR the weights leave free is needed."""
+def _with_spram(result: Any, board: Board, make: Any) -> Any:
+    """Give every one-lane stage of ``result`` (a CompileResult) SPRAM weight memories, largest
+    first, while SPRAMs remain (see :func:`compile_for_board`, step 4). Not only until the
+    plan's own count fits: that count covers the stage weights and stashes, while the link
+    engine, the loss unit and the error buffers take ~15 more EBRs on the iCE40 (measured with
+    Yosys, ``mlp-digits``), so every EBR the weights leave free is needed."""
     if not board.spram_blocks:
-        return plan
+        return result
     chosen: list[int] = []
     free = board.spram_blocks
-    for st in sorted(plan.stages, key=lambda s: -(s.weight_bits + s.velocity_bits)):
+    for st in sorted(result.plan.stages, key=lambda s: -(s.weight_bits + s.velocity_bits)):
         f = st.formats
         need = -(-f.w.bits // 16) + -(-f.u.bits // 16)
         if st.lanes != 1 or st.cycles_per_tick > 16384 or need > free:
             continue
         chosen.append(st.index)
         free -= need
-    return make(tuple(sorted(chosen))) if chosen else plan
+    return make(tuple(sorted(chosen))) if chosen else result
 
 
 def _board_option(func: Any) -> Any:

@@ -10,6 +10,12 @@ port), ``golden`` (fixed-point golden model), ``reference`` (float PB reference 
 target gets the same plan, the same initial weights (the model initialised with ``--seed``) and
 the same sample order (:func:`pipetrain.host.data.epoch_order`), so their numbers compare.
 
+A board runs the plan fitted to it by ``pipetrain build MODEL --board NAME`` (board clock,
+lanes, formats, memories): train it with the same ``--board NAME`` (and ``--seed``,
+``--lanes``), e.g. ``pipetrain train --board icebreaker --target serial:///dev/ttyUSB1``; the
+device refuses any other plan at HELLO (plan hash). ``--board`` with ``golden``/``sim`` shows
+what that board's arithmetic learns, bit for bit.
+
 Model ``mlp`` sizes a ReLU MLP from the data (features → ``--hidden`` → classes), for a
 ``--data FILE.npz`` that the digits models do not fit.
 
@@ -20,7 +26,7 @@ value), so a board built with ``pipetrain build MODEL`` accepts any number of ep
 ``--json FILE`` gets ``{"target", "model", "test_accuracy", "float_test_accuracy",
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
-"stage_saturations", "epochs", "schedule", "mitigation", "plan_hash", "formats_source",
+"stage_saturations", "epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
 "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1] (``float_test_accuracy``: the
 device's weights loaded into the original module, evaluated by PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
@@ -151,12 +157,14 @@ def run_training(
     progress: bool | None = None,
     verify: bool = True,
     save: str | None = None,
+    board: str | None = None,
 ) -> tuple[dict[str, Any], Device]:
     """Train ``result``'s model on ``target`` for ``epochs`` epochs of ``ds``; return the report
     (module docstring) and the closed device.
 
     ``verify``: for ``sim``, run the golden model on the same stream and compare
     (``bit_exact``). ``save``: write the trained ``state_dict`` there (``torch.save``).
+    ``board``: the board ``result`` was fitted to (reported only).
     Raises :class:`PlanError` for an unknown target or data that does not fit the model,
     :class:`TrainCheckError` when the device's trained-sample counter differs from the host's.
     """
@@ -205,6 +213,7 @@ def run_training(
         "saturations": sum(sats),
         "stage_saturations": sats,
         "epochs": epochs,
+        "board": board,
         "schedule": result.plan.schedule,
         "mitigation": result.plan.mitigation,
         "plan_hash": result.plan.hash,
@@ -248,27 +257,35 @@ def compile_job(
     format_items: Sequence[str] = (),
     calib_samples: int | None = None,
     lanes: Sequence[int] | None = None,
+    board: str | None = None,
 ) -> CompileResult:
     """Compile ``model`` as ``pipetrain train`` does (``mlp``: sized from ``ds``, hidden layers
     ``hidden``; ``data`` names ``ds`` for calibration). ``overrides``: TrainConfig fields
-    (``epochs`` must already be removed: it is not part of the plan). Raises the compiler's
-    errors (:class:`PlanError`, :class:`~pipetrain.compiler.models.ModelError`, …)."""
+    (``epochs`` must already be removed: it is not part of the plan). ``board``: fit the plan
+    to that board as ``pipetrain build --board`` does
+    (:func:`~pipetrain.host.cmd_build.compile_for_board`), so it matches the bitstream's plan.
+    Raises the compiler's errors (:class:`PlanError`,
+    :class:`~pipetrain.compiler.models.ModelError`, …) and
+    :class:`~pipetrain.hdl.boards.BoardError` (unknown board, or the net does not fit it)."""
     overrides = dict(overrides or {})
     spec: str | nn.Module = model
     if model == "mlp":
         spec = _data_mlp(ds, hidden, int(overrides.get("seed", 0)))
-    return compile_result(
-        spec,
-        None,
-        None,
-        config_overrides=overrides,
-        formats=formats,
-        format_overrides=list(format_items),
-        data=data,
-        calib_samples=calib_samples,
-        lanes=lanes,
-        name="mlp" if model == "mlp" else None,
-    )
+    options: dict[str, Any] = {
+        "config_overrides": overrides,
+        "formats": formats,
+        "format_overrides": list(format_items),
+        "data": data,
+        "calib_samples": calib_samples,
+        "name": "mlp" if model == "mlp" else None,
+    }
+    if board is not None:
+        from ..hdl.boards import get_board
+        from .cmd_build import compile_for_board
+
+        lanes_ = tuple(lanes) if lanes is not None else None
+        return compile_for_board(spec, get_board(board), seed=None, lanes=lanes_, **options)
+    return compile_result(spec, None, None, lanes=lanes, **options)
 
 
 @cli.command("train")
@@ -288,6 +305,13 @@ def compile_job(
     help="Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32.",
 )
 @plan_format_options
+@click.option(
+    "--board",
+    "board_name",
+    default=None,
+    help="Fit the plan to this board as `pipetrain build --board` does (board clock, lanes, "
+    "formats, memories), so it matches the board's bitstream (see `pipetrain list-boards`).",
+)
 @click.option(
     "--save", type=click.Path(dir_okay=False), default=None, help="Save the state_dict (.pt)."
 )
@@ -312,6 +336,7 @@ def train_cmd(
     format_items: tuple[str, ...],
     calib_samples: int | None,
     lanes_text: str | None,
+    board_name: str | None,
     save: str | None,
     verify: bool,
     progress: bool | None,
@@ -341,12 +366,20 @@ def train_cmd(
         format_items=format_items,
         calib_samples=calib_samples,
         lanes=lanes,
+        board=board_name,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     try:
         report, _ = run_training(
-            result, target, ds, epochs, progress=progress, verify=verify, save=save
+            result,
+            target,
+            ds,
+            epochs,
+            progress=progress,
+            verify=verify,
+            save=save,
+            board=board_name,
         )
     except (ToolchainError, RTLSimError, LinkError) as exc:
         raise click.ClickException(str(exc)) from exc

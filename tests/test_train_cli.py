@@ -119,3 +119,26 @@ def test_other_user_errors(npz40, tmp_path):
     assert res.exit_code == 2 and "give host and port" in res.output
     res = run("train", "--data", str(tmp_path / "missing.npz"))
     assert res.exit_code == 2 and "does not exist" in res.output
+
+
+def test_board_option_trains_the_bitstreams_plan():
+    """``train --board icebreaker`` compiles the plan ``build --board icebreaker`` puts in the
+    bitstream (same hash: the device refuses any other at HELLO), and that board's arithmetic
+    (16-bit weights, 12-bit activations, 5-bit constants) still learns digits."""
+    from pipetrain.hdl.boards import BOARDS
+    from pipetrain.host.cmd_build import plan_for_board
+
+    res = run(
+        "train", "mlp-digits", "--board", "icebreaker", "--target", "golden", "--epochs", "1",
+        "--json", "-",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    assert rep["board"] == "icebreaker"
+    assert rep["plan_hash"] == plan_for_board("mlp-digits", BOARDS["icebreaker"]).hash
+    # measured 0.883 after one epoch (0.953 after four); chance is 0.1
+    assert rep["test_accuracy"] >= 0.85 and rep["saturations"] == 0
+    res = run("train", "--board", "nope", "--target", "golden")
+    assert (
+        res.exit_code == 2 and "unknown board 'nope'" in res.output and "icebreaker" in res.output
+    )
