@@ -6,7 +6,8 @@ Verilator, every host byte moved as an 8N1 frame on its pins by a bit-level UART
 * the tiny net trained through ``pipetrain.host.open(..., "sim", sim_options={"uart_divisor":
   8}, shadow=True)``, bit-exact with the golden model;
 * a frame split across TCP writes does not trip the engine's (board) receive timeout;
-* (slow) ``mlp-digits`` at the iCEBreaker's clock and baud rate (12 MHz, 1 Mbaud: divisor 12).
+* (slow) ``mlp-digits`` with the iCEBreaker's board plan, clock and baud rate (12 MHz, 1 Mbaud:
+  divisor 12).
 """
 
 from __future__ import annotations
@@ -157,15 +158,21 @@ ICEBREAKER_CLOCK_HZ, ICEBREAKER_DIVISOR = 12e6, 12  # 12 MHz oscillator, 1 Mbaud
 
 @pytest.mark.slow
 def test_mlp_digits_through_the_uart_bit_exact() -> None:
-    """``mlp-digits`` with one lane per stage, as the iCEBreaker would run it (12 MHz clock,
-    1 Mbaud: 12 cycles per bit), 24 digits samples through the UART pins, bit-exact.
+    """``mlp-digits`` with the plan ``pipetrain build --board icebreaker`` builds (one lane per
+    stage, weights in single-port SPRAM, 16-bit weights, 12-bit activations, 5-bit constants;
+    12 MHz clock, 1 Mbaud: 12 cycles per bit), 24 digits samples through the UART pins,
+    bit-exact.
 
     Two sessions — open + verify, and open + train + verify — so their difference is what the
     24 training samples cost on the line (cycles, bytes; the weight traffic cancels out)."""
-    from pipetrain.compiler.compile import compile_result
+    from pipetrain.hdl.boards import BOARDS
+    from pipetrain.host.cmd_build import compile_for_board
     from pipetrain.host.data import load_digits
 
-    result = compile_result("mlp-digits", lanes=(1,), clock_hz=ICEBREAKER_CLOCK_HZ)
+    result = compile_for_board("mlp-digits", BOARDS["icebreaker"])
+    plan = result.plan
+    assert plan.clock_hz == ICEBREAKER_CLOCK_HZ
+    assert [(s.lanes, s.slot_cycles) for s in plan.stages] == [(1, 2), (1, 2)]  # SPRAM slots
     ds = load_digits()
     n = 24
     x, y = ds.x_train[:n], ds.y_train[:n]
@@ -181,9 +188,7 @@ def test_mlp_digits_through_the_uart_bit_exact() -> None:
             results = list(dev.results)
             build_s = dev._bridge.design.build_s
         assert v.bit_exact, v.mismatches
-        assert v.memories == sum(
-            2 * st.out_features * (st.in_features + 1) for st in result.plan.stages
-        )
+        assert v.memories == sum(2 * st.out_features * (st.in_features + 1) for st in plan.stages)
         s = dev.sim_stats
         assert s is not None and s["uart_bytes_sent"] == s["bytes_in"]
         assert s["uart_bytes_received"] == s["bytes_out"]
@@ -195,7 +200,7 @@ def test_mlp_digits_through_the_uart_bit_exact() -> None:
     b_in, b_out = s1["bytes_in"] - s0["bytes_in"], s1["bytes_out"] - s0["bytes_out"]
     print(
         f"\nmlp-digits over the UART model (divisor {ICEBREAKER_DIVISOR}, "
-        f"{result.plan.tick_cycles} cycles/tick), {n} samples bit-exact: build {build_s:.1f} s; "
+        f"{plan.tick_cycles} cycles/tick), {n} samples bit-exact: build {build_s:.1f} s; "
         f"open (start + write weights) {open1:.1f} s; train {t_train:.2f} s "
         f"({n / t_train:.1f} samples/s wall); session {wall1:.1f} s (without training "
         f"{wall0:.1f} s); training cost {cycles / n:.0f} cycles/sample, "
