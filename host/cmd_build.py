@@ -304,8 +304,8 @@ def compile_for_board(
     ``pipetrain train --board`` streams to it (the device checks the plan hash at HELLO).
 
     ``compile_options``: further :func:`~pipetrain.compiler.compile.compile_result` options
-    (``config_overrides``, ``formats``, ``format_overrides``, ``data``, ``calib_samples``,
-    ``name``); ``seed=None`` leaves the seed to them / the model's config.
+    (``config``, ``config_overrides``, ``formats``, ``format_overrides``, ``data``,
+    ``calib_samples``, ``name``); ``seed=None`` leaves the seed to them / the model's config.
 
     Fitting, in order (each step only when the board asks for it):
 
@@ -332,7 +332,9 @@ def compile_for_board(
         "seed": seed,
         "const_bits": board.const_bits,
     }
-    shared = {k: v for k, v in compile_options.items() if k in ("config_overrides", "name")}
+    shared = {
+        k: v for k, v in compile_options.items() if k in ("config", "config_overrides", "name")
+    }
     first = compile_result(model, lanes=lanes, **opts, **compile_options)
     over = narrow_formats(first.plan, board.format_bits())
 

@@ -530,7 +530,13 @@ def _resolve(
     config: TrainConfig | dict | None,
     model: nn.Module | None,
     compile_options: dict[str, Any],
+    board: str | None = None,
 ) -> tuple[Plan, nn.Module | None, TrainConfig, CompileResult | None]:
+    if board is not None and isinstance(plan_or_model, (CompileResult, Plan)):
+        raise DeviceError(
+            "board= fits the plan while compiling the model; pass a model name, file or "
+            "nn.Module with it (this plan is compiled already)"
+        )
     if isinstance(plan_or_model, CompileResult):
         r = plan_or_model
         return r.plan, r.model, r.config, r
@@ -545,7 +551,23 @@ def _resolve(
     if model is not None:
         raise DeviceError("model= is only used with a Plan (the model is compiled otherwise)")
     cfg = TrainConfig.from_dict(config) if isinstance(config, dict) else config
-    r = compile_result(plan_or_model, cfg, **compile_options)
+    if board is not None:
+        from ..hdl.boards import get_board
+        from .cmd_build import compile_for_board
+
+        opts = dict(compile_options)
+        lanes = opts.pop("lanes", None)
+        seed = opts.pop("seed", None)
+        r = compile_for_board(
+            plan_or_model,
+            get_board(board),
+            seed=seed,
+            lanes=tuple(lanes) if lanes is not None else None,
+            config=cfg,
+            **opts,
+        )
+    else:
+        r = compile_result(plan_or_model, cfg, **compile_options)
     return r.plan, r.model, r.config, r
 
 
@@ -560,6 +582,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     timeout: float | None = None,
     progress: bool | None = None,
     sim_options: dict[str, Any] | None = None,
+    board: str | None = None,
     **compile_options: Any,
 ) -> Device:
     """Open a training target for a network and return a :class:`Device`.
@@ -577,9 +600,13 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     model's weights. ``timeout``: link seconds per attempt (default 60 for ``sim``, with 2
     retries since TCP loses nothing; 0.5 otherwise, 50 retries). ``progress``: progress bars
     (None: automatic). ``sim_options``: keyword arguments of
-    :class:`~pipetrain.sim.bridge.SimBridge`.
+    :class:`~pipetrain.sim.bridge.SimBridge`. ``board``: compile the model fitted to that board
+    (:func:`~pipetrain.host.cmd_build.compile_for_board`), the plan ``pipetrain build --board``
+    put in its bitstream — needed to train a board over ``serial://``.
 
-    Raises :class:`DeviceError` for an unknown target or a missing model,
+    Raises :class:`DeviceError` for an unknown target, a missing model or ``board`` with a
+    compiled plan, :class:`~pipetrain.hdl.boards.BoardError` for an unknown board or a net that
+    does not fit it,
     :class:`~pipetrain.host.transport.TransportError` when a link cannot be opened,
     :class:`~pipetrain.host.client.PlanMismatchError` when the device was built from another
     plan, the compiler's errors for a bad model/config, and for ``sim``
@@ -592,7 +619,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
             f"unknown target {target!r}: use sim, golden, reference, serial://PORT or "
             "tcp://HOST:PORT"
         )
-    plan, mdl, cfg, result = _resolve(plan_or_model, config, model, compile_options)
+    plan, mdl, cfg, result = _resolve(plan_or_model, config, model, compile_options, board)
     if target == "golden":
         if mdl is None:
             raise DeviceError("the golden target needs the model (pass model= with a Plan)")

@@ -3,6 +3,7 @@ served by the protocol's device model in front of the golden model — fast, no 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,7 @@ import torch
 from pipetrain.compiler.build import build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.compiler.plan import Plan
 from pipetrain.host import Device, DeviceError, open
 from pipetrain.host.transport import TransportError
 from pipetrain.protocol.device_model import LinkDeviceModel
@@ -73,14 +75,11 @@ class GoldenBackend:
         return self.g.samples_applied, self.g.ticks, self.g.stage_saturations
 
 
-@pytest.fixture
-def tcp_device() -> Iterator[tuple[str, GoldenModel]]:
-    """A TCP server on 127.0.0.1 running LinkDeviceModel(GoldenBackend(golden)); the golden
-    model starts from *other* weights (seed 99), so the host must write its own."""
-    torch.manual_seed(99)
-    other = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
-    golden = GoldenModel(PLAN, other)
-    dev = LinkDeviceModel(LinkParams.from_plan(PLAN), GoldenBackend(golden))
+@contextlib.contextmanager
+def serve_device(plan: Plan, golden: GoldenModel) -> Iterator[str]:
+    """A TCP server on 127.0.0.1 for one connection, running
+    LinkDeviceModel(GoldenBackend(golden)) for ``plan``; yields its ``tcp://`` URL."""
+    dev = LinkDeviceModel(LinkParams.from_plan(plan), GoldenBackend(golden))
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
 
@@ -93,9 +92,22 @@ def tcp_device() -> Iterator[tuple[str, GoldenModel]]:
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    yield f"tcp://127.0.0.1:{port}", golden
-    srv.close()
-    t.join(timeout=5)
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        srv.close()
+        t.join(timeout=5)
+
+
+@pytest.fixture
+def tcp_device() -> Iterator[tuple[str, GoldenModel]]:
+    """:func:`serve_device` for PLAN; the golden model starts from *other* weights (seed 99),
+    so the host must write its own."""
+    torch.manual_seed(99)
+    other = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    golden = GoldenModel(PLAN, other)
+    with serve_device(PLAN, golden) as url:
+        yield url, golden
 
 
 def test_golden_target_matches_the_golden_model():
@@ -194,6 +206,32 @@ def test_open_errors():
             dev.load_state_dict({"0.weight": torch.zeros(5, 6)})
     with pytest.raises(DeviceError, match="closed"):
         dev.predict(XT)
+
+
+def test_board_option_opens_the_plan_the_board_was_built_from():
+    """A board runs the plan ``pipetrain build --board`` fitted to it: ``open(model, url)``
+    compiles another plan and is refused at HELLO; ``board=`` compiles the board's plan."""
+    from pipetrain.hdl.boards import BOARDS
+    from pipetrain.host.client import PlanMismatchError
+    from pipetrain.host.cmd_build import compile_for_board
+    from pipetrain.host.data import load_digits
+
+    built = compile_for_board("mlp-digits", BOARDS["icebreaker"])  # the bitstream's plan
+    ds = load_digits()
+    with serve_device(built.plan, GoldenModel(built.plan, built.model)) as url:
+        with pytest.raises(
+            PlanMismatchError, match=f"device was built from plan {built.plan.hash}"
+        ):
+            open("mlp-digits", url)
+    golden = GoldenModel(built.plan, built.model)
+    with serve_device(built.plan, golden) as url:
+        with open("mlp-digits", url, board="icebreaker", shadow=True) as dev:
+            assert dev.plan.hash == built.plan.hash
+            dev.train(ds.x_train[:16], ds.y_train[:16])
+            v = dev.verify()
+            assert v.bit_exact and v.results == 16, v.mismatches
+    with pytest.raises(DeviceError, match="board= fits the plan while compiling"):
+        open(PLAN, "golden", model=make_model(), board="icebreaker")
 
 
 def test_numpy_inputs_and_the_host_package_export():
