@@ -37,6 +37,15 @@ def compile_design(
     )
 
 
+def compile_board_design(model: str, board: str, seed: int = 0) -> Any:
+    """Compile ``model`` fitted to ``board`` exactly as ``pipetrain build --board`` does
+    (:func:`pipetrain.host.cmd_build.compile_for_board`): the design the board runs."""
+    from pipetrain.hdl.boards import get_board
+    from pipetrain.host.cmd_build import compile_for_board
+
+    return compile_for_board(model, get_board(board), seed=seed)
+
+
 def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:
     """Stream ``samples`` digits samples through the Verilator RTL and the golden model.
 

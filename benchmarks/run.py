@@ -13,7 +13,9 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    ``--schedule sequential`` (also in RTL), and their ratio (PB speed-up, ≈ the stage count);
    per-stage lane utilisation from the plan.
 2. **Projected on-board training throughput** = achieved Fmax (nextpnr report of the board
-   build) / RTL cycles per sample, for ULX3S (ECP5-85F) and iCEBreaker (iCE40UP5K); a model
+   build) / RTL cycles per sample of the plan fitted to that board (``compile_for_board``, the
+   plan in the bitstream, measured in Verilator as well), for ULX3S (ECP5-85F) and iCEBreaker
+   (iCE40UP5K); a model
    that does not fit gets ``null`` and the needed vs available numbers. Next to it PyTorch on
    this CPU trains the same model at batch 1 with ``torch.optim.SGD`` (best of 1 thread and the
    default threads), and the ratio. Board builds are cached by plan hash + board
@@ -191,7 +193,7 @@ def bench_model(
         "reference_samples_per_s": r["samples_per_s"],
         "reference_samples_per_cpu_s": r["samples_per_cpu_s"],
     }
-    rtl_by_lanes = {tuple(rtl_pb["lanes"]): rtl_pb}
+    rtl_by_plan = {pb.plan.hash: rtl_pb}
     board_recs: dict[str, Any] = {}
     projected: dict[str, float | None] = {}
     for bname in boards:
@@ -212,14 +214,18 @@ def bench_model(
         rec["link_bound_samples_per_s"] = _link_bound(pb.plan, board.baud)
         proj = None
         if rec.get("status") == "built" and rec.get("fmax_mhz"):
-            key = tuple(rec["lanes"])
-            if key not in rtl_by_lanes:  # the board build uses other lanes: measure those
-                log(f"[{name}] RTL pb with the board's lanes {list(key)} ...")
+            key = rec["plan_hash"]
+            if key not in rtl_by_plan:  # the board runs its fitted plan: measure that one
+                log(f"[{name}] RTL pb, the plan fitted to {bname} ({key}) ...")
                 with timer("rtl_sim"):
-                    rtl_by_lanes[key] = measure.rtl_run(
-                        measure.compile_design(name, "pb", lanes=key), st.seq_samples
-                    )
-            cps = rtl_by_lanes[key]["cycles_per_sample"]
+                    design = measure.compile_board_design(name, bname)
+                    if design.plan.hash != key:
+                        raise RuntimeError(
+                            f"{name} on {bname}: the board record was built from plan {key}, "
+                            f"compile_for_board now gives {design.plan.hash}"
+                        )
+                    rtl_by_plan[key] = measure.rtl_run(design, st.seq_samples)
+            cps = rtl_by_plan[key]["cycles_per_sample"]
             proj = rec["fmax_mhz"] * 1e6 / cps
             rec["rtl_cycles_per_sample"] = cps
             rec["projected_samples_per_s"] = proj
@@ -756,7 +762,9 @@ def update_readme(res: dict[str, Any], readme: Path) -> None:
             "",
             "RTL cycles/sample: measured in Verilator (bit-exact against the golden model); "
             "PB vs sequential: the same hardware with `--schedule sequential`, also in RTL. "
-            "Board samples/s = achieved Fmax (nextpnr) ÷ RTL cycles/sample — the compute bound; "
+            "Board samples/s = achieved Fmax (nextpnr) ÷ the RTL cycles/sample of the plan "
+            "fitted to that board (iCEBreaker: one lane per stage, SPRAM slots every other "
+            "cycle) — the compute bound; "
             "the boards' 1 Mbaud UART limits real runs to < 800 samples/s. CPU PyTorch: the "
             "same model at batch 1 with `torch.optim.SGD`. Re-run with `python "
             "benchmarks/run.py` (full; board builds cached by plan hash) or "
