@@ -713,13 +713,16 @@ def _check_formats(slot: _Slot, f: StageFormats, observed: dict[str, float]) -> 
 EXP_LUT_FRAC = 5
 
 
-def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat) -> LossUnit:
+def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat, key: str) -> LossUnit:
+    """``key``: the logits' format key (``s<i>.y``), for the error message."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
+        ints = z.bits - 1 - z.frac
         raise PlanError(
-            f"logit format {z} needs more than {fl} fraction bits (the exp LUT steps by 2^-{fl})"
+            f"logit format {key} = {z} needs more than {fl} fraction bits (the exp LUT steps by "
+            f"2^-{fl}); give it at least {fl + 1}, e.g. --format {key}=Q{ints}.{fl + 1}"
         )
     return LossUnit(
         kind=kind,
@@ -887,10 +890,10 @@ def build_plan(
             )
         )
     classes = layers[-1].out_features
-    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1])
+    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1], f"s{stages[S - 1].index}.y")
     # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit
     head_losses = tuple(
-        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d)
+        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d, f"s{st.index}.y")
         for st in stages[S:]
         if st.activation == "identity"
     )

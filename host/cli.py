@@ -1,8 +1,10 @@
 """The ``pipetrain`` command line: one command, one subcommand per job.
 
 Every subcommand takes ``--json FILE`` (``-`` for stdout) and writes its machine-readable result
-there. Errors in the user's input (model, data, settings) exit with status 2 and one clear
-message, never a traceback.
+there. Errors in the user's input (model, data, settings, a net that does not fit a board) exit
+with status 2 and one clear message on stderr, never a traceback; ``--json`` then gets
+``{"error": message, "error_type": exception name}``, plus ``"fit"`` (``{resource: {needed,
+available}}``) for a board fit error.
 """
 
 from __future__ import annotations
@@ -64,7 +66,14 @@ def user_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except USER_ERRORS as exc:
-            click.echo(f"error: {exc}", err=True)
+            payload: dict[str, Any] = {"error": str(exc), "error_type": type(exc).__name__}
+            if getattr(exc, "rows", None):
+                payload["fit"] = exc.rows  # BoardFitError: needed vs available per resource
+            try:
+                emit_json(kwargs.get("json_out"), payload)
+            except OSError as out_exc:  # the message below still reaches the user
+                click.echo(f"Error: cannot write --json: {out_exc}", err=True)
+            click.echo(f"Error: {exc}", err=True)  # click's own prefix, for one style
             sys.exit(2)
 
     return wrapper

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from ..compiler.build import PlanError
+from ..compiler.build import EXP_LUT_FRAC, PlanError
 from ..hdl.boards import (
     BOARDS,
     Board,
@@ -38,6 +38,8 @@ from ..hdl.boards import (
 from ..hdl.uart import UARTError
 from . import toolchain
 from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
+from .cmd_compile import config_overrides, plan_format_options, train_config_options
+from .cmd_train import DEFAULT_HIDDEN, compile_job
 from .toolchain import ToolchainError
 
 __all__ = [
@@ -367,7 +369,15 @@ def compile_for_board(
     if lanes is not None:
         return result
     assert err is not None
-    raise err
+    # fewer lanes cannot help any more: say what was tried and what is left
+    head = str(err).split(". Use fewer lanes")[0]
+    narrowed = " and the board's narrower formats" if any(board.format_bits().values()) else ""
+    raise BoardFitError(
+        f"{head}, already with one lane per stage{narrowed}. Use a smaller network or a bigger "
+        "board (pipetrain list-boards)",
+        err.rows,
+        err.plan,
+    ) from None
 
 
 def plan_for_board(
@@ -385,10 +395,14 @@ def narrow_formats(plan: Any, widths: dict[str, int]) -> list[str]:
     The same rule on every tensor keeps the formats that must agree equal: stage s's ``y`` and
     stage s+1's ``x``, stage s's ``d`` and stage s+1's ``gin``, and ``w``/``u`` share a
     fraction (the velocity is stored in weight units: their common fraction is set by the
-    wider integer part)."""
+    wider integer part). Logits (the ``y`` that feeds a loss unit) keep more than
+    ``EXP_LUT_FRAC`` fraction bits, the exp LUT's step, even if that makes them wider.
+    """
     out: list[str] = []
+    last_main = plan.main_stages[-1].index
     for st in plan.stages:
         f = st.formats
+        feeds_loss = st.index == last_main or (st.role == "head" and st.activation == "identity")
         wb = widths.get("w", 0) or widths.get("u", 0)
         if wb and max(f.w.bits, f.u.bits) > wb:
             wi, ui = f.w.bits - 1 - f.w.frac, f.u.bits - 1 - f.u.frac
@@ -398,7 +412,12 @@ def narrow_formats(plan: Any, widths: dict[str, int]) -> list[str]:
             q, bits = getattr(f, t), widths.get(t, 0)
             if q is not None and bits and q.bits > bits:
                 i = q.bits - 1 - q.frac
-                out.append(f"s{st.index}.{t}=Q{i}.{bits - 1 - i}")
+                frac = bits - 1 - i
+                if t == "y" and feeds_loss:
+                    # logits feed the loss unit's exp LUT, which needs > EXP_LUT_FRAC bits
+                    frac = max(frac, EXP_LUT_FRAC + 1)
+                if frac < q.frac:
+                    out.append(f"s{st.index}.{t}=Q{i}.{frac}")
     return out
 
 
@@ -440,10 +459,12 @@ def _board_option(func: Any) -> Any:
 @click.option("--loopback", is_flag=True, help="Build the UART loopback design instead (no MODEL).")
 @click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
-@click.option("--seed", type=int, default=0, help="Model initialisation seed.")
+@click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
 @click.option(
-    "--lanes", default=None, help="Lanes per stage, e.g. 4 or 4,1 [the compiler's, fitted]."
+    "--hidden", default=DEFAULT_HIDDEN, show_default=True, help="Hidden layer sizes of model 'mlp'."
 )
+@plan_format_options
+@train_config_options
 @json_option
 @user_errors
 def build_cmd(
@@ -454,23 +475,47 @@ def build_cmd(
     loopback: bool,
     force: bool,
     timeout_s: float | None,
-    seed: int,
-    lanes: str | None,
+    data: str,
+    hidden: str,
+    formats: str,
+    format_items: tuple[str, ...],
+    calib_samples: int | None,
+    lanes_text: str | None,
     json_out: str | None,
+    **options: Any,
 ) -> None:
-    """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed)."""
+    """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed).
+
+    The plan is fitted to the board; the compile and training options are those of
+    `pipetrain train`, so `train --board` with the same options streams the same plan."""
     from ..hdl.board import BoardTop, Loopback, network_core
 
     board = get_board(board_name)
     if loopback == (model is not None):
         raise BoardError("give a MODEL or --loopback (not both)")
+    overrides = config_overrides(options)
+    if overrides.pop("epochs", None) is not None:
+        raise PlanError("--epochs is not part of the plan: give it to `pipetrain train`")
     meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
     if loopback:
         core: Any = Loopback
     else:
         from ..compiler.lanes import parse_lanes
+        from .data import load_data
 
-        plan = plan_for_board(model, board, seed=seed, lanes=parse_lanes(lanes) if lanes else None)
+        result = compile_job(
+            model,
+            load_data(data),
+            data,
+            hidden=hidden,
+            overrides=overrides,
+            formats=formats,
+            format_items=format_items,
+            calib_samples=calib_samples,
+            lanes=parse_lanes(lanes_text) if lanes_text else None,
+            board=board.name,
+        )
+        plan = result.plan
         fit = check_fit(plan, board)
         meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan), "fit": fit}
         try:
@@ -505,7 +550,8 @@ def build_cmd(
     info(
         f"{result['bitstream']}: Fmax {result['fmax_mhz']:.1f} MHz "
         f"(clock {result['clock_mhz']:.1f} MHz{'' if result['timing_met'] else ', NOT MET'}); "
-        f"LUTs {frac('luts')}, FFs {frac('ffs')}, multipliers {frac('multipliers')}, "
+        f"{'logic cells' if board.family == 'ice40' else 'LUTs'} {frac('luts')}, "
+        f"FFs {frac('ffs')}, multipliers {frac('multipliers')}, "
         f"block RAM {frac('bram_blocks')}"
         + (f", SPRAM {frac('spram_blocks')}" if "spram_blocks" in u else "")
         + f"; {result['build_s']:.0f} s{' (cached)' if result['cached'] else ''}",

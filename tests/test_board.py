@@ -13,7 +13,13 @@ from types import SimpleNamespace
 import pytest
 from amaranth.sim import Simulator
 from click.testing import CliRunner
-from pipetrain.compiler.build import ICE40_BLOCK_RAM_CONFIGS, build_plan, memory_blocks
+from pipetrain.compiler.build import (
+    ICE40_BLOCK_RAM_CONFIGS,
+    PlanError,
+    build_plan,
+    memory_blocks,
+)
+from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.hdl.board import BoardTop, Loopback
@@ -374,10 +380,62 @@ def test_list_boards_json() -> None:
 
 def test_build_fit_error_is_a_clean_cli_error() -> None:
     # the plan check fails before any tool runs: 12 SB_MAC16 needed, 8 on the chip
-    res = _runner().invoke(cli, ["build", "mlp-digits-deep", "--board", "icebreaker"])
+    res = _runner().invoke(
+        cli, ["build", "mlp-digits-deep", "--board", "icebreaker", "--json", "-"]
+    )
     assert res.exit_code == 2, res.output
-    assert "does not fit icebreaker" in res.output and "Traceback" not in res.output
-    assert "12 multipliers needed, 8 available" in res.output
+    assert "does not fit icebreaker" in res.stderr and "Traceback" not in res.output
+    assert "12 multipliers needed, 8 available" in res.stderr
+    # one lane per stage was tried already: the advice does not say "fewer lanes"
+    assert "already with one lane per stage" in res.stderr and "fewer lanes" not in res.stderr
+    payload = json.loads(res.stdout)  # --json gets the error too, with the fit rows
+    assert payload["error_type"] == "BoardFitError"
+    assert payload["fit"]["multipliers"] == {"needed": 12, "available": 8}
+
+
+def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``build --lr …`` puts the same plan in the bitstream that ``train --board --lr …``
+    streams (the device checks the hash at HELLO); the toolchain is replaced by a stub that
+    returns the build metadata."""
+    from pipetrain.host import cmd_build
+
+    def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
+        return kw["meta"] | {
+            "board": board.name, "bitstream": f"{out}/top.bin", "fmax_mhz": 20.0,
+            "clock_mhz": 12.0, "timing_met": True, "utilization": {}, "build_s": 0.0,
+            "cached": False,
+        }  # fmt: skip
+
+    monkeypatch.setattr(cmd_build, "build_design", fake_build)
+    args = ["mlp-digits", "--board", "icebreaker", "--lr", "0.004", "--json", "-"]
+    res = _runner().invoke(cli, ["build", *args])
+    assert res.exit_code == 0, res.output
+    built = json.loads(res.stdout)
+    res = _runner().invoke(cli, ["train", *args, "--target", "golden", "--epochs", "1"])
+    assert res.exit_code == 0, res.output
+    trained = json.loads(res.stdout[res.stdout.index("{") :])
+    assert built["plan_hash"] == trained["plan_hash"]
+    default = cmd_build.plan_for_board("mlp-digits", BOARDS["icebreaker"])
+    assert built["plan_hash"] != default.hash  # the learning rate is in the plan
+    res = _runner().invoke(cli, ["build", *args, "--epochs", "3"])
+    assert res.exit_code == 2 and "--epochs is not part of the plan" in res.output
+
+
+def test_narrowed_logits_keep_the_exp_lut_fraction() -> None:
+    """At lr 0.01 the calibrated logits need 6 integer bits: 12 bits would leave 5 fraction
+    bits, too few for the exp LUT (2^-5 steps), so the board keeps 6 (13 bits)."""
+    from pipetrain.compiler.build import EXP_LUT_FRAC
+    from pipetrain.host.cmd_build import compile_for_board
+
+    r = compile_for_board("mlp-digits", BOARDS["icebreaker"], config_overrides={"lr": 0.01})
+    y = r.plan.stages[-1].formats.y
+    assert y.frac == EXP_LUT_FRAC + 1 and y.bits == 13, y
+    assert r.plan.stages[0].formats.y.bits == 12  # hidden activations still narrowed
+
+
+def test_too_few_logit_fraction_bits_names_the_fix() -> None:
+    with pytest.raises(PlanError, match=r"give it at least 6, e.g. --format s2.y=Q6.6"):
+        compile_result("mlp-digits", formats="default", format_overrides=["s2.y=Q6.5"])
 
 
 def test_pnr_logic_cell_overflow_is_reported_as_needed_vs_available() -> None:
