@@ -385,7 +385,9 @@ def train_cmd(
         raise click.ClickException(str(exc)) from exc
     bit = report["bit_exact"]
     lines = [
-        f"{result.name} on {target}: {epochs} epoch(s), {report['train_samples']} samples "
+        f"{result.name} on {target}"
+        + (f" (the plan fitted to {board_name})" if board_name else "")
+        + f": {epochs} epoch(s), {report['train_samples']} samples "
         f"({report['device_samples']} trained by the device), "
         f"{report['samples_per_s']:.0f} samples/s",
         f"test_accuracy: {report['test_accuracy']:.4f}",
