@@ -112,7 +112,8 @@ def stage_utilisation(plan: Plan) -> list[dict[str, Any]]:
     ``pass_cycles`` = the stage's pass incl. pipeline latency
     (:func:`pipetrain.compiler.build.pass_cycles`); ``tick_share`` = pass_cycles / tick;
     ``mac_util`` = M·(N+1) / (L·tick) — useful MAC slots per lane-cycle of the whole tick
-    (the product of the two, up to the pass latency). Source: *derived* from DESIGN §3.
+    (the product of the two, up to the pass latency). Source: *derived* from docs/architecture.md
+    §3.
     """
     tick = plan.tick_cycles
     out = []

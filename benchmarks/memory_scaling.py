@@ -1,6 +1,7 @@
 """Memory of a PB design vs depth, from plans only (no HDL): the stash grows quadratically.
 
-Stage s of an S-stage ``pb`` pipeline keeps its input for D_s + 1 samples (DESIGN §2.1), so the
+Stage s of an S-stage ``pb`` pipeline keeps its input for D_s + 1 samples (docs/architecture.md
+§2.1), so the
 activation stash is Σ_s (D_s+1)·|x_s| bits with D_s = 2(S−s)+1 — for equal widths
 |x|·S(S+1), quadratic in depth — while weights and velocities grow linearly. :func:`sweep`
 builds the plans of ``64 → 32 × (S−1) → 10`` MLPs (static default formats, one lane per stage:

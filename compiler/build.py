@@ -567,7 +567,8 @@ def stage_slots(ir: NetworkIR, config: TrainConfig) -> list[_Slot]:
     stage's width, *derived*: the smallest head that keeps the block's width), the last one
     h_k → classes without activation, followed by loss unit L_k.
 
-    Streams (DESIGN §2.4): a main stage in block k back-propagates loss t if t ≥ k and t updates
+    Streams (docs/architecture.md §2.4): a main stage in block k back-propagates loss t if t ≥ k
+    and t updates
     some block j ≤ k; it sends an input gradient for the streams that the previous stage also
     carries. Head stages carry their own loss L_k; head stage 1 sends its input gradient into
     the attach stage only if that stage carries L_k.

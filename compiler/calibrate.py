@@ -1,6 +1,6 @@
 """Choosing fixed-point formats: range calibration with the float reference trainer.
 
-Like hls4ml's ``auto`` precision, but for *training* tensors (DESIGN §4): the float PB
+Like hls4ml's ``auto`` precision, but for *training* tensors (docs/architecture.md §4): the float PB
 reference trainer (:class:`pipetrain.sim.reference.ReferenceTrainer`) trains the network on
 calibration data with the real schedule and records max|value| of every tensor of every stage;
 each tensor then gets the fewest integer bits that hold ``headroom`` × its observed maximum and
@@ -19,7 +19,7 @@ profiled by the reference trainer: their stages take the last main stage's forma
 
 Explicit overrides (``--format s1.x=Q3.12``, ``--format w=Q3.20``) win over the calibration;
 see :func:`apply_overrides`. Source: *derived* (range profiling as in hls4ml's ``auto``
-precision and DESIGN §4).
+precision and docs/architecture.md §4).
 """
 
 from __future__ import annotations

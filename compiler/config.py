@@ -30,7 +30,8 @@ class TrainConfig:
     """Training settings at batch size 1.
 
     Hyperparameters are given as reference values at batch ``batch_ref`` and scaled to batch 1
-    with :func:`pipetrain.compiler.schedule.batch1_scaling` (DESIGN §2.3); with ``batch_ref=1``
+    with :func:`pipetrain.compiler.schedule.batch1_scaling` (docs/architecture.md §2.3); with
+    ``batch_ref=1``
     they are used as given.
 
     Members

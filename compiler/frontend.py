@@ -1,6 +1,7 @@
 """The torch.fx front end: a user's ``nn.Module`` → :class:`~pipetrain.compiler.ir.NetworkIR`.
 
-The hardware trains a chain of weight stages (DESIGN §1, §3): ``Linear`` layers, each followed
+The hardware trains a chain of weight stages (docs/architecture.md §1, §3): ``Linear`` layers, each
+followed
 by at most one activation. :func:`trace` runs :func:`torch.fx` symbolic tracing and accepts
 exactly that shape of graph; everything else is a :class:`CompileError` that names the module
 path, its type and the supported set, so the user knows what to change.
@@ -115,7 +116,7 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
     ``nn.Tanh``, …); a functional call or operator (``torch.relu``, ``F.relu``, ``x + 1``); a
     graph that is not a chain; an activation before the first Linear or two in a row; a Linear
     without bias; Linear sizes that do not match; a network without Linear layers.
-    Source: *derived* from the stage model of DESIGN §1/§3.
+    Source: *derived* from the stage model of docs/architecture.md §1/§3.
     """
     if not isinstance(model, nn.Module):
         raise CompileError(

@@ -1,6 +1,7 @@
 """Choosing lanes (parallel MAC units per stage, FINN's "folding") for the lockstep tick.
 
-A tick lasts as long as the slowest stage (DESIGN §3), so lanes are worth adding only where a
+A tick lasts as long as the slowest stage (docs/architecture.md §3), so lanes are worth adding only
+where a
 stage is slower than the others. Stage cycles come from
 :func:`pipetrain.compiler.build.stage_cycles`: ⌈M/L⌉·(N+1) for N inputs, M rows, L lanes.
 
@@ -17,7 +18,8 @@ Policies (exactly one applies; :func:`choose_lanes`):
   gets the fewest lanes meeting T. For mlp-digits (64→32→10) that is 4 and 1 lanes, 520
   cycles.
 
-Source: *derived* from the lockstep tick model (DESIGN §3); the "fewest lanes that meet the
+Source: *derived* from the lockstep tick model (docs/architecture.md §3); the "fewest lanes that
+meet the
 slowest stage" balancing follows FINN's folding heuristic.
 """
 

@@ -108,7 +108,7 @@ class Const:
 
 @dataclass(frozen=True)
 class StageFormats:
-    """Fixed-point formats of every tensor of one stage (DESIGN §4, docs/numerics.md).
+    """Fixed-point formats of every tensor of one stage (docs/architecture.md §4, docs/numerics.md).
 
     Members
     -------
@@ -233,7 +233,7 @@ class Stage:
         previous head stage otherwise; for a main stage, s − 1 (0 = the input).
     grad_losses: losses whose error this stage back-propagates (1-based): the ones in
         ``losses`` (δ·x updates these weights) plus pass-through streams (interlocking: only
-        the input gradient is formed, DESIGN §2.4). Global: (K,) everywhere.
+        the input gradient is formed, docs/architecture.md §2.4). Global: (K,) everywhere.
     gin_losses: the streams whose input gradient this stage sends back (empty when
         ``input_gradient`` is False).
     memories: block-RAM mapping of each memory (18 Kib blocks; the ``block`` ones sum to

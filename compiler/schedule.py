@@ -7,7 +7,7 @@ for the float reference trainer run without a plan, from these functions directl
 Sources: Kosson et al., "Pipelined Backpropagation at Scale", MLSys 2021 (arXiv 2003.11666) §3
 (PB, Spike Compensation, Linear Weight Prediction); Gomez et al., "Interlocking
 Backpropagation", JMLR 23 (2022) §3 (local and interlocking learning). The tick model and the
-batch-1 scaling rules are *derived* (``shared/DESIGN.md`` §2.1, §2.3).
+batch-1 scaling rules are *derived* (``docs/architecture.md`` §2.1, §2.3).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def pb_delay(num_stages: int, stage: int) -> int:
     """Return the PB delay D_s = 2(S−s)+1 of 1-based ``stage`` in a pipeline of ``num_stages``.
 
     Units: weight updates (= samples, one update per sample per stage).
-    Source: *derived* tick model, DESIGN §2.1 (forward of sample n at tick n+s−1, backward at
+    Source: *derived* tick model, docs/architecture.md §2.1 (forward of sample n at tick n+s−1,
+    backward at
     tick n+2S−s).
 
     Raises :class:`ValueError` if ``stage`` is not in 1..S.
@@ -60,7 +61,7 @@ def update_losses(
     ``strategy`` is ``global`` (every block gets L_K), ``local`` (block k gets L_k) or
     ``interlocking`` with ``distance`` d: rule ``only`` gives L_min(k+d, K), rule ``sum`` gives
     L_k … L_min(k+d, K). Source: Gomez et al. 2022 §3 and the reference code's "only" rule;
-    the K=5 table of DESIGN §2.4.
+    the K=5 table of docs/architecture.md §2.4.
 
     Raises :class:`ValueError` for an unknown strategy/rule, a negative distance or a block
     outside 1..K.
@@ -98,7 +99,7 @@ class StageRole:
         Losses that update this stage's weights (1-based; K is the true loss).
     delay: int
         D_s in updates: 2 × (stages between this one and its farthest updating loss, head
-        stages included) + 1 (DESIGN §2.4, *derived*).
+        stages included) + 1 (docs/architecture.md §2.4, *derived*).
     derivation: str
         The delay's derivation, for the plan report.
     """
@@ -213,7 +214,7 @@ def batch1_scaling(lr_ref: float, momentum_ref: float, batch_ref: int) -> tuple[
 
     Returns (η₁, m₁) with m₁ = m_ref^(1/B_ref) and η₁ = η_ref·(1/B_ref)·(1−m₁)/(1−m_ref), so
     the effective step η/(1−m) per sample and the momentum's memory in samples are kept.
-    Weight decay is unchanged. Source: *derived*, DESIGN §2.3.
+    Weight decay is unchanged. Source: *derived*, docs/architecture.md §2.3.
 
     Raises :class:`ValueError` for batch_ref < 1 or a momentum outside [0, 1).
     """
@@ -231,7 +232,7 @@ def batch1_scaling(lr_ref: float, momentum_ref: float, batch_ref: int) -> tuple[
 def naive_overshoot(momentum_ref: float, batch_ref: int) -> float:
     """Return how far the naive rule (η linear, m by the root) overshoots the effective step.
 
-    The factor is (1−m_ref)/(1−m₁), ≈121 for B_ref=128, m_ref=0.9 (DESIGN §2.3).
+    The factor is (1−m_ref)/(1−m₁), ≈121 for B_ref=128, m_ref=0.9 (docs/architecture.md §2.3).
     """
     m1 = momentum_ref ** (1.0 / batch_ref)
     return (1.0 - momentum_ref) / (1.0 - m1) if momentum_ref > 0 else 1.0

@@ -15,7 +15,7 @@ MSE is one phase: ``δ_j = sat(rhu((z_j − t_j)·scale, fy + scale.frac − d.f
 
 δ is formed for every sample; its clamps count on the unit's saturation counter only for
 training samples (an inference sample's δ is not used; the golden model does not form it).
-Source: docs/numerics.md §4 (the arithmetic); DESIGN §3 (LUT exp + reciprocal);
+Source: docs/numerics.md §4 (the arithmetic); docs/architecture.md §3 (LUT exp + reciprocal);
 the phase structure and the restoring divider are *derived* (smallest hardware, one result per
 cycle). Cycles: :func:`loss_unit_cycles`.
 """

@@ -1,4 +1,5 @@
-"""One PB pipeline stage: Linear + activation with its memories and the fused pass (DESIGN §3).
+"""One PB pipeline stage: Linear + activation with its memories and the fused pass
+(docs/architecture.md §3).
 
 Per tick the stage makes ONE pass over its weight memory (``row_groups × (N+1)`` slots, numerics
 §2 order: ``for g: for i in 0..N``). In slot ``(g, i)`` lane ``l`` handles row
@@ -30,7 +31,8 @@ Memories (all ``amaranth.lib.memory`` with synchronous reads):
   ``L`` values), written serially by the next stage's input gradient or the loss unit.
 * ``gacc``: ``N`` input-gradient partial sums (only with ``row_groups > 1``).
 
-Source: DESIGN §3 (fused pass, lane ownership, adder tree), docs/numerics.md §2–§6 (the
+Source: docs/architecture.md §3 (fused pass, lane ownership, adder tree), docs/numerics.md §2–§6
+(the
 arithmetic). The stash sizing and the pipeline are *derived* (see above).
 """
 

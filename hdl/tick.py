@@ -16,7 +16,8 @@ addresses for every stage.
 A tick starts when a whole sample is pending (it enters stage 1) or, with ``flush`` high, when
 an item is still in flight (a bubble); ``can_start`` (result FIFO has room, no weight access
 running) gates both. Tick length: ``max_s(pass_s, pass_S + loss) + TICK_OVERHEAD`` cycles
-(:func:`pipetrain.compiler.build.tick_cycles`). Source: DESIGN §2.1/§3, docs/ports.md tick
+(:func:`pipetrain.compiler.build.tick_cycles`). Source: docs/architecture.md §2.1/§3, docs/ports.md
+tick
 rule; the allocation scheme and the state machine are *derived*.
 """
 

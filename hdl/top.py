@@ -18,7 +18,7 @@ Ports are exactly docs/ports.md. Data paths (all inside the design, no per-cycle
   stored value; a command for a stage, kind, row or column that does not exist answers 0 and
   changes nothing.
 
-Source: docs/ports.md (the contract), DESIGN §3; the buffering is *derived*.
+Source: docs/ports.md (the contract), docs/architecture.md §3; the buffering is *derived*.
 """
 
 from __future__ import annotations

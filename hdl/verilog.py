@@ -7,7 +7,7 @@ docs/ports.md, first field in the least significant bits), ``flush``, ``idle``,
 ``samples_trained``, ``ticks`` and ``saturations__<k>`` for k = 0..S.
 :func:`write_verilog` is the compile flow's artifact writer (``DIR/<name>.v``).
 
-Source: docs/ports.md (names), DESIGN §6 (toolchain facts).
+Source: docs/ports.md (names), docs/architecture.md §6 (toolchain facts).
 """
 
 from __future__ import annotations

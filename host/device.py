@@ -24,7 +24,7 @@ pipeline is flushed only at the end of :meth:`Device.train`, before inference an
 weight access — exactly where the golden model flushes — so a fresh ``sim`` device and the
 golden model agree bit for bit (``shadow=True`` checks it: :meth:`Device.verify`).
 
-Source: DESIGN §1 (host API), docs/protocol.md §4 (link client).
+Source: docs/architecture.md §1 (host API), docs/protocol.md §4 (link client).
 """
 
 from __future__ import annotations

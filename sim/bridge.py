@@ -23,7 +23,8 @@ driven by a bit-level UART model, ``divisor`` clock cycles per bit
 Host use: ``with SimBridge(plan) as sim: LinkClient(TcpTransport("127.0.0.1", sim.port), plan)``
 (:func:`pipetrain.host.open` does this for ``target="sim"``).
 
-Speed (*derived*, DESIGN §6): Python is woken per word and per polling chunk, never per cycle
+Speed (*derived*, docs/architecture.md §6): Python is woken per word and per polling chunk, never
+per cycle
 in between, so the design free-runs between interactions.
 """
 

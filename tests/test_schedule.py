@@ -17,7 +17,7 @@ def test_pb_delay_is_2_s_minus_s_plus_1():
         pb_delay(5, 6)
 
 
-# DESIGN §2.4 table, K = 5: for each loss, the blocks whose weights it changes.
+# docs/architecture.md §2.4 table, K = 5: for each loss, the blocks whose weights it changes.
 TABLE = {
     ("global", 0): {5: [1, 2, 3, 4, 5]},
     ("local", 0): {1: [1], 2: [2], 3: [3], 4: [4], 5: [5]},

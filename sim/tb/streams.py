@@ -9,7 +9,8 @@ valid/ready.
 Randomised handshakes (``valid_prob``/``ready_prob`` < 1) are seeded through ``rng`` so a failing
 run can be replayed. With probability 1 the helpers *free-run*: while the other side stalls they
 wait for a value change (``RisingEdge(ready)`` / ``RisingEdge(valid)``) instead of waking up every
-cycle, so the simulator runs the design on its own in between (DESIGN §6: ~15k cycles/s with
+cycle, so the simulator runs the design on its own in between (docs/architecture.md §6: ~15k
+cycles/s with
 Python every cycle versus 100k–400k free-running).
 """
 
