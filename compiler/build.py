@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..errors import UserError
 from .config import TrainConfig
 from .ir import NetworkIR
 from .plan import (
@@ -104,7 +105,7 @@ MAX_WEIGHT_BITS = 40
 HOST_ONLY_SETTINGS = ("epochs",)
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """The requested design is invalid or does not fit; the message gives the numbers."""
 
 

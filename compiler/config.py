@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import UserError
 from .schedule import (
     LWP_FORMS,
     MITIGATIONS,
@@ -21,7 +22,7 @@ LOSSES = ("cross_entropy", "mse")
 ROUNDINGS = ("stochastic", "nearest_even")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A training setting is invalid; the message names the setting and the accepted values."""
 
 

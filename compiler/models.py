@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
+
 __all__ = ["BUILTIN_MODELS", "ModelError", "build_mlp", "load_model"]
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model argument cannot be turned into an ``nn.Module``; the message says why and how."""
 
 

