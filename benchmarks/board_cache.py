@@ -1,10 +1,10 @@
 """Board build reports for the benchmark, cached by plan hash + board (YoWASP builds are slow).
 
 :func:`board_result` returns one record per (model, board): achieved Fmax and utilisation from
-nextpnr's report (via :func:`pipetrain.host.cmd_build.build_design`), or why the model does not
+nextpnr's report (via :func:`pipetrain.host.bitstream.build_design`), or why the model does not
 fit (needed vs available, from the plan's fit check or from the synthesised netlist). Records
 live in ``<cache>/boards/<plan hash>-<board>.json``; the plan is the one ``pipetrain build``
-would use (:func:`pipetrain.host.cmd_build.plan_for_board`: the compiler's lanes, one lane per
+would use (:func:`pipetrain.host.flow.compile_design`: the compiler's lanes, one lane per
 stage when those do not fit). The record also stores the HDL source hash it was built from, so a
 caller can tell a report built from older HDL (``stale``).
 
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipetrain.hdl.boards import Board, BoardFitError, check_fit, get_board
+from pipetrain.compiler.fit import FitError, check_fit
+from pipetrain.compiler.targets import Board, get_board
 from pipetrain.sim.tb.network import hdl_source_hash
 
 __all__ = ["REPO", "board_key", "board_result", "default_cache_dir", "fit_rows"]
@@ -44,18 +45,18 @@ def board_key(plan_hash: str, board: str) -> str:
 def fit_rows(plan: Any, board: Board) -> dict[str, dict[str, int]]:
     """``{resource: {needed, available}}`` of the plan against the board, without raising.
 
-    The same rows as :func:`pipetrain.hdl.boards.check_fit` (multiplier blocks of the board's
+    The same rows as :func:`pipetrain.compiler.fit.check_fit` (multiplier blocks of the board's
     DSP width, memory bits, the board's block-RAM bits needed vs available).
     """
     try:
         return check_fit(plan, board)
-    except BoardFitError as exc:
+    except FitError as exc:
         return exc.rows
 
 
 def _synth_needs(board: Board, rpt: Path) -> dict[str, dict[str, int]]:
     """Hard-block counts of the synthesised netlist vs the board (from the Yosys log)."""
-    from pipetrain.host.cmd_build import synth_cells
+    from pipetrain.host.bitstream import synth_cells
 
     if not rpt.is_file():
         return {}
@@ -98,18 +99,19 @@ def board_result(
     ``require_current_hdl`` rebuilds a record made from other HDL. Build folders are
     ``build/bench/<model>-<board>`` under the repository root.
     """
-    from pipetrain.host.cmd_build import BuildError, plan_for_board
+    from pipetrain.host.bitstream import BuildError
+    from pipetrain.host.flow import compile_design
 
     board = get_board(board_name)
     cache = (cache_dir or default_cache_dir()) / "boards"
     cache.mkdir(parents=True, exist_ok=True)
     hdl = hdl_source_hash()
     base: dict[str, Any] = {"model": model, "board": board.name}
-    # plan_for_board falls back to one lane per stage and raises (with that plan) when even
+    # fitting falls back to one lane per stage and raises (with that plan) when even
     # the fallback does not fit
     try:
-        plan = plan_for_board(model, board, seed=0)
-    except BoardFitError as exc:
+        plan = compile_design(model, board=board, seed=0).plan
+    except FitError as exc:
         plan = exc.plan
         return base | {
             "plan_hash": plan.hash,
@@ -171,7 +173,7 @@ def board_result(
             "utilization": {k: v for k, v in res["utilization"].items() if k != "raw"},
             "build_s": res["build_s"],
         }
-    except BoardFitError as exc:
+    except FitError as exc:
         rec = base | {
             "fits": False,
             "status": "no_fit_synth",
@@ -197,8 +199,8 @@ def board_result(
 
 
 def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """:func:`pipetrain.host.cmd_build.build_design` (imported lazily: it loads Amaranth)."""
-    from pipetrain.host.cmd_build import build_design as _bd
+    """:func:`pipetrain.host.bitstream.build_design` (imported lazily: it loads Amaranth)."""
+    from pipetrain.host.bitstream import build_design as _bd
 
     return _bd(*args, **kwargs)
 

@@ -13,15 +13,15 @@ import json
 import time
 
 from pipetrain.compiler.compile import compile_result
-from pipetrain.host.cmd_train import TARGETS
-from pipetrain.host.data import load_digits
+from pipetrain.data import load_digits
+from pipetrain.host.device import local_trainer
 
 
 def measure(model: str, target: str, samples: int) -> dict[str, float]:
     """Train ``samples`` digits samples of ``model`` on ``target``; return the rates."""
     ds = load_digits()
     result = compile_result(model, formats="default")
-    trainer = TARGETS[target](result)
+    trainer = local_trainer(target, result.plan, result.model, result.config)
     x, y = ds.x_train, ds.y_train
     epochs = -(-samples // len(x))
     wall, cpu = time.perf_counter(), time.process_time()

@@ -30,20 +30,24 @@ def compile_design(
 ) -> Any:
     """Compile ``model`` exactly as ``pipetrain sim`` does (auto formats calibrated on digits);
     return the :class:`~pipetrain.compiler.compile.CompileResult`."""
-    from pipetrain.compiler.compile import compile_result
+    from pipetrain.host.flow import compile_design as _compile
 
-    return compile_result(
-        model, seed=seed, data="digits", config_overrides={"schedule": schedule}, lanes=lanes
+    return _compile(
+        model,
+        seed=seed,
+        data="digits",
+        config_overrides={"schedule": schedule},
+        lanes=lanes,
+        writers=(),
     )
 
 
 def compile_board_design(model: str, board: str, seed: int = 0) -> Any:
     """Compile ``model`` fitted to ``board`` exactly as ``pipetrain build --board`` does
-    (:func:`pipetrain.host.cmd_build.compile_for_board`): the design the board runs."""
-    from pipetrain.hdl.boards import get_board
-    from pipetrain.host.cmd_build import compile_for_board
+    (:func:`pipetrain.host.flow.compile_design`): the design the board runs."""
+    from pipetrain.host.flow import compile_design as _compile
 
-    return compile_for_board(model, get_board(board), seed=seed)
+    return _compile(model, board=board, seed=seed, writers=())
 
 
 def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:
@@ -187,17 +191,21 @@ def verilator_build_time(verilog: str, fresh: bool) -> dict[str, Any]:
 def trainer_speed(result: Any, target: str, samples: int) -> dict[str, float]:
     """Train ``samples`` digits samples on an in-process target (``golden`` or ``reference``).
 
-    Uses the target registry of ``pipetrain train`` on ``result`` (the same plan the RTL runs);
+    Uses :func:`pipetrain.host.device.local_trainer` on ``result`` (the same plan the RTL runs);
     a throw-away trainer first trains 16 samples (one-time table set-up is not timed).
     Returns ``samples_per_s`` (wall) and ``samples_per_cpu_s``.
     """
-    from pipetrain.host.cmd_train import TARGETS
-    from pipetrain.host.data import load_digits
+    from pipetrain.data import load_digits
+    from pipetrain.host.device import local_trainer
 
     ds = load_digits()
     n = min(samples, len(ds.x_train))
-    TARGETS[target](result).train(ds.x_train[:16], ds.y_train[:16], epochs=1)  # warm-up
-    trainer = TARGETS[target](result)
+
+    def make() -> Any:
+        return local_trainer(target, result.plan, result.model, result.config)
+
+    make().train(ds.x_train[:16], ds.y_train[:16], epochs=1)  # warm-up
+    trainer = make()
     wall, cpu = time.perf_counter(), time.process_time()
     trainer.train(ds.x_train[:n], ds.y_train[:n], epochs=1)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -213,7 +221,7 @@ def cpu_torch_speed(model: str, samples: int, seed: int = 0, warmup: int = 50) -
     ``samples_per_cpu_s``, ``threads``, ``samples``.
     """
     from pipetrain.compiler.models import load_model
-    from pipetrain.host.data import load_digits
+    from pipetrain.data import load_digits
 
     _, net, _ = load_model(model, seed=seed)
     ds = load_digits()

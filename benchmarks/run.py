@@ -13,7 +13,7 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    ``--schedule sequential`` (also in RTL), and their ratio (PB speed-up, ≈ the stage count);
    per-stage lane utilisation from the plan.
 2. **Projected on-board training throughput** = achieved Fmax (nextpnr report of the board
-   build) / RTL cycles per sample of the plan fitted to that board (``compile_for_board``, the
+   build) / RTL cycles per sample of the plan fitted to that board (``compile_design(board=…)``, the
    plan in the bitstream, measured in Verilator as well), for ULX3S (ECP5-85F) and iCEBreaker
    (iCE40UP5K); a model
    that does not fit gets ``null`` and the needed vs available numbers. Next to it PyTorch on
@@ -147,7 +147,7 @@ def bench_model(
     name: str, st: Settings, timer: _Timer, cache_dir: Path, boards: tuple[str, ...]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure one model; return ``(model record, tools record)``."""
-    from pipetrain.hdl.boards import get_board
+    from pipetrain.compiler.targets import get_board
 
     log(f"[{name}] compiling (auto formats) ...")
     with timer("compile"):
@@ -222,7 +222,7 @@ def bench_model(
                     if design.plan.hash != key:
                         raise RuntimeError(
                             f"{name} on {bname}: the board record was built from plan {key}, "
-                            f"compile_for_board now gives {design.plan.hash}"
+                            f"compile_design(board=…) now gives {design.plan.hash}"
                         )
                     rtl_by_plan[key] = measure.rtl_run(design, st.seq_samples)
             cps = rtl_by_plan[key]["cycles_per_sample"]

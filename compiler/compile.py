@@ -1,9 +1,16 @@
-"""Compile a model into a plan and its artifacts: front end → formats → lanes → plan → files.
+"""Compile a model into a plan and its artifacts: front end → formats → lanes → (fit) → plan
+→ files.
 
-:func:`compile_model` is the library form of ``pipetrain compile``. The artifacts are written by
-the callables of :data:`ARTIFACT_WRITERS` into a temporary sibling folder of ``out_dir`` that is
-renamed into place at the end, so a failed compile leaves nothing behind (and an earlier
-output folder intact).
+:func:`compile_result` is the compiler's whole pass list. Two steps are handed in by the caller
+because they belong to higher layers (docs/architecture.md §1): ``calibrate`` (the float
+calibration run of :mod:`pipetrain.sim.calibrate`, for ``formats="auto"``) and extra artifact
+``writers`` (the Verilog of :func:`pipetrain.hdl.verilog.write_verilog`). The library entry that
+wires both is :func:`pipetrain.host.flow.compile_design`. With ``board``, the plan is fitted to
+the board by :func:`pipetrain.compiler.fit.fit_plan`.
+
+The artifacts are written by the writers (default :data:`ARTIFACT_WRITERS`: ``plan.json``,
+``report.md``) into a temporary sibling folder of ``out_dir`` that is renamed into place at the
+end, so a failed compile leaves nothing behind (and an earlier output folder intact).
 """
 
 from __future__ import annotations
@@ -18,15 +25,17 @@ from pathlib import Path
 
 from torch import nn
 
-from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError, build_plan
-from .calibrate import apply_overrides, auto_formats, parse_format_overrides
+from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
 from .config import TrainConfig
+from .fit import PlanRequest, fit_plan
+from .formats import Ranges, apply_overrides, formats_from_ranges, parse_format_overrides
 from .frontend import trace
 from .ir import NetworkIR
 from .lanes import choose_lanes
 from .models import ModelError, load_model
 from .plan import Plan, QFormat
 from .report import render_report
+from .targets import Board
 
 __all__ = [
     "CompileResult",
@@ -34,7 +43,7 @@ __all__ = [
     "ARTIFACT_WRITERS",
     "write_plan_json",
     "write_report_md",
-    "write_verilog_v",
+    "Calibrate",
     "compile_model",
     "compile_result",
 ]
@@ -55,6 +64,7 @@ class CompileResult:
     warnings: warning messages (front end, lanes) for the report and the CLI.
     out_dir: the final output folder (None when nothing is written).
     files: names of the files written into ``out_dir``.
+    board: the board the plan was fitted to (None: not fitted).
     """
 
     name: str
@@ -66,6 +76,7 @@ class CompileResult:
     warnings: list[str] = field(default_factory=list)
     out_dir: Path | None = None
     files: list[str] = field(default_factory=list)
+    board: Board | None = None
 
 
 #: An artifact writer: ``writer(result, folder)`` writes its files into ``folder`` (a
@@ -91,17 +102,13 @@ def write_report_md(result: CompileResult, folder: Path) -> Sequence[str]:
     return ["report.md"]
 
 
-def write_verilog_v(result: CompileResult, folder: Path) -> Sequence[str]:
-    """Write ``<name>.v`` (:func:`pipetrain.hdl.verilog.write_verilog`; imported here so the
-    compiler does not load the HDL unless it writes Verilog)."""
-    from ..hdl.verilog import write_verilog
+#: The compiler's own artifacts, written in order; callers append their layer's writers (the
+#: Verilog writer :func:`pipetrain.hdl.verilog.write_verilog`).
+ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md]
 
-    return write_verilog(result, folder)
-
-
-#: The artifacts of a compile, written in order. HDL hook: the Verilog writer
-#: (``DIR/<name>.v``) is the last ArtifactWriter.
-ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md, write_verilog_v]
+#: The calibration step: ``calibrate(model, ir, config)`` returns the ranges the auto formats
+#: are chosen from (:class:`pipetrain.sim.calibrate.Calibrator`).
+Calibrate = Callable[[nn.Module, NetworkIR, TrainConfig], Ranges]
 
 
 def _load(
@@ -125,8 +132,8 @@ def compile_result(
     config_overrides: Mapping | None = None,
     formats: str | FormatSpec = "auto",
     format_overrides: Mapping[str, QFormat] | Sequence[str] | None = None,
-    data: str = "digits",
-    calib_samples: int | None = None,
+    calibrate: Calibrate | None = None,
+    board: Board | None = None,
     lanes: Sequence[int] | None = None,
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
@@ -167,30 +174,34 @@ def compile_result(
         elif formats == "default":
             spec = apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
         elif formats == "auto":
-            from ..host.data import load_data  # host data loading; compiler stays torch-only
-
-            ds = load_data(data)
-            if ds.features != ir.in_features:
+            if calibrate is None:
                 raise PlanError(
-                    f"data {ds.name!r} has {ds.features} features but model "
-                    f"{name!r} takes {ir.in_features} inputs"
+                    "formats 'auto' need a calibration run: compile through "
+                    "pipetrain.host.flow.compile_design (it calibrates on --data), pass "
+                    "calibrate=pipetrain.sim.calibrate.Calibrator(dataset), or use "
+                    "formats='default'"
                 )
-            if ds.classes > ir.classes:
-                raise PlanError(
-                    f"data {ds.name!r} has {ds.classes} classes but model "
-                    f"{name!r} has {ir.classes} outputs"
-                )
-            spec = auto_formats(
-                model, config, ds.x_train, ds.y_train, calib_samples, fmt_over, ir=ir
-            )
+            spec = formats_from_ranges(calibrate(model, ir, config), config, ir, fmt_over)
         else:
             raise PlanError(f"formats must be 'auto', 'default' or a FormatSpec, got {formats!r}")
-        plan = build_plan(
-            ir, config, spec, chosen, clock_hz, memory_budget_bits, const_bits, single_port
+        request = PlanRequest(
+            ir,
+            config,
+            spec,
+            tuple(chosen),
+            lanes_given=any(v is not None for v in (lanes, target_cycles, max_multipliers)),
+            clock_hz=clock_hz,
+            memory_budget_bits=memory_budget_bits,
+            const_bits=const_bits,
+            single_port=tuple(single_port),
         )
+        if board is None:
+            plan = request.build()
+        else:
+            plan, request = fit_plan(request, board)
     for rec in records:
         caught.append(str(rec.message))
-    result = CompileResult(name, model, ir, config, spec, plan, caught)
+    result = CompileResult(name, model, ir, config, request.formats, plan, caught, board=board)
     if out_dir is not None:
         _write_artifacts(result, Path(out_dir), ARTIFACT_WRITERS if writers is None else writers)
     return result
@@ -209,15 +220,16 @@ def compile_model(
     model file's ``config``, else :class:`TrainConfig` defaults); ``config_overrides`` (a dict of
     TrainConfig fields, ``None`` values ignored) are applied on top.
 
-    Options: ``formats`` (``"auto"``: calibrate on ``data``'s training set with
-    :func:`~pipetrain.compiler.calibrate.auto_formats`, ``calib_samples`` samples; ``"default"``:
+    Options: ``formats`` (``"auto"``: formats from the ranges that ``calibrate(model, ir,
+    config)`` returns, :func:`~pipetrain.compiler.formats.formats_from_ranges`; ``"default"``:
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
     ``clock_hz``, ``const_bits`` and ``single_port`` (:func:`~pipetrain.compiler.build.
-    build_plan`: constant precision, SPRAM stages), ``writers`` (default
-    :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand for
-    ``config_overrides={"seed": …}``).
+    build_plan`: constant precision, SPRAM stages), ``board`` (fit the plan to it,
+    :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, formats, lanes and SPRAM
+    replace those options), ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed``
+    (shorthand for ``config_overrides={"seed": …}``).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing
@@ -226,7 +238,8 @@ def compile_model(
     Raises :class:`~pipetrain.compiler.models.ModelError` (incl. ``CompileError``) for a bad
     model, :class:`~pipetrain.compiler.config.ConfigError` for bad settings,
     :class:`~pipetrain.compiler.build.PlanError` (incl. ``FormatError``) for a design that is
-    invalid or does not fit, :class:`~pipetrain.host.data.DataError` for bad calibration data.
+    invalid, :class:`~pipetrain.compiler.fit.FitError` for a plan that does not fit ``board``,
+    and whatever ``calibrate`` raises.
     """
     return compile_result(model_spec, config, out_dir, **options).plan
 

@@ -1,10 +1,11 @@
-"""Choosing fixed-point formats: range calibration with the float reference trainer.
+"""Choosing fixed-point formats from calibrated ranges, and explicit format overrides.
 
-Like hls4ml's ``auto`` precision, but for *training* tensors (docs/architecture.md §4): the float PB
-reference trainer (:class:`pipetrain.sim.reference.ReferenceTrainer`) trains the network on
-calibration data with the real schedule and records max|value| of every tensor of every stage;
-each tensor then gets the fewest integer bits that hold ``headroom`` × its observed maximum and
-the rest of its width as fraction bits:
+Like hls4ml's ``auto`` precision, but for *training* tensors (docs/architecture.md §4): a
+calibration run (:mod:`pipetrain.sim.calibrate`, a step the caller runs: the float PB reference
+trainer trains the network on calibration data with the real schedule) records max|value| of
+every tensor of every stage and hands those **ranges** to :func:`formats_from_ranges`; each
+tensor then gets the fewest integer bits that hold ``headroom`` × its observed maximum and the
+rest of its width as fraction bits:
 
 * activations ``x``/``y`` and errors ``d``/``gin``: :data:`DATA_BITS` (16) bits;
 * weights ``w``: :data:`WEIGHT_BITS` (24) bits; velocities ``u``: ``u.frac = w.frac`` (they are
@@ -19,7 +20,7 @@ profiled by the reference trainer: their stages take the last main stage's forma
 
 Explicit overrides (``--format s1.x=Q3.12``, ``--format w=Q3.20``) win over the calibration;
 see :func:`apply_overrides`. Source: *derived* (range profiling as in hls4ml's ``auto``
-precision and docs/architecture.md §4).
+precision, docs/architecture.md §4).
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ import math
 import re
 from collections.abc import Mapping
 
-import torch
-from torch import nn
-
 from .build import (
     MAX_SUM_BITS,
     FormatSpec,
@@ -40,7 +38,6 @@ from .build import (
     stage_slots,
 )
 from .config import TrainConfig
-from .frontend import trace
 from .ir import NetworkIR
 from .plan import QFormat
 
@@ -53,9 +50,9 @@ __all__ = [
     "parse_qformat",
     "parse_format_overrides",
     "format_for_range",
-    "auto_formats",
+    "Ranges",
+    "formats_from_ranges",
     "apply_overrides",
-    "ir_sequential",
 ]
 
 #: Calibrated max|value| × HEADROOM must fit the format (one spare integer bit).
@@ -131,70 +128,31 @@ def format_for_range(max_abs: float, bits: int, headroom: float = HEADROOM) -> Q
     return QFormat(bits, bits - 1 - i)
 
 
-def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
-    """Return an ``nn.Sequential`` of the IR's layers sharing the model's Linear modules.
-
-    The reference trainer then sees exactly the chain the front end accepted (custom
-    container modules, Dropout and Flatten removed).
-    """
-    mods: list[nn.Module] = []
-    for layer in ir.layers:
-        mods.append(model.get_submodule(layer.name))
-        if layer.activation == "relu":
-            mods.append(nn.ReLU())
-        elif layer.activation == "leaky_relu":
-            mods.append(nn.LeakyReLU(layer.negative_slope))
-    return nn.Sequential(*mods)
-
-
 def _int_bits(fmt: QFormat) -> int:
     return fmt.bits - 1 - fmt.frac
 
 
-def auto_formats(
-    model: nn.Module,
+#: Calibrated ranges: ``{stage (1-based): {tensor: max|value|}}`` with tensors ``x y d gin w u``
+#: (real values), as :mod:`pipetrain.sim.calibrate` records them.
+Ranges = Mapping[int, Mapping[str, float]]
+
+
+def formats_from_ranges(
+    ranges: Ranges,
     config: TrainConfig,
-    x_sample: torch.Tensor,
-    y_sample: torch.Tensor,
-    samples: int | None = None,
+    ir: NetworkIR,
     overrides: Mapping[str, QFormat] | None = None,
     headroom: float = HEADROOM,
-    ir: NetworkIR | None = None,
 ) -> FormatSpec:
-    """Calibrate formats on ``x_sample`` float (n, N), ``y_sample`` int64 (n,).
+    """Pick every stage's formats from calibrated ``ranges`` (module docstring), then apply
+    ``overrides``. ``FormatSpec.ranges`` keeps the ranges; ``source`` is ``"auto"``.
 
-    Streams ``samples`` samples (default n·config.epochs, the whole training run) through the
-    float reference trainer with ``config``'s schedule and hyperparameters, in
-    :func:`pipetrain.host.data.epoch_order` order (full passes, then the first samples of the
-    data for the rest), then picks formats (module docstring) and applies ``overrides``.
-    The model's parameters are not changed. ``FormatSpec.ranges[s]`` holds stage s's observed
-    max|value| per tensor.
-
-    Raises :class:`~pipetrain.compiler.frontend.CompileError` for a model the front end rejects
-    and :class:`PlanError` for bad overrides or a diverged calibration run.
+    Raises :class:`PlanError` for a non-finite range (a diverged calibration run), an update
+    sum that no 16-bit error format keeps within 62 bits, or bad overrides
+    (:class:`FormatError`).
     """
-    from ..sim.reference import ReferenceTrainer  # sim depends on compiler, not vice versa
-
-    if ir is None:
-        ir = trace(model, type(model).__name__, config.loss)
     S = len(ir.layers)
-    n = int(x_sample.shape[0])
-    if x_sample.ndim != 2 or x_sample.shape[1] != ir.in_features:
-        raise PlanError(
-            f"calibration data has shape {tuple(x_sample.shape)} but the network takes "
-            f"(samples, {ir.in_features})"
-        )
-    total = n * config.epochs if samples is None else int(samples)
-    if total < 1:
-        raise PlanError(f"calibration needs at least one sample, got {total}")
-    # the trainer copies the parameters: the user's model is not modified
-    trainer = ReferenceTrainer(ir_sequential(model, ir), config, profile=True)
-    full, rest = divmod(total, n)
-    if full:
-        trainer.train(x_sample, y_sample, epochs=full)
-    if rest:
-        trainer.train(x_sample[:rest], y_sample[:rest], epochs=1)
-    ranges = {s: dict(v) for s, v in trainer.ranges.items()}
+    ranges = {int(s): {k: float(v) for k, v in t.items()} for s, t in ranges.items()}
 
     def r(stage: int, key: str) -> float:
         return float(ranges.get(stage, {}).get(key, 0.0))

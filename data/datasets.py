@@ -8,13 +8,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import UserError
+
 __all__ = ["Dataset", "DataError", "epoch_order", "load_data", "load_digits", "load_npz"]
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset is missing or malformed; the message names the key, shape or dtype at fault."""
 
 

@@ -27,7 +27,7 @@ from amaranth.build import ResourceError
 from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .boards import Board
+from ..compiler.targets import Board
 from .uart import UARTRx, UARTTx, uart_divisor
 
 __all__ = ["BoardTop", "Loopback", "NetworkCore", "byte_core_signature", "network_core"]
@@ -116,7 +116,7 @@ class BoardTop(Elaboratable):
 
     Parameters
     ----------
-    board: the target (:data:`pipetrain.hdl.boards.BOARDS`), gives the clock (Hz).
+    board: the target (:data:`pipetrain.compiler.targets.BOARDS`), gives the clock (Hz).
     core: a byte-stream component (``i``/``o``, see :func:`byte_core_signature`) or a
         zero-argument factory returning one.
     baud: UART rate (bit/s), default ``board.baud``; :class:`~pipetrain.hdl.uart.UARTError`

@@ -2,8 +2,8 @@
 
 ``pipetrain.host.open(model_or_plan, target=...)`` returns a :class:`~.device.Device` that
 trains on the golden model, the reference trainer, the RTL simulation or a board. The names
-are loaded on first use (PEP 562), so importing a host submodule (e.g. ``host.data`` from the
-simulators) does not import the device API and its dependencies.
+are loaded on first use (PEP 562), so importing a host submodule (e.g. the command line's
+``host.cli``) does not import the device API and its dependencies.
 """
 
 from __future__ import annotations

@@ -17,21 +17,9 @@ from typing import Any
 
 import click
 
-from ..compiler.config import ConfigError
-from ..compiler.models import ModelError
-from .data import DataError
+from ..errors import UserError
 
-__all__ = ["main", "cli", "json_option", "emit_json", "USER_ERRORS"]
-
-#: Exceptions that mean "bad input": reported as one line, exit status 2.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ModelError, DataError)
-
-
-def register_user_error(exc: type[Exception]) -> None:
-    """Add an exception type that the CLI reports as a clear user error (exit status 2)."""
-    global USER_ERRORS
-    if exc not in USER_ERRORS:
-        USER_ERRORS = (*USER_ERRORS, exc)
+__all__ = ["main", "cli", "json_option", "emit_json", "user_errors", "info"]
 
 
 def emit_json(target: str | None, payload: dict[str, Any]) -> None:
@@ -59,13 +47,14 @@ def json_option(func: Callable) -> Callable:
 
 
 def user_errors(func: Callable) -> Callable:
-    """Turn :data:`USER_ERRORS` raised by ``func`` into a clean message and exit status 2."""
+    """Turn a :class:`~pipetrain.errors.UserError` raised by ``func`` into a clean message and
+    exit status 2."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except USER_ERRORS as exc:
+        except UserError as exc:
             payload: dict[str, Any] = {"error": str(exc), "error_type": type(exc).__name__}
             if getattr(exc, "rows", None):
                 payload["fit"] = exc.rows  # BoardFitError: needed vs available per resource

@@ -1,8 +1,12 @@
-"""``pipetrain compile MODEL``: trace, calibrate formats, choose lanes, write the plan and report.
+"""``pipetrain compile MODEL``: trace, calibrate formats, choose lanes, write the plan, the
+report and the Verilog (:func:`pipetrain.host.flow.compile_design`).
 
 Prints the per-stage table (layer, shape, delay, stash, lanes, cycles per tick, memory,
-formats) and writes ``DIR/plan.json`` and ``DIR/report.md`` (``--out DIR``, default
-``build/<name>``). ``--json FILE`` gets :func:`pipetrain.compiler.report.plan_summary`.
+formats) and writes ``DIR/plan.json``, ``DIR/report.md`` and ``DIR/<name>.v`` (``--out DIR``,
+default ``build/<name>``, or ``build/<name>-<board>`` with ``--board``). ``--board NAME`` fits
+the plan to the board (:mod:`pipetrain.compiler.fit`: the plan ``build --board`` puts in the
+bitstream) and prints the board's needed vs available resources. ``--json FILE`` gets
+:func:`pipetrain.compiler.report.plan_summary` (plus ``board`` and ``fit``).
 
 Every :class:`~pipetrain.compiler.config.TrainConfig` field has an option here
 (:func:`train_config_options`); they override the model file's ``config``.
@@ -18,12 +22,14 @@ from typing import Any
 import click
 
 from ..compiler.build import PlanError
-from ..compiler.compile import compile_result
 from ..compiler.config import LOSSES, ROUNDINGS
+from ..compiler.fit import check_fit
 from ..compiler.lanes import parse_lanes
 from ..compiler.report import plan_summary, stage_table, totals_text
 from ..compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
-from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
+from ..compiler.targets import BOARDS, get_board
+from .cli import cli, emit_json, info, json_option, user_errors
+from .flow import compile_design
 
 __all__ = [
     "train_config_options",
@@ -32,8 +38,6 @@ __all__ = [
     "parse_memory",
     "compile_cmd",
 ]
-
-register_user_error(PlanError)
 
 #: (option, TrainConfig field, click type, help) for every training setting.
 _CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
@@ -149,7 +153,14 @@ def parse_memory(text: str) -> int:
 @click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
 @click.option("--max-multipliers", type=int, default=None, help="Fastest design with ≤ M mults.")
 @click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")
-@click.option("--clock-mhz", type=float, default=50.0, show_default=True, help="Clock (MHz).")
+@click.option("--clock-mhz", type=float, default=None, help="Clock (MHz) [50, or the board's].")
+@click.option(
+    "--board",
+    "board_name",
+    type=click.Choice(sorted(BOARDS)),
+    default=None,
+    help="Fit the plan to this board, as `pipetrain build --board` does.",
+)
 @train_config_options
 @json_option
 @user_errors
@@ -164,7 +175,8 @@ def compile_cmd(
     target_cycles: int | None,
     max_multipliers: int | None,
     memory_budget: str | None,
-    clock_mhz: float,
+    clock_mhz: float | None,
+    board_name: str | None,
     json_out: str | None,
     **options: Any,
 ) -> None:
@@ -172,17 +184,25 @@ def compile_cmd(
     overrides = config_overrides(options)
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
     budget = parse_memory(memory_budget) if memory_budget is not None else 0
+    board = get_board(board_name) if board_name is not None else None
+    if board is not None and clock_mhz is not None:
+        raise PlanError(
+            f"--clock-mhz and --board: the plan fitted to {board.name} runs at its "
+            f"{board.clock_hz / 1e6:g} MHz clock; give one of them"
+        )
+    clock_mhz = 50.0 if clock_mhz is None else clock_mhz
     if clock_mhz <= 0:
         raise PlanError(f"--clock-mhz must be > 0, got {clock_mhz}")
     if out_dir is None:
         from ..compiler.models import BUILTIN_MODELS
 
         stem = model if model in BUILTIN_MODELS else Path(model).stem
-        out_dir = str(Path("build") / stem)
-    result = compile_result(
+        out_dir = str(Path("build") / (stem + (f"-{board.name}" if board else "")))
+    result = compile_design(
         model,
         None,
         out_dir,
+        board=board,
         config_overrides=overrides,
         formats=formats,
         format_overrides=list(format_items),
@@ -195,6 +215,7 @@ def compile_cmd(
         clock_hz=clock_mhz * 1e6,
     )
     plan = result.plan
+    fit = check_fit(plan, board) if board is not None else None
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     for n in result.formats.notes:
@@ -205,6 +226,7 @@ def compile_cmd(
         + stage_table(plan)
         + "\n"
         + totals_text(plan)
+        + (_fit_text(board.name, fit) if board is not None and fit is not None else "")
         + f"\nwrote {', '.join(result.files)} to {result.out_dir}",
         json_out,
     )
@@ -217,5 +239,13 @@ def compile_cmd(
             "formats_source": result.formats.source,
             "warnings": result.warnings,
             "notes": list(result.formats.notes),
+            "board": board_name,
+            "fit": fit,
         },
     )
+
+
+def _fit_text(board: str, fit: dict[str, dict[str, int]]) -> str:
+    """One line per board resource: ``needed / available``."""
+    rows = ", ".join(f"{k} {v['needed']}/{v['available']}" for k, v in fit.items())
+    return f"\nfitted to {board} (needed/available): {rows}"

@@ -8,7 +8,7 @@ reference trainer (:class:`pipetrain.sim.reference.ReferenceTrainer`) and scored
 set. Methods: ``sgd`` (sequential schedule: exact batch-1 SGD with momentum), ``pb``
 (Pipelined Backpropagation, D_s = 2(S−s)+1), ``pb+sc``, ``pb+lwp``, ``pb+sc+lwp`` (Spike
 Compensation / Linear Weight Prediction, Kosson et al. 2021 §3). The seed also fixes the
-sample order (:func:`pipetrain.host.data.epoch_order`); every method sees the same initial
+sample order (:func:`pipetrain.data.epoch_order`); every method sees the same initial
 weights and the same order for a given seed.
 
 Output: a table (mean ± sample standard deviation over seeds), optionally a plot of accuracy
@@ -30,9 +30,9 @@ from tqdm import tqdm
 
 from ..compiler.config import ConfigError, TrainConfig
 from ..compiler.models import build_mlp
+from ..data import Dataset, load_data
 from ..sim.reference import ReferenceTrainer
 from .cli import cli, emit_json, info, json_option, user_errors
-from .data import Dataset, load_data
 
 __all__ = ["METHODS", "INITS", "DEFAULT_EPOCHS", "run_experiment", "format_table", "plot_rows"]
 

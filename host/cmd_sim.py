@@ -23,14 +23,11 @@ from typing import Any
 import click
 import torch
 
-from ..compiler.build import PlanError
-from ..sim.verilator import RTLSimError, ToolchainError
-from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
+from ..sim.verilator import RTLSimError
+from .cli import cli, emit_json, info, json_option, user_errors
+from .flow import compile_design
 
 __all__ = ["sim_command", "compile_for_sim", "sim_samples"]
-
-for _exc in (ToolchainError, PlanError):
-    register_user_error(_exc)
 
 
 def compile_for_sim(
@@ -42,15 +39,13 @@ def compile_for_sim(
 ) -> tuple[Any, Any]:
     """Return ``(plan, module)`` for a built-in model name or a ``.py`` file.
 
-    Compiles exactly as ``pipetrain compile`` does (:func:`pipetrain.compiler.compile.
-    compile_result`: auto formats calibrated on ``data``, default lanes unless ``lanes``), with
+    Compiles exactly as ``pipetrain compile`` does (:func:`pipetrain.host.flow.compile_design`:
+    auto formats calibrated on ``data``, default lanes unless ``lanes``), with
     TrainConfig ``overrides`` (None values ignored). The module carries the initial weights
     (seeded by ``seed``) that both the RTL and the golden model start from.
     """
-    from ..compiler.compile import compile_result
-
-    result = compile_result(
-        model, seed=seed, data=data, config_overrides=overrides or {}, lanes=lanes
+    result = compile_design(
+        model, seed=seed, data=data, config_overrides=overrides or {}, lanes=lanes, writers=()
     )
     return result.plan, result.model
 
@@ -58,13 +53,13 @@ def compile_for_sim(
 def sim_samples(plan: Any, n: int, data: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(x_int (n, N) int64, labels (n,))``: the first n samples of epoch 0.
 
-    ``data``: ``digits`` or an ``.npz`` path (:func:`pipetrain.host.data.load_data`). Inputs
+    ``data``: ``digits`` or an ``.npz`` path (:func:`pipetrain.data.load_data`). Inputs
     are quantised to stage 1's ``x`` format (numerics §3, round half even, saturating).
-    Raises :class:`~pipetrain.host.data.DataError` when the data's feature count differs from
+    Raises :class:`~pipetrain.data.DataError` when the data's feature count differs from
     the plan's input size.
     """
+    from ..data import DataError, epoch_order, load_data
     from ..sim.fixed import quantise
-    from .data import DataError, epoch_order, load_data
 
     ds = load_data(data)
     if ds.features != plan.in_features:

@@ -8,7 +8,7 @@ Targets (:func:`pipetrain.host.open`): ``sim`` (Verilator, over the host link on
 port), ``golden`` (fixed-point golden model), ``reference`` (float PB reference trainer),
 ``serial://PORT[?baud=N]`` and ``tcp://HOST:PORT`` (a board or bridge over the link). Every
 target gets the same plan, the same initial weights (the model initialised with ``--seed``) and
-the same sample order (:func:`pipetrain.host.data.epoch_order`), so their numbers compare.
+the same sample order (:func:`pipetrain.data.epoch_order`), so their numbers compare.
 
 A board runs the plan fitted to it by ``pipetrain build MODEL --board NAME`` (board clock,
 lanes, formats, memories): train it with the same ``--board NAME`` (and ``--seed``,
@@ -39,7 +39,6 @@ model on the same stream (null for other targets).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,36 +47,26 @@ import torch
 from torch import nn
 
 from ..compiler.build import PlanError
-from ..compiler.compile import CompileResult, compile_result
+from ..compiler.compile import CompileResult
 from ..compiler.lanes import parse_lanes
-from ..compiler.models import build_mlp, load_model
-from ..sim.golden import GoldenError, GoldenModel
-from ..sim.trainer import Trainer, accuracy
+from ..compiler.models import load_model
+from ..data import Dataset, load_data
+from ..sim.trainer import accuracy
 from ..sim.verilator import RTLSimError, ToolchainError
-from .cli import cli, emit_json, info, json_option, register_user_error, user_errors
-from .client import LinkError, PlanMismatchError
+from .cli import cli, emit_json, info, json_option, user_errors
+from .client import LinkError
 from .cmd_compile import config_overrides, plan_format_options, train_config_options
-from .data import Dataset, load_data
-from .device import Device, DeviceError, open
-from .transport import TransportError
+from .device import LINK_SCHEMES, LOCAL_TARGETS, Device, open
+from .flow import DEFAULT_HIDDEN, compile_design
 
 __all__ = [
     "DEFAULT_EPOCHS",
     "DEFAULT_MODEL",
     "DEFAULT_TARGET",
-    "TARGETS",
     "TrainCheckError",
-    "compile_job",
-    "register_target",
     "run_training",
     "train_cmd",
 ]
-
-register_user_error(PlanError)
-register_user_error(GoldenError)
-register_user_error(DeviceError)
-register_user_error(TransportError)
-register_user_error(PlanMismatchError)
 
 #: The main job: model, target and epochs of ``pipetrain train`` without arguments.
 DEFAULT_MODEL = "mlp-digits"
@@ -85,42 +74,17 @@ DEFAULT_TARGET = "sim"
 #: Epochs when neither ``--epochs`` nor the model file sets them: mlp-digits reaches ≥ 0.95
 #: test accuracy on digits for seeds 0–2 (golden model; 1 epoch gives 0.84–0.91).
 DEFAULT_EPOCHS = 4
-#: Hidden layer sizes of the data-sized ``mlp`` model.
-DEFAULT_HIDDEN = "32"
-
-#: In-process trainer factories (``golden``, ``reference``) for benchmarks; the command itself
-#: opens every target through :func:`pipetrain.host.open`.
-TARGETS: dict[str, Callable[[CompileResult], Trainer]] = {}
 
 
 class TrainCheckError(click.ClickException):
     """The target's books disagree with the host's (e.g. its trained-sample counter)."""
 
 
-def register_target(name: str, factory: Callable[[CompileResult], Trainer]) -> None:
-    """Make ``TARGETS[name]`` build an in-process trainer with ``factory(compile_result)``."""
-    TARGETS[name] = factory
-
-
-def _golden(result: CompileResult) -> Trainer:
-    return GoldenModel(result.plan, result.model, result.config)
-
-
-def _reference(result: CompileResult) -> Trainer:
-    from ..sim.reference import ReferenceTrainer
-
-    return ReferenceTrainer(result.model, result.config, plan=result.plan, profile=False)
-
-
-register_target("golden", _golden)
-register_target("reference", _reference)
-
-
 def _check_target(target: str) -> None:
-    if target in ("sim", *TARGETS) or target.startswith(("serial://", "tcp://")):
+    if target in ("sim", *LOCAL_TARGETS) or target.startswith(LINK_SCHEMES):
         return
     raise PlanError(
-        f"unknown target {target!r}; choose one of: sim, {', '.join(TARGETS)}, "
+        f"unknown target {target!r}; choose one of: sim, {', '.join(LOCAL_TARGETS)}, "
         "serial://PORT[?baud=N], tcp://HOST:PORT"
     )
 
@@ -226,17 +190,6 @@ def run_training(
     return report, dev
 
 
-def _data_mlp(ds: Dataset, hidden: str, seed: int) -> nn.Module:
-    try:
-        sizes = [int(v) for v in hidden.replace(" ", "").split(",") if v]
-    except ValueError as exc:
-        raise PlanError(f"--hidden {hidden!r} must be layer sizes like 32 or 64,32") from exc
-    if any(v < 1 for v in sizes):
-        raise PlanError(f"--hidden {hidden!r}: layer sizes must be ≥ 1")
-    torch.manual_seed(seed)
-    return build_mlp([ds.features, *sizes, ds.classes])
-
-
 def _file_epochs(model: str) -> int | None:
     """``config["epochs"]`` of a model file, if it sets one."""
     if not model.endswith(".py"):
@@ -244,48 +197,6 @@ def _file_epochs(model: str) -> int | None:
     _, _, cfg = load_model(model)
     value = cfg.get("epochs") if isinstance(cfg, dict) else getattr(cfg, "epochs", None)
     return None if value is None else int(value)
-
-
-def compile_job(
-    model: str,
-    ds: Dataset,
-    data: str,
-    *,
-    hidden: str = DEFAULT_HIDDEN,
-    overrides: dict[str, Any] | None = None,
-    formats: str = "auto",
-    format_items: Sequence[str] = (),
-    calib_samples: int | None = None,
-    lanes: Sequence[int] | None = None,
-    board: str | None = None,
-) -> CompileResult:
-    """Compile ``model`` as ``pipetrain train`` does (``mlp``: sized from ``ds``, hidden layers
-    ``hidden``; ``data`` names ``ds`` for calibration). ``overrides``: TrainConfig fields
-    (``epochs`` must already be removed: it is not part of the plan). ``board``: fit the plan
-    to that board as ``pipetrain build --board`` does
-    (:func:`~pipetrain.host.cmd_build.compile_for_board`), so it matches the bitstream's plan.
-    Raises the compiler's errors (:class:`PlanError`,
-    :class:`~pipetrain.compiler.models.ModelError`, …) and
-    :class:`~pipetrain.hdl.boards.BoardError` (unknown board, or the net does not fit it)."""
-    overrides = dict(overrides or {})
-    spec: str | nn.Module = model
-    if model == "mlp":
-        spec = _data_mlp(ds, hidden, int(overrides.get("seed", 0)))
-    options: dict[str, Any] = {
-        "config_overrides": overrides,
-        "formats": formats,
-        "format_overrides": list(format_items),
-        "data": data,
-        "calib_samples": calib_samples,
-        "name": "mlp" if model == "mlp" else None,
-    }
-    if board is not None:
-        from ..hdl.boards import get_board
-        from .cmd_build import compile_for_board
-
-        lanes_ = tuple(lanes) if lanes is not None else None
-        return compile_for_board(spec, get_board(board), seed=None, lanes=lanes_, **options)
-    return compile_result(spec, None, None, lanes=lanes, **options)
 
 
 @cli.command("train")
@@ -356,17 +267,17 @@ def train_cmd(
     if save and not Path(save).resolve().parent.is_dir():
         raise PlanError(f"--save {save!r}: the folder does not exist")
     ds = load_data(data)
-    result = compile_job(
+    result = compile_design(
         model,
-        ds,
-        data,
+        data=ds,
         hidden=hidden,
-        overrides=overrides,
+        board=board_name,
+        config_overrides=overrides,
         formats=formats,
-        format_items=format_items,
+        format_overrides=list(format_items),
         calib_samples=calib_samples,
         lanes=lanes,
-        board=board_name,
+        writers=(),
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

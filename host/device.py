@@ -19,7 +19,7 @@ Targets:
 Link targets (``sim``, ``serial``, ``tcp``) start from the same weights as the golden model:
 the model's parameters are quantised exactly as the golden model does (numerics §2) and
 written with ``WRITE_WEIGHTS`` together with zero velocities, and the counters are reset.
-Samples stream in :func:`~pipetrain.host.data.epoch_order` (seed ``config.seed``), the
+Samples stream in :func:`~pipetrain.data.epoch_order` (seed ``config.seed``), the
 pipeline is flushed only at the end of :meth:`Device.train`, before inference and before
 weight access — exactly where the golden model flushes — so a fresh ``sim`` device and the
 golden model agree bit for bit (``shadow=True`` checks it: :meth:`Device.verify`).
@@ -41,15 +41,17 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..compiler.compile import CompileResult, compile_result
+from ..compiler.compile import CompileResult
 from ..compiler.config import TrainConfig
 from ..compiler.plan import Plan
+from ..data import epoch_order
+from ..errors import UserError
 from ..protocol.wire import Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel
-from ..sim.trainer import accuracy
+from ..sim.trainer import Trainer, accuracy
 from .client import LinkClient, LinkError, quantise_inputs
-from .data import epoch_order
+from .flow import compile_design
 from .transport import TcpTransport, Transport, open_transport
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "DeviceError",
     "LINK_SCHEMES",
     "LOCAL_TARGETS",
+    "local_trainer",
     "PROGRESS_MIN_SAMPLES",
 ]
 
@@ -73,7 +76,7 @@ PROGRESS_MIN_SAMPLES = 2000
 _CHUNK = 128
 
 
-class DeviceError(ValueError):
+class DeviceError(UserError, ValueError):
     """A target cannot be opened or used as asked (unknown target, missing model, bad shapes)."""
 
 
@@ -249,7 +252,7 @@ class Device:
     # -- training -------------------------------------------------------------------------------
     def train(self, x: Any, y: Any, epochs: int = 1, progress: bool | None = None) -> TrainReport:
         """Train on ``x`` (n, N) floats with labels ``y`` (n,) for ``epochs`` passes, one sample
-        at a time in :func:`~pipetrain.host.data.epoch_order`, then flush (every update applied).
+        at a time in :func:`~pipetrain.data.epoch_order`, then flush (every update applied).
 
         ``progress``: a tqdm bar over samples (None: on a TTY for ≥ ``PROGRESS_MIN_SAMPLES``).
         Raises :class:`DeviceError` for bad shapes/labels or ``epochs < 1``;
@@ -525,6 +528,19 @@ def _reference_load(trainer: Any, mems: list[torch.Tensor]) -> None:
         st.queue.append(Version(w, cur.u, w, cur.index))
 
 
+def local_trainer(target: str, plan: Plan, model: nn.Module, config: TrainConfig) -> Trainer:
+    """The in-process trainer of a local target: ``golden`` (the fixed-point golden model) or
+    ``reference`` (the float PB reference trainer, same schedule). Raises
+    :class:`DeviceError` for another target."""
+    if target == "golden":
+        return GoldenModel(plan, model, config)
+    if target == "reference":
+        from ..sim.reference import ReferenceTrainer
+
+        return ReferenceTrainer(model, config, plan=plan, profile=False)
+    raise DeviceError(f"{target!r} is not a local target; use one of {', '.join(LOCAL_TARGETS)}")
+
+
 def _resolve(
     plan_or_model: Any,
     config: TrainConfig | dict | None,
@@ -551,23 +567,7 @@ def _resolve(
     if model is not None:
         raise DeviceError("model= is only used with a Plan (the model is compiled otherwise)")
     cfg = TrainConfig.from_dict(config) if isinstance(config, dict) else config
-    if board is not None:
-        from ..hdl.boards import get_board
-        from .cmd_build import compile_for_board
-
-        opts = dict(compile_options)
-        lanes = opts.pop("lanes", None)
-        seed = opts.pop("seed", None)
-        r = compile_for_board(
-            plan_or_model,
-            get_board(board),
-            seed=seed,
-            lanes=tuple(lanes) if lanes is not None else None,
-            config=cfg,
-            **opts,
-        )
-    else:
-        r = compile_result(plan_or_model, cfg, **compile_options)
+    r = compile_design(plan_or_model, cfg, board=board, writers=(), **compile_options)
     return r.plan, r.model, r.config, r
 
 
@@ -589,7 +589,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
 
     ``plan_or_model``: a built-in model name, a ``.py`` model file or an ``nn.Module`` (compiled
     here with ``config`` and ``compile_options`` of
-    :func:`~pipetrain.compiler.compile.compile_result`, e.g. ``formats``, ``data``, ``lanes``);
+    :func:`~pipetrain.host.flow.compile_design`, e.g. ``formats``, ``data``, ``lanes``);
     a :class:`CompileResult`; or a :class:`Plan` together with ``model=`` (the module whose
     weights start the device and receive :meth:`Device.state_dict`; optional for link targets,
     which then keep the weights they hold).
@@ -601,12 +601,12 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     retries since TCP loses nothing; 0.5 otherwise, 50 retries). ``progress``: progress bars
     (None: automatic). ``sim_options``: keyword arguments of
     :class:`~pipetrain.sim.bridge.SimBridge`. ``board``: compile the model fitted to that board
-    (:func:`~pipetrain.host.cmd_build.compile_for_board`), the plan ``pipetrain build --board``
-    put in its bitstream — needed to train a board over ``serial://``.
+    (:func:`~pipetrain.host.flow.compile_design` with ``board``), the plan ``pipetrain build
+    --board`` put in its bitstream — needed to train a board over ``serial://``.
 
     Raises :class:`DeviceError` for an unknown target, a missing model or ``board`` with a
-    compiled plan, :class:`~pipetrain.hdl.boards.BoardError` for an unknown board or a net that
-    does not fit it,
+    compiled plan, :class:`~pipetrain.compiler.targets.BoardError` for an unknown board
+    (:class:`~pipetrain.compiler.fit.FitError`: a net that does not fit it),
     :class:`~pipetrain.host.transport.TransportError` when a link cannot be opened,
     :class:`~pipetrain.host.client.PlanMismatchError` when the device was built from another
     plan, the compiler's errors for a bad model/config, and for ``sim``
@@ -620,17 +620,10 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
             "tcp://HOST:PORT"
         )
     plan, mdl, cfg, result = _resolve(plan_or_model, config, model, compile_options, board)
-    if target == "golden":
+    if target in LOCAL_TARGETS:
         if mdl is None:
-            raise DeviceError("the golden target needs the model (pass model= with a Plan)")
-        return Device(target, plan, mdl, cfg, result=result,
-                      trainer=GoldenModel(plan, mdl, cfg), progress=progress)  # fmt: skip
-    if target == "reference":
-        if mdl is None:
-            raise DeviceError("the reference target needs the model (pass model= with a Plan)")
-        from ..sim.reference import ReferenceTrainer
-
-        trainer = ReferenceTrainer(mdl, cfg, plan=plan, profile=False)
+            raise DeviceError(f"the {target} target needs the model (pass model= with a Plan)")
+        trainer = local_trainer(target, plan, mdl, cfg)
         return Device(target, plan, mdl, cfg, result=result, trainer=trainer, progress=progress)
     golden = GoldenModel(plan, mdl, cfg) if mdl is not None else None
     if shadow and (golden is None or not write_weights):

@@ -3,7 +3,7 @@
 Targets: the float reference trainer (:mod:`pipetrain.sim.reference`), the tick-by-tick float
 simulator (:mod:`pipetrain.sim.reference_tick`), the fixed-point golden model and the RTL (via
 the host). They all stream samples at batch size 1 in the order of
-:func:`pipetrain.host.data.epoch_order`; :func:`stream_epochs` is the only caller of that
+:func:`pipetrain.data.epoch_order`; :func:`stream_epochs` is the only caller of that
 function on the training path, so the same seed gives the same sample sequence on every target.
 """
 
@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from tqdm import tqdm
 
-from ..host.data import epoch_order
+from ..data import epoch_order
 
 __all__ = ["Trainer", "stream_epochs", "accuracy"]
 
@@ -46,7 +46,7 @@ class Trainer(Protocol):
     ) -> None:
         """Train on ``x`` float32 (n, N), ``y`` int64 (n,) for ``epochs`` passes, then flush.
 
-        Samples are streamed at batch size 1 in :func:`pipetrain.host.data.epoch_order` order
+        Samples are streamed at batch size 1 in :func:`pipetrain.data.epoch_order` order
         (use :func:`stream_epochs`); at the end every sample's update has been applied.
         """
         ...

@@ -171,11 +171,11 @@ def test_markdown_and_readme_section(tmp_path: Path) -> None:
 
 
 def test_board_result_reuses_a_report_of_the_same_hardware(tmp_path: Path) -> None:
-    from pipetrain.hdl.boards import get_board
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.host.flow import compile_design
 
     board = get_board("ulx3s-85f")
-    plan = plan_for_board("mlp-digits", board)
+    plan = compile_design("mlp-digits", board=board).plan
     old = {
         "model": "mlp-digits",
         "board": board.name,

@@ -21,12 +21,13 @@ from pipetrain.compiler.build import (
 )
 from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.fit import FitError, check_fit
 from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.compiler.targets import BOARDS, BoardError, get_board
 from pipetrain.hdl.board import BoardTop, Loopback
-from pipetrain.hdl.boards import BOARDS, BoardError, BoardFitError, check_fit, get_board
 from pipetrain.host import toolchain
+from pipetrain.host.bitstream import deploy_bitstream, parse_report, synth_cells, synth_overflow
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_build import deploy_bitstream, parse_report, synth_cells, synth_overflow
 from pipetrain.host.toolchain import ToolchainError
 
 MLP_DIGITS = NetworkIR(
@@ -72,7 +73,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     # 2 080 weights × (24 + 24) bits in stage 1 alone need more than the 30 EBRs (120 Kib)
     plan = build_plan(MLP_DIGITS, TrainConfig())
     ebr = memory_blocks(plan, ICE40_BLOCK_RAM_CONFIGS)
-    with pytest.raises(BoardFitError) as e:
+    with pytest.raises(FitError) as e:
         check_fit(plan, BOARDS["icebreaker"])
     msg = str(e.value)
     # counted in 4 Kib EBRs: stage 1's 2 080 × 24-bit weights and velocities take 15 each
@@ -89,7 +90,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
     assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 1 + 2 + 1 + 1
-    with pytest.raises(BoardFitError) as e2:
+    with pytest.raises(FitError) as e2:
         check_fit(sp, BOARDS["icebreaker"])
     # 24-bit w and u take two 16-bit SPRAMs each: 8 needed, 4 on the chip
     assert e2.value.rows["spram"] == {"needed": 8, "available": 4}
@@ -97,9 +98,9 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
 
 
 def test_plan_for_board_fits_mlp_digits_on_the_icebreaker() -> None:
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.host.flow import compile_design
 
-    plan = plan_for_board("mlp-digits", BOARDS["icebreaker"])
+    plan = compile_design("mlp-digits", board=BOARDS["icebreaker"]).plan
     assert [s.lanes for s in plan.stages] == [1, 1]
     # 16-bit weights with the calibrated integer bits, SPRAM for both stages' w and u
     assert {(str(s.formats.w), str(s.formats.u)) for s in plan.stages} == {("Q1.14", "Q1.14")}
@@ -123,18 +124,18 @@ def test_plan_for_board_fits_mlp_digits_on_the_icebreaker() -> None:
 
 
 def test_plan_for_board_names_what_does_not_fit() -> None:
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.host.flow import compile_design
 
     # four stages: 2 + 3 + 3 + 3 16×16 products and the loss unit's, 8 SB_MAC16 on the chip
-    with pytest.raises(BoardFitError, match="12 multipliers needed, 8 available") as e:
-        plan_for_board("mlp-digits-deep", BOARDS["icebreaker"])
+    with pytest.raises(FitError, match="12 multipliers needed, 8 available") as e:
+        compile_design("mlp-digits-deep", board=BOARDS["icebreaker"])
     assert [s.lanes for s in e.value.plan.stages] == [1, 1, 1, 1]
     assert e.value.rows["multipliers"] == {"needed": 12, "available": 8}
 
 
 def test_fit_error_names_every_resource() -> None:
     plan = SimpleNamespace(name="big", memory_bits=4_000_000, multipliers=200, memory_blocks=300)
-    with pytest.raises(BoardFitError) as e:
+    with pytest.raises(FitError) as e:
         check_fit(plan, BOARDS["ulx3s-85f"])
     msg = str(e.value)
     assert "200 multipliers needed, 156 available" in msg
@@ -389,7 +390,7 @@ def test_build_fit_error_is_a_clean_cli_error() -> None:
     # one lane per stage was tried already: the advice does not say "fewer lanes"
     assert "already with one lane per stage" in res.stderr and "fewer lanes" not in res.stderr
     payload = json.loads(res.stdout)  # --json gets the error too, with the fit rows
-    assert payload["error_type"] == "BoardFitError"
+    assert payload["error_type"] == "FitError"
     assert payload["fit"]["multipliers"] == {"needed": 12, "available": 8}
 
 
@@ -415,7 +416,9 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
     assert res.exit_code == 0, res.output
     trained = json.loads(res.stdout[res.stdout.index("{") :])
     assert built["plan_hash"] == trained["plan_hash"]
-    default = cmd_build.plan_for_board("mlp-digits", BOARDS["icebreaker"])
+    from pipetrain.host.flow import compile_design
+
+    default = compile_design("mlp-digits", board=BOARDS["icebreaker"]).plan
     assert built["plan_hash"] != default.hash  # the learning rate is in the plan
     res = _runner().invoke(cli, ["build", *args, "--epochs", "3"])
     assert res.exit_code == 2 and "--epochs is not part of the plan" in res.output
@@ -425,9 +428,9 @@ def test_narrowed_logits_keep_the_exp_lut_fraction() -> None:
     """At lr 0.01 the calibrated logits need 6 integer bits: 12 bits would leave 5 fraction
     bits, too few for the exp LUT (2^-5 steps), so the board keeps 6 (13 bits)."""
     from pipetrain.compiler.build import EXP_LUT_FRAC
-    from pipetrain.host.cmd_build import compile_for_board
+    from pipetrain.host.flow import compile_design
 
-    r = compile_for_board("mlp-digits", BOARDS["icebreaker"], config_overrides={"lr": 0.01})
+    r = compile_design("mlp-digits", board=BOARDS["icebreaker"], config_overrides={"lr": 0.01})
     y = r.plan.stages[-1].formats.y
     assert y.frac == EXP_LUT_FRAC + 1 and y.bits == 13, y
     assert r.plan.stages[0].formats.y.bits == 12  # hidden activations still narrowed
@@ -439,7 +442,7 @@ def test_too_few_logit_fraction_bits_names_the_fix() -> None:
 
 
 def test_pnr_logic_cell_overflow_is_reported_as_needed_vs_available() -> None:
-    from pipetrain.host.cmd_build import pnr_overflow
+    from pipetrain.host.bitstream import pnr_overflow
 
     log = "Info: ...\nERROR: Failed to expand region (0, 0) |_> (25, 31) of 5578 ICESTORM_LCs\n"
     msg = pnr_overflow(BOARDS["icebreaker"], log)

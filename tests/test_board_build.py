@@ -12,10 +12,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from pipetrain.compiler.targets import BOARDS
 from pipetrain.hdl.board import BoardTop, Loopback
-from pipetrain.hdl.boards import BOARDS
 from pipetrain.host import toolchain
-from pipetrain.host.cmd_build import build_design
+from pipetrain.host.bitstream import build_design
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Cold YoWASP compile (≈ 2.5 min × 3 tools) + build, with margin.
@@ -66,14 +66,14 @@ def test_mlp_digits_bitstream_on_ulx3s(monkeypatch: pytest.MonkeyPatch) -> None:
     49–56 MHz at the 25 MHz board clock, 8.6–10 k LUT4, 4.1–5.2 k FF, 38 MULT18X18D,
     22–24 DP16KD.
     """
+    from pipetrain.compiler.fit import check_fit
     from pipetrain.hdl.board import network_core
-    from pipetrain.hdl.boards import check_fit
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.host.flow import compile_design
 
     board = BOARDS["ulx3s-85f"]
     _tools_or_skip(board.family)
     monkeypatch.chdir(ROOT)
-    plan = plan_for_board("mlp-digits", board)
+    plan = compile_design("mlp-digits", board=board).plan
     check_fit(plan, board)
     top = BoardTop(board, lambda: network_core(plan))
     out = Path("build") / "test-board-build" / "mlp-digits-ulx3s-85f"
@@ -95,14 +95,14 @@ def test_mlp_digits_bitstream_on_icebreaker(monkeypatch: pytest.MonkeyPatch) -> 
     Measured (yowasp 0.70 / nextpnr 0.11, 2 cores): ≈ 3.3 min fresh; Fmax 16.5–17.6 MHz,
     5,213–5,268 of 5,280 logic cells, 6 SB_MAC16, 21 EBR, 4 SPRAM.
     """
+    from pipetrain.compiler.fit import check_fit
     from pipetrain.hdl.board import network_core
-    from pipetrain.hdl.boards import check_fit
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.host.flow import compile_design
 
     board = BOARDS["icebreaker"]
     _tools_or_skip(board.family)
     monkeypatch.chdir(ROOT)
-    plan = plan_for_board("mlp-digits", board)
+    plan = compile_design("mlp-digits", board=board).plan
     fit = check_fit(plan, board)
     top = BoardTop(board, lambda: network_core(plan))
     out = Path("build") / "test-board-build" / "mlp-digits-icebreaker"

@@ -8,31 +8,33 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pipetrain.compiler.build import (
+    RAM_FAMILIES,
     FormatSpec,
     PlanError,
     PlanWarning,
     build_plan,
     map_memory,
+    memory_kind,
     multipliers_per_lane,
     stage_cycles,
 )
-from pipetrain.compiler.calibrate import (
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.formats import (
     DATA_BITS,
     HEADROOM,
     WEIGHT_BITS,
     FormatError,
     apply_overrides,
-    auto_formats,
     format_for_range,
     parse_format_overrides,
     parse_qformat,
 )
-from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.frontend import CompileError, trace
 from pipetrain.compiler.lanes import choose_lanes, parse_lanes
 from pipetrain.compiler.models import ModelError, build_mlp, load_model
 from pipetrain.compiler.plan import Plan, QFormat
-from pipetrain.host.data import load_digits
+from pipetrain.data import load_digits
+from pipetrain.sim.calibrate import auto_formats
 from torch import nn
 
 
@@ -240,21 +242,56 @@ def test_bad_blocks_are_a_plan_error():
 def test_map_memory_picks_fewest_blocks():
     m = map_memory("weights", 4, 520, 24)  # 520 words: 1024×18 needs 2 per bank, as 512×36
     assert (m.config_depth, m.config_width, m.blocks_per_bank, m.blocks) == (1024, 18, 2, 8)
+    assert m.kind == "bram" and m.bits == 4 * 520 * 24
     assert map_memory("w", 1, 330, 24).blocks == 1  # 512×36
     assert map_memory("w", 1, 4096, 4).blocks == 1  # 4K×4
     assert map_memory("w", 1, 4097, 4).blocks == 2
     assert map_memory("w", 2, 16384, 3).blocks == 2 * 3  # 16K×1, three wide
     assert map_memory("w", 1, 0, 16).blocks == 0
+    # two read ports and a write port: a copy per read port (a block has two ports)
+    assert map_memory("x", 1, 320, 16, read_ports=2).blocks == 2
+    assert map_memory("rom", 1, 512, 16, read_ports=2, write_ports=0).blocks == 1
+
+
+def test_memory_kind_follows_the_cost_rule():
+    bram18, ice40 = RAM_FAMILIES["bram18"], RAM_FAMILIES["ice40"]
+    # 520×24: 2 blocks (cost 256) vs 33·6 LUT-RAM tiles (792 + read mux)
+    assert memory_kind(520, 24, 1, 1, bram18) == "bram"
+    # 16×64 error buffer: 16 tiles (64) vs two 512×36 blocks (256)
+    assert memory_kind(16, 64, 1, 1, bram18) == "lutram"
+    # iCE40 has no LUT RAM: a 160-bit memory is one EBR (64), 40 bits are cheaper as FFs
+    assert memory_kind(40, 4, 1, 1, ice40) == "bram"
+    assert memory_kind(10, 4, 1, 1, ice40) == "logic"
+    # a 512×16 ROM: one block (128) vs 512 as logic (bits/16)
+    assert memory_kind(512, 16, 1, 0, bram18) == "bram"
 
 
 def test_stage_memory_and_blocks():
+    """mlp-digits 64→32→10 with lanes 4, 1 (default formats: x 16, w/u 24, d 16 bits):
+    every memory as the HDL builds it.
+
+    Stage 1 (N 64, M 32, L 4, 8 row groups, D 3): w, u 4 banks × 8·65 = 520 words × 24 → 49,920
+    bits each (2 blocks of 1024×18 per bank); stash (D+2) = 5 entries × 64 words × 16 (the host
+    writes one value per word) = 5,120 bits, two read ports → 2 copies of one block; mask 5·8 ×
+    4 bits = 160 and error buffer 2·8 words × 4·16 bits = 1,024 in LUT RAM. Σ 106,144 bits, 18
+    blocks.
+    Stage 2 (N 32, M 10, L 1, 10 groups, D 1): w, u 330 × 24 = 7,920 each (one 512×36 block);
+    stash 3 entries × ⌈32/4⌉ words × 4·16 bits = 1,536; mask 30 × 1; error buffer 20 × 16 =
+    320; gacc 32 × (24 + 16 + ⌈log2 10⌉ + 1 = 45) = 1,440 — all but w, u in LUT RAM. Σ 19,166
+    bits, 2 blocks.
+    Loss unit: logits 10 × 16, exp ROM 512 × 16 = 8,192 (one block), exp values 10 × 16; the
+    result FIFO 2 × 49. Total 106,144 + 19,166 + 8,512 + 98 = 133,920 bits, 21 blocks.
+    """
     plan = build_plan(_ir(), TrainConfig(), lanes=[4, 1])
     s1, s2 = plan.stages
-    # weights + velocities 32×65×24 each, stash (3+1)·(64·16 + 32)
-    assert s1.memory_bits == 2 * 32 * 65 * 24 + 4 * (64 * 16 + 32) == 104064
-    assert s1.memory_blocks == 8 + 8 + 1 + 1 == sum(m.blocks for m in s1.memories)
-    assert s2.memory_bits == 2 * 10 * 33 * 24 + 2 * (32 * 16 + 10)
-    assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks
+    assert s1.memory_bits == 2 * 4 * 520 * 24 + 5 * 64 * 16 + 40 * 4 + 16 * 64 == 106144
+    assert s1.memory_blocks == 8 + 8 + 2 == sum(m.blocks for m in s1.memories)
+    assert s1.stash_bits == 5 * 64 * 16 + 40 * 4
+    assert s2.memory_bits == 2 * 330 * 24 + 24 * 64 + 30 + 20 * 16 + 32 * 45 == 19166
+    assert [m.name for m in s2.memories] == ["w", "u", "xstash", "mask", "gbuf", "gacc"]
+    assert (s2.x_lanes, s2.x_words, s2.stash_entries, s2.x_word_bits) == (4, 8, 3, 64)
+    assert plan.memory_bits == 106144 + 19166 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 133920
+    assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks + 1 == 21
     assert s1.multipliers == 4 * multipliers_per_lane(False, False) == 12
 
 
@@ -273,10 +310,10 @@ def test_too_many_lanes_and_idle_lanes():
 
 def test_memory_budget():
     ir = _ir()
-    with pytest.raises(PlanError, match=r"needs 120948 memory bits .* budget is 100000 bits"):
+    with pytest.raises(PlanError, match=r"needs 133920 memory bits .* budget is 100000 bits"):
         build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=100_000)
-    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=120948).memory_bits == (
-        120948
+    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=133920).memory_bits == (
+        133920
     )
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from pipetrain.host.data import DataError, epoch_order, load_digits, load_npz
+from pipetrain.data import DataError, epoch_order, load_digits, load_npz
 
 
 def test_digits_split_and_scaling():

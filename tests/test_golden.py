@@ -13,7 +13,7 @@ from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.compiler.models import build_mlp
 from pipetrain.compiler.plan import QFormat
-from pipetrain.host.data import load_digits
+from pipetrain.data import load_digits
 from pipetrain.sim.golden import GoldenError, GoldenModel, Result
 from pipetrain.sim.golden_scalar import run_scalar
 from pipetrain.sim.reference import ReferenceTrainer

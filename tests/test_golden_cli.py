@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_train import TARGETS
+from pipetrain.host.device import LOCAL_TARGETS
 
 
 @pytest.fixture(scope="module")
@@ -55,4 +55,4 @@ def test_unknown_target_is_a_user_error(npz):
     res = CliRunner().invoke(cli, ["train", "mlp-digits", "--target", "fpga", "--data", npz])
     assert res.exit_code == 2
     assert "unknown target 'fpga'" in res.output and "golden" in res.output
-    assert {"golden", "reference"} <= set(TARGETS)
+    assert {"golden", "reference"} <= set(LOCAL_TARGETS)

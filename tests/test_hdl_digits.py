@@ -10,8 +10,8 @@ import pytest
 import torch
 from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.config import TrainConfig
+from pipetrain.data import load_data
 from pipetrain.hdl.testbench import simulate_top
-from pipetrain.host.data import load_data
 from pipetrain.sim.golden import GoldenModel
 
 

@@ -211,12 +211,12 @@ def test_open_errors():
 def test_board_option_opens_the_plan_the_board_was_built_from():
     """A board runs the plan ``pipetrain build --board`` fitted to it: ``open(model, url)``
     compiles another plan and is refused at HELLO; ``board=`` compiles the board's plan."""
-    from pipetrain.hdl.boards import BOARDS
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.data import load_digits
     from pipetrain.host.client import PlanMismatchError
-    from pipetrain.host.cmd_build import compile_for_board
-    from pipetrain.host.data import load_digits
+    from pipetrain.host.flow import compile_design
 
-    built = compile_for_board("mlp-digits", BOARDS["icebreaker"])  # the bitstream's plan
+    built = compile_design("mlp-digits", board=BOARDS["icebreaker"])  # the bitstream's plan
     ds = load_digits()
     with serve_device(built.plan, GoldenModel(built.plan, built.model)) as url:
         with pytest.raises(

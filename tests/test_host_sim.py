@@ -3,7 +3,7 @@ loopback TCP port, driven through ``pipetrain.host.open`` and ``pipetrain train`
 
 One small design (a data-sized ``mlp`` 40 → 8 → 4, static formats) is built once (cached under
 the RTL build cache) and shared by every test here: the API test compiles it exactly as the CLI
-does (:func:`~pipetrain.host.cmd_train.compile_job`), so the CLI test reuses the build.
+does (:func:`~pipetrain.host.flow.compile_design`), so the CLI test reuses the build.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 from pipetrain.compiler.models import build_mlp
+from pipetrain.data import load_npz
 from pipetrain.host import (
     commands,  # noqa: F401  (registers the subcommands)
     open,
 )
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_train import compile_job
-from pipetrain.host.data import load_npz
+from pipetrain.host.flow import compile_design
 from pipetrain.sim import bridge
 from pipetrain.sim.golden import GoldenModel
 from pipetrain.sim.verilator import RTLBuild
@@ -58,7 +58,10 @@ def npz(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def compiled(npz):
     ds = load_npz(npz)
-    return compile_job("mlp", ds, npz, hidden=HIDDEN, overrides={"lr": LR}, formats="default"), ds
+    result = compile_design(
+        "mlp", data=ds, hidden=HIDDEN, config_overrides={"lr": LR}, formats="default", writers=()
+    )
+    return result, ds
 
 
 def test_sim_target_trains_bit_exact_with_golden(compiled):

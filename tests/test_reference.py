@@ -11,7 +11,7 @@ from pipetrain.compiler.build import build_plan
 from pipetrain.compiler.config import ConfigError, TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.compiler.models import ModelError, build_mlp
-from pipetrain.host.data import epoch_order, load_digits
+from pipetrain.data import epoch_order, load_digits
 from pipetrain.sim.reference import (
     ReferenceTrainer,
     StageSpec,

@@ -10,10 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from pipetrain.compiler.models import build_mlp
+from pipetrain.data import load_npz
 from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
 from pipetrain.host.cmd_train import DEFAULT_EPOCHS, DEFAULT_MODEL, DEFAULT_TARGET, train_cmd
-from pipetrain.host.data import load_npz
 from test_host_sim import make_npz
 
 
@@ -125,8 +125,8 @@ def test_board_option_trains_the_bitstreams_plan():
     """``train --board icebreaker`` compiles the plan ``build --board icebreaker`` puts in the
     bitstream (same hash: the device refuses any other at HELLO), and that board's arithmetic
     (16-bit weights, 12-bit activations, 5-bit constants) still learns digits."""
-    from pipetrain.hdl.boards import BOARDS
-    from pipetrain.host.cmd_build import plan_for_board
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.host.flow import compile_design
 
     res = run(
         "train", "mlp-digits", "--board", "icebreaker", "--target", "golden", "--epochs", "1",
@@ -135,7 +135,7 @@ def test_board_option_trains_the_bitstreams_plan():
     assert res.exit_code == 0, res.output
     rep = report_of(res)
     assert rep["board"] == "icebreaker"
-    assert rep["plan_hash"] == plan_for_board("mlp-digits", BOARDS["icebreaker"]).hash
+    assert rep["plan_hash"] == compile_design("mlp-digits", board=BOARDS["icebreaker"]).plan.hash
     # measured 0.883 after one epoch (0.953 after four); chance is 0.1
     assert rep["test_accuracy"] >= 0.85 and rep["saturations"] == 0
     res = run("train", "--board", "nope", "--target", "golden")

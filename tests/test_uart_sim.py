@@ -165,11 +165,11 @@ def test_mlp_digits_through_the_uart_bit_exact() -> None:
 
     Two sessions — open + verify, and open + train + verify — so their difference is what the
     24 training samples cost on the line (cycles, bytes; the weight traffic cancels out)."""
-    from pipetrain.hdl.boards import BOARDS
-    from pipetrain.host.cmd_build import compile_for_board
-    from pipetrain.host.data import load_digits
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.data import load_digits
+    from pipetrain.host.flow import compile_design
 
-    result = compile_for_board("mlp-digits", BOARDS["icebreaker"])
+    result = compile_design("mlp-digits", board=BOARDS["icebreaker"])
     plan = result.plan
     assert plan.clock_hz == ICEBREAKER_CLOCK_HZ
     assert [(s.lanes, s.slot_cycles) for s in plan.stages] == [(1, 2), (1, 2)]  # SPRAM slots

@@ -1,0 +1,317 @@
+"""Bitstreams with the open toolchain, and loading them onto a board (the library behind
+``pipetrain build`` and ``deploy``).
+
+:func:`build_design` elaborates an Amaranth top for a :class:`~pipetrain.compiler.targets.Board`
+and runs Yosys → nextpnr → icepack/ecppack through Amaranth's Lattice platform. The result is
+read from nextpnr's ``--report report.json``: achieved vs constrained Fmax and utilisation. A
+build whose inputs (every generated file, the build script and the tool commands) are unchanged
+is reused from ``DIR/build.json`` unless ``force``. :func:`deploy_bitstream` loads a bitstream
+with openFPGALoader (ULX3S) or iceprog (iCEBreaker). Source: docs/boards.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ..compiler.fit import FitError
+from ..compiler.targets import Board, BoardError
+from ..hdl.boards import platform_class
+from . import toolchain
+from .toolchain import ToolchainError
+
+__all__ = [
+    "BuildError",
+    "build_design",
+    "parse_report",
+    "synth_cells",
+    "synth_overflow",
+    "pnr_overflow",
+    "deploy_bitstream",
+]
+
+
+class BuildError(ToolchainError):
+    """A tool in the build failed or timed out; the message quotes its first error line."""
+
+
+#: nextpnr report cell names → report keys (per family).
+_UTIL_KEYS: dict[str, dict[str, str]] = {
+    "ecp5": {
+        "luts": "TRELLIS_COMB",
+        "ffs": "TRELLIS_FF",
+        "multipliers": "MULT18X18D",
+        "bram_blocks": "DP16KD",
+        "lutram": "TRELLIS_RAMW",
+        "io": "TRELLIS_IO",
+    },
+    "ice40": {
+        "luts": "ICESTORM_LC",
+        "multipliers": "ICESTORM_DSP",
+        "bram_blocks": "ICESTORM_RAM",
+        "spram_blocks": "ICESTORM_SPRAM",
+        "io": "SB_IO",
+    },
+}
+
+
+def parse_report(report: dict[str, Any], family: str, yosys_log: str = "") -> dict[str, Any]:
+    """Return ``{"fmax_mhz", "clock_mhz", "clocks", "utilization"}`` from a nextpnr report.
+
+    ``report`` is nextpnr's ``--report`` JSON (``fmax: {clock: {achieved, constraint}}`` in MHz,
+    ``utilization: {cell type: {used, available}}``). ``fmax_mhz``/``clock_mhz`` are those of the
+    slowest-achieving clock. Utilisation keys: ``luts``, ``ffs``, ``multipliers``,
+    ``bram_blocks`` (+ ``spram_blocks``, ``lutram``, ``io``), each ``{used, available}``; on
+    iCE40 (LUT and FF share a logic cell) ``ffs.used`` is counted from the Yosys log's ``SB_DFF*``
+    cells. ``raw`` keeps every cell type.
+    """
+    clocks = {
+        name: {"achieved_mhz": v["achieved"], "constraint_mhz": v["constraint"]}
+        for name, v in report.get("fmax", {}).items()
+    }
+    if clocks:
+        worst = min(clocks.values(), key=lambda c: c["achieved_mhz"] - c["constraint_mhz"])
+        fmax, clock = worst["achieved_mhz"], worst["constraint_mhz"]
+    else:  # a purely combinational design has no clock
+        fmax = clock = float("nan")
+    raw = report.get("utilization", {})
+    util: dict[str, Any] = {}
+    for key, cell in _UTIL_KEYS[family].items():
+        if cell in raw:
+            util[key] = {"used": raw[cell]["used"], "available": raw[cell]["available"]}
+    if family == "ice40" and "luts" in util:
+        util["ffs"] = {"used": _ice40_ffs(yosys_log), "available": util["luts"]["available"]}
+    util["raw"] = raw
+    return {"fmax_mhz": fmax, "clock_mhz": clock, "clocks": clocks, "utilization": util}
+
+
+def synth_cells(yosys_log: str) -> dict[str, int]:
+    """Return ``{cell type: count}`` of the last ``stat`` block (whole design) in a Yosys log."""
+    # Yosys ≥ 0.5x ends with "Count including submodules" blocks; older ones "Number of cells"
+    last = max(yosys_log.rfind("Count including submodules"), yosys_log.rfind("Number of cells"))
+    text = yosys_log[last:] if last >= 0 else yosys_log
+    end = text.find("Executing")
+    text = text if end < 0 else text[:end]
+    cells: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:(\d+)\s+(?:[\d.]+\s+)?([A-Z]\w*)|([A-Z]\w*)\s+(\d+))\s*$", line)
+        if m:
+            cells[m.group(2) or m.group(3)] = int(m.group(1) or m.group(4))
+    return cells
+
+
+def _ice40_ffs(yosys_log: str) -> int:
+    """Sum the ``SB_DFF*`` cell counts of the last ``stat`` block in a Yosys log."""
+    return sum(n for c, n in synth_cells(yosys_log).items() if c.startswith("SB_DFF"))
+
+
+#: Yosys cell types of the hard blocks, per family: board budget field → cell types.
+_SYNTH_HARD: dict[str, dict[str, tuple[str, ...]]] = {
+    "ice40": {
+        "multipliers": ("SB_MAC16",),
+        "bram_blocks": ("SB_RAM40_4K",),
+        "spram_blocks": ("SB_SPRAM256KA",),
+        "luts": ("SB_LUT4",),
+    },
+    "ecp5": {"multipliers": ("MULT18X18D",), "bram_blocks": ("DP16KD",), "luts": ("LUT4",)},
+}
+
+
+def synth_overflow(board: Board, cells: dict[str, int]) -> list[str]:
+    """Return "N <resource> needed, M available" for each hard resource the synthesised netlist
+    (``cells`` from :func:`synth_cells`) uses beyond the board's budget."""
+    out = []
+    for field, types in _SYNTH_HARD[board.family].items():
+        used = sum(cells.get(t, 0) for t in types)
+        avail = getattr(board, field)
+        if used > avail:
+            out.append(f"{used} {'/'.join(types)} needed, {avail} available")
+    return out
+
+
+#: nextpnr's messages when the placed design has more cells of a kind than the device:
+#: ``Failed to expand region … of N ICESTORM_LCs`` (iCE40 packer/placer) and ``Design uses N
+#: TRELLIS_COMB …`` style lines are reduced to (cell type, count needed).
+_PNR_OVERFLOW = (
+    re.compile(r"Failed to expand region .* of (\d+) (ICESTORM_LCs|TRELLIS_COMB|TRELLIS_SLICE)"),
+    re.compile(r"Unable to place cell .*: (\d+) (ICESTORM_LC|TRELLIS_COMB) cells? needed"),
+)
+
+
+def pnr_overflow(board: Board, log: str) -> str | None:
+    """Return "N logic cells needed, M available" when nextpnr gave up because the packed
+    design has more logic cells (LUT4 + flip-flop pairs) than ``board.luts``, else None."""
+    for pat in _PNR_OVERFLOW:
+        m = pat.search(log)
+        if m and int(m.group(1)) > board.luts:
+            return (
+                f"{int(m.group(1))} logic cells ({m.group(2)}: LUT4 + flip-flop) needed after "
+                f"packing, {board.luts} available"
+            )
+    return None
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if re.search(r"\bERROR\b|error:", line):
+            return line.strip()
+    tail = [x for x in log.strip().splitlines() if x.strip()]
+    return tail[-1].strip() if tail else "(no output)"
+
+
+def build_design(
+    board: Board,
+    top: Any,
+    out_dir: str | os.PathLike,
+    *,
+    name: str = "top",
+    force: bool = False,
+    timeout_s: float | None = None,
+    meta: dict[str, Any] | None = None,
+    echo: Any = None,
+) -> dict[str, Any]:
+    """Build ``top`` (an Amaranth elaboratable) for ``board`` in ``out_dir``; return the report.
+
+    Returns ``{"board", "bitstream", "fmax_mhz", "clock_mhz", "utilization", "build_s",
+    "cached", "digest", "timing_met", ...meta}`` (paths relative to the current directory,
+    Fmax/clock in MHz, ``build_s`` in seconds of this call). The build runs in ``out_dir``
+    given as a path relative to the working directory (YoWASP tools cannot see ``/tmp``).
+
+    Raises :class:`ToolchainError` for missing tools, :class:`BuildError` when a tool fails or
+    the build exceeds ``timeout_s`` (seconds), and :class:`~pipetrain.compiler.fit.FitError`
+    when the synthesised or placed design needs more cells than the board has.
+    """
+    t0 = time.monotonic()
+    echo = echo or (lambda msg: None)
+    commands = toolchain.configure(board.family)
+    platform = platform_class(board)()
+    out = Path(os.path.relpath(Path(out_dir).resolve(), Path.cwd()))
+    overrides: dict[str, Any] = {"nextpnr_opts": "--report report.json --timing-allow-fail"}
+    if board.synth_opts:
+        overrides["synth_opts"] = board.synth_opts
+    plan = platform.prepare(top, name, **overrides)
+    h = hashlib.sha256(plan.digest())
+    for env in sorted(commands):
+        h.update(f"{env}={Path(commands[env]).name}".encode())
+    digest = h.hexdigest()[:16]
+    bitstream = out / f"{name}.{board.bitstream_ext}"
+    stamp = out / "build.json"
+    if not force and stamp.is_file() and bitstream.is_file():
+        try:
+            cached = json.loads(stamp.read_text())
+        except json.JSONDecodeError:
+            cached = {}
+        if cached.get("digest") == digest:
+            return cached | {"cached": True, "build_s": round(time.monotonic() - t0, 3)}
+    slow = toolchain.first_run_tools(commands)
+    if slow:
+        echo(
+            f"first run of {', '.join(slow)}: compiling WebAssembly, 1–2.5 min each "
+            "(cached afterwards in ~/.cache/YoWASP)"
+        )
+    for stale in (out / "report.json", bitstream):
+        stale.unlink(missing_ok=True)
+    build_dir = plan.extract(str(out))
+    script = f"{plan.script}.sh"
+    try:
+        proc = subprocess.run(
+            ["sh", script],
+            cwd=build_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"the {board.name} build took longer than {timeout_s:.0f} s") from exc
+    log = proc.stdout + proc.stderr
+    (out / "build.log").write_text(log)
+    rpt = out / f"{name}.rpt"
+    yosys_log = rpt.read_text() if rpt.is_file() else ""
+    if proc.returncode != 0 or not bitstream.is_file():
+        over = synth_overflow(board, synth_cells(yosys_log)) if yosys_log else []
+        if over:
+            raise FitError(
+                f"the synthesised design does not fit {board.name} ({board.description}): "
+                + "; ".join(over)
+                + f" (Yosys log: {rpt})"
+            )
+        packed = pnr_overflow(board, log)
+        if packed:
+            raise FitError(
+                f"the placed design does not fit {board.name} ({board.description}): {packed} "
+                f"(synthesis: {synth_cells(yosys_log).get(_SYNTH_HARD[board.family]['luts'][0], 0)}"
+                f" LUT4; full log: {out / 'build.log'}). Use a smaller network or a bigger board"
+            )
+        tim = out / f"{name}.tim"
+        detail = _first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""
+        raise BuildError(
+            f"the {board.name} build failed: {_first_error(log) or detail} "
+            f"(full log: {out / 'build.log'})"
+        )
+    report_path = out / "report.json"
+    parsed = parse_report(json.loads(report_path.read_text()), board.family, yosys_log)
+    result = {
+        "board": board.name,
+        "bitstream": str(bitstream),
+        "fmax_mhz": parsed["fmax_mhz"],
+        "clock_mhz": parsed["clock_mhz"],
+        "timing_met": parsed["fmax_mhz"] >= parsed["clock_mhz"],
+        "clocks": parsed["clocks"],
+        "utilization": parsed["utilization"],
+        "build_s": round(time.monotonic() - t0, 3),
+        "cached": False,
+        "digest": digest,
+        "tools": {k: Path(v).name for k, v in commands.items()},
+        "nextpnr_report": str(report_path),
+    } | (meta or {})
+    stamp.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def deploy_bitstream(
+    board: Board, bitstream: str, *, flash: bool = False, dry_run: bool = False
+) -> dict[str, Any]:
+    """Load ``bitstream`` onto ``board``; return ``{"command", "ran", "output"}``.
+
+    Raises :class:`BoardError` for a missing file or the wrong format (``.bit`` on ULX3S,
+    ``.bin`` on iCEBreaker) and :class:`ToolchainError` when the programmer is missing, cannot
+    start (e.g. libusb absent) or fails (e.g. no board attached).
+    """
+    path = Path(bitstream)
+    if not path.is_file():
+        raise BoardError(f"bitstream {bitstream!r} does not exist")
+    if path.suffix != f".{board.bitstream_ext}":
+        raise BoardError(
+            f"{board.name} takes a .{board.bitstream_ext} bitstream, got {path.name!r}"
+        )
+    cmd = toolchain.programmer_command(board.family, path, flash=flash)
+    if dry_run:
+        return {"command": cmd, "ran": False, "output": ""}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        raise ToolchainError(f"cannot run {cmd[0]}: {exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise ToolchainError(f"{shlex.join(cmd)} did not finish in 300 s") from exc
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        if "error while loading shared libraries" in output:
+            lib = re.search(r"libraries: (\S+?):", output)
+            raise ToolchainError(
+                f"{Path(cmd[0]).name} cannot start: missing "
+                f"{lib.group(1) if lib else 'a shared library'} "
+                "(Debian/Ubuntu: apt install libusb-1.0-0 libftdi1-2)"
+            )
+        last = output.splitlines()[-1] if output else "(no output)"
+        raise ToolchainError(
+            f"programming {board.name} failed (exit {proc.returncode}): {last}. "
+            "Is the board connected and accessible (udev rules)?"
+        )
+    return {"command": cmd, "ran": True, "output": output}
