@@ -7,19 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
-from .schedule import (
-    LWP_FORMS,
-    MITIGATIONS,
-    RULES,
-    SCHEDULES,
-    STRATEGIES,
-    batch1_scaling,
-)
+from .enums import Activation, Loss, LwpForm, Mitigation, Rounding, Rule, Schedule, Strategy, parse
+from .schedule import batch1_scaling
 
 __all__ = ["TrainConfig", "ConfigError"]
 
-LOSSES = ("cross_entropy", "mse")
-ROUNDINGS = ("stochastic", "nearest_even")
+#: Accepted values (CLI choices), from the enums.
+LOSSES = tuple(m.value for m in Loss)
+ROUNDINGS = tuple(m.value for m in Rounding)
+ACTIVATIONS = tuple(m.value for m in Activation)
 
 
 class ConfigError(UserError, ValueError):
@@ -54,39 +50,38 @@ class TrainConfig:
     epochs: passes over the training set.
     """
 
-    schedule: str = "pb"
+    schedule: Schedule = Schedule.PB
     lr: float = 0.002
     momentum: float = 0.9
     weight_decay: float = 0.0
     batch_ref: int = 1
-    mitigation: str = "none"
-    lwp_form: str = "v"
-    strategy: str = "global"
+    mitigation: Mitigation = Mitigation.NONE
+    lwp_form: LwpForm = LwpForm.V
+    strategy: Strategy = Strategy.GLOBAL
     distance: int = 1
-    rule: str = "only"
+    rule: Rule = Rule.ONLY
     blocks: tuple[int, ...] = field(default_factory=tuple)
     head_stages: int = 1
-    loss: str = "cross_entropy"
-    rounding: str = "stochastic"
+    loss: Loss = Loss.CROSS_ENTROPY
+    rounding: Rounding = Rounding.STOCHASTIC
     seed: int = 0
     epochs: int = 1
 
     def __post_init__(self) -> None:
-        choices = {
-            "schedule": SCHEDULES,
-            "mitigation": MITIGATIONS,
-            "lwp_form": LWP_FORMS,
-            "strategy": STRATEGIES,
-            "rule": RULES,
-            "loss": LOSSES,
-            "rounding": ROUNDINGS,
+        kinds = {
+            "schedule": Schedule,
+            "mitigation": Mitigation,
+            "lwp_form": LwpForm,
+            "strategy": Strategy,
+            "rule": Rule,
+            "loss": Loss,
+            "rounding": Rounding,
         }
-        for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ConfigError(
-                    f"{name}={value!r} is not supported; choose one of: {', '.join(allowed)}"
-                )
+        for name, kind in kinds.items():
+            try:
+                object.__setattr__(self, name, parse(kind, getattr(self, name), name))
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         if self.lr <= 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:

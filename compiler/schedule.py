@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .enums import LwpForm, Mitigation, Rule, Schedule, Strategy, parse
+
 __all__ = [
     "SCHEDULES",
     "MITIGATIONS",
@@ -31,11 +33,12 @@ __all__ = [
     "naive_overshoot",
 ]
 
-SCHEDULES = ("pb", "sequential")
-MITIGATIONS = ("none", "sc", "lwp", "sc+lwp")
-LWP_FORMS = ("v", "w")
-STRATEGIES = ("global", "local", "interlocking")
-RULES = ("only", "sum")
+#: Accepted values (CLI choices), from the enums.
+SCHEDULES = tuple(m.value for m in Schedule)
+MITIGATIONS = tuple(m.value for m in Mitigation)
+LWP_FORMS = tuple(m.value for m in LwpForm)
+STRATEGIES = tuple(m.value for m in Strategy)
+RULES = tuple(m.value for m in Rule)
 
 
 def pb_delay(num_stages: int, stage: int) -> int:
@@ -240,7 +243,7 @@ def naive_overshoot(momentum_ref: float, batch_ref: int) -> float:
 
 def lwp_horizon(delay: int, mitigation: str) -> int:
     """Return the LWP prediction horizon (the stage's delay if LWP is on, else 0)."""
-    return delay if "lwp" in mitigation else 0
+    return delay if parse(Mitigation, mitigation, "mitigation").lwp else 0
 
 
 def ceil_log2(n: int) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from ..compiler.enums import unknown
 from ..compiler.plan import Plan
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "HELLO_BYTES",
     "ENGINE_COUNTERS",
     "KIND_NAMES",
+    "KIND_CODES",
     "Cmd",
     "NakReason",
     "response_type",
@@ -85,8 +87,11 @@ ENGINE_COUNTERS = (
     "rx_timeouts",
     "duplicates",
 )
-#: Names of the weight kinds (docs/ports.md ``wacc_cmd.kind``).
+#: Names of the weight kinds (docs/ports.md ``wacc_cmd.kind``): a kind's code is its index.
 KIND_NAMES = ("w", "u", "w_prev")
+#: Code of each weight kind by name (``wacc_cmd.kind``, the ``kind`` byte of READ_WEIGHTS /
+#: WRITE_WEIGHTS): the inverse of :data:`KIND_NAMES`.
+KIND_CODES: dict[str, int] = {name: code for code, name in enumerate(KIND_NAMES)}
 
 
 class Cmd(IntEnum):
@@ -426,7 +431,9 @@ def loss_value(result: Result, plan: Plan) -> float:
     lu = plan.loss
     if lu.kind == "cross_entropy":
         return -math.log(max(result.loss, 1) / 2.0**lu.recip_frac)
-    return result.loss / 2.0 ** (2 * lu.z.frac) / lu.classes
+    if lu.kind == "mse":
+        return result.loss / 2.0 ** (2 * lu.z.frac) / lu.classes
+    unknown(lu.kind, "loss")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..compiler.build import PlanError
 from ..compiler.config import TrainConfig
+from ..compiler.enums import Activation, unknown
 from ..compiler.formats import HEADROOM, Ranges, formats_from_ranges
 from ..compiler.frontend import trace
 from ..compiler.ir import NetworkIR
@@ -41,10 +42,12 @@ def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
     mods: list[nn.Module] = []
     for layer in ir.layers:
         mods.append(model.get_submodule(layer.name))
-        if layer.activation == "relu":
+        if layer.activation == Activation.RELU:
             mods.append(nn.ReLU())
-        elif layer.activation == "leaky_relu":
+        elif layer.activation == Activation.LEAKY_RELU:
             mods.append(nn.LeakyReLU(layer.negative_slope))
+        elif layer.activation != Activation.IDENTITY:
+            unknown(layer.activation, "activation")
     return nn.Sequential(*mods)
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..compiler.config import TrainConfig
+from ..compiler.enums import unknown
 from ..compiler.plan import Const, LossUnit, Plan, Stage
 from ..errors import UserError
 from .fixed import U32_MAX, quantise, rhu, rne, rsr_addend, sat
@@ -243,8 +244,10 @@ class _StageEngine:
             a = z.clamp_min(0)
         elif self.act == "leaky_relu":
             a = torch.where(mask, z, rhu(z * self.slope[0], self.slope[1]))
-        else:
+        elif self.act == "identity":
             a = z
+        else:
+            unknown(self.act, "activation")
         return z, a, mask
 
     # -- backward and update (numerics §5) ---------------------------------------------------
@@ -286,8 +289,10 @@ class _StageEngine:
             delta = torch.where(mask, g, 0)
         elif self.act == "leaky_relu":
             delta = torch.where(mask, g, rhu(g * self.slope[0], self.slope[1]))
-        else:
+        elif self.act == "identity":
             delta = g
+        else:
+            unknown(self.act, "activation")
         w, u = self.w, self.u
         gin = None
         if self.input_gradient:
@@ -461,7 +466,7 @@ class GoldenModel:
             if want_delta:
                 delta, c = sat(rhu(p, lu.recip_frac - fd) - onehot * (1 << fd), lu.d)
                 self._loss_sat += c
-        else:
+        elif lu.kind == "mse":
             diff = z - onehot * (1 << fy)
             loss_raw = (diff * diff).sum(dim=-1).clamp_max(U32_MAX)
             delta = None
@@ -469,6 +474,8 @@ class GoldenModel:
                 ms = lu.mse_scale
                 delta, c = sat(rhu(diff * ms.value, fy + ms.frac - fd), lu.d)
                 self._loss_sat += c
+        else:
+            unknown(lu.kind, "loss")
         return pred, loss_raw, delta
 
     # -- ticks (numerics §7) -------------------------------------------------------------------

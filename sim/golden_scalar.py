@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..compiler.enums import unknown
 from ..compiler.plan import Plan, QFormat, Stage
 from .fixed import U32_MAX, rhu, rne, rsr, sat_int
 from .lfsr import draw
@@ -74,6 +75,8 @@ def _loss(plan: Plan, z: list[int], label: int) -> tuple[int, int, list[int], in
             delta.append(d)
             sats += n
         return pred, p[label], delta, sats
+    if lu.kind != "mse":
+        unknown(lu.kind, "loss")
     loss = 0
     for j in range(C):
         diff = z[j] - (j == label) * (1 << fy)
@@ -87,9 +90,11 @@ def _loss(plan: Plan, z: list[int], label: int) -> tuple[int, int, list[int], in
 def _act(st: Stage, z: int) -> int:
     if st.activation == "relu":
         return max(z, 0)
-    if st.activation == "leaky_relu" and z <= 0:
-        return rhu(z * st.negative_slope.value, st.negative_slope.frac)
-    return z
+    if st.activation == "leaky_relu":
+        return z if z > 0 else rhu(z * st.negative_slope.value, st.negative_slope.frac)
+    if st.activation == "identity":
+        return z
+    unknown(st.activation, "activation")
 
 
 def run_scalar(
@@ -154,8 +159,10 @@ def run_scalar(
                     delta.append(g[j])
                 elif st.activation == "leaky_relu":
                     delta.append(rhu(g[j] * st.negative_slope.value, st.negative_slope.frac))
-                else:
+                elif st.activation == "relu":
                     delta.append(0)
+                else:
+                    unknown(st.activation, "activation")
             gin = None
             if st.input_gradient:
                 gin = [

@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..compiler.config import ConfigError, TrainConfig
+from ..compiler.enums import unknown
 from ..compiler.models import ModelError
 from ..compiler.plan import Plan
 from ..compiler.schedule import lwp_horizon, spike_compensation, stage_layout
@@ -161,7 +162,7 @@ class UpdateRule:
         plan builder makes).
         """
         m, lr, wd = config.momentum1, config.lr1, config.weight_decay
-        sc = "sc" in config.mitigation
+        sc = config.mitigation.sc
         a, b = spike_compensation(m, delay) if sc else (1.0, 0.0)
         return cls(
             momentum=m,
@@ -331,8 +332,10 @@ class _Stage:
             a = F.leaky_relu(z, self.spec.negative_slope)
         elif act == "tanh":
             a = torch.tanh(z)
-        else:
+        elif act == "identity":
             a = z
+        else:
+            unknown(act, "activation")
         return x_aug, z, a
 
     def delta(self, g: torch.Tensor, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -344,7 +347,9 @@ class _Stage:
             return torch.where(z > 0, g, g * self.spec.negative_slope)
         if act == "tanh":
             return g * (1.0 - a * a)
-        return g
+        if act == "identity":
+            return g
+        unknown(act, "activation")
 
     def input_grad(self, w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """Return ∂L/∂x (N,) = W[:, :N]ᵀ δ with weights ``w`` (the bias column excluded)."""
@@ -375,6 +380,8 @@ def loss_gradient(kind: str, z: torch.Tensor, label: int) -> torch.Tensor:
         g = torch.softmax(z, 0)
         g[label] -= 1.0
         return g
+    if kind != "mse":
+        unknown(kind, "loss")
     t = torch.zeros_like(z)
     t[label] = 1.0
     return (z - t) * (2.0 / z.numel())
@@ -711,8 +718,10 @@ class ReferenceTrainer:
                 h = F.leaky_relu(z, st.spec.negative_slope)
             elif act == "tanh":
                 h = torch.tanh(z)
-            else:
+            elif act == "identity":
                 h = z
+            else:
+                unknown(act, "activation")
         return torch.argmax(h, dim=1)
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> float:

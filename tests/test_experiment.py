@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_experiment import _make_mlp, format_table
+from pipetrain.sim.experiment import format_table, make_mlp
 
 
 def test_experiment_json_shape_and_plot(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_format_table_rows() -> None:
 
 def test_kaiming_init_option() -> None:
     torch.manual_seed(0)
-    model = _make_mlp([64, 32, 10], "kaiming")
+    model = make_mlp([64, 32, 10], "kaiming")
     first = model[0]
     w = first.weight.detach()
     assert torch.equal(first.bias, torch.zeros(32))

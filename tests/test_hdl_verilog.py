@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.models import build_mlp
 from pipetrain.hdl.top import NetworkTop
@@ -103,14 +102,17 @@ def test_names_and_unsupported_plans(tmp_path):
 
 
 def test_compile_writes_the_verilog(tmp_path):
-    res = compile_result(
+    """The compile flow (host.flow.compile_design) appends the HDL's Verilog writer."""
+    from pipetrain.host.flow import compile_design
+
+    res = compile_design(
         build_mlp([8, 6, 4]), TrainConfig(), tmp_path / "out", formats="default", name="net-a"
     )
     assert res.files[-1] == "net_a.v"
     text = (tmp_path / "out" / "net_a.v").read_text()
     assert "module net_a(" in text
     # interlocking learning needs auxiliary heads: no Verilog, a warning instead of a failure
-    inter = compile_result(
+    inter = compile_design(
         build_mlp([8, 6, 5, 4]),
         TrainConfig(strategy="interlocking", blocks=(1,), distance=1),
         tmp_path / "inter",
