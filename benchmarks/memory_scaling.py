@@ -33,7 +33,9 @@ def depth_plan(depth: int, schedule: str = "pb", width: int = 32) -> Any:
 def sweep(depths: range | list[int] = range(2, 17), width: int = 32) -> list[dict[str, Any]]:
     """One row per depth S: bits summed over the stages (all ints, bits).
 
-    ``stash_x_bits`` — the plan's input stash (its ``stash_x`` memory, depth × width);
+    ``stash_x_bits`` — the plan's input stash in use (``stash_depth`` = D_s + 1 entries of its
+    ``xstash`` memory); ``stash_x_built_bits`` — the ``xstash`` memory as built (D_s + 2
+    entries: one more is written while the pass runs);
     ``stash_bits`` — the plan's ``stash_bits`` (input stash + activation-derivative mask);
     ``analytic_stash_bits`` — Σ_s (pb_delay(S, s)+1)·N_s·x_bits;
     ``weight_bits``/``velocity_bits`` — the plan's; ``sequential_stash_bits`` — the stash of the
@@ -45,18 +47,20 @@ def sweep(depths: range | list[int] = range(2, 17), width: int = 32) -> list[dic
         plan = depth_plan(S, "pb", width)
         seq = depth_plan(S, "sequential", width)
         per = []
-        stash_x = analytic = 0
+        stash_x = analytic = built = 0
         for st in plan.stages:
-            xm = next(m for m in st.memories if m.name == "stash_x")
+            xm = st.memory("xstash")
             a = (pb_delay(S, st.index) + 1) * st.in_features * st.formats.x.bits
-            stash_x += xm.depth * xm.width
+            stash_x += st.stash_depth * st.x_words * xm.width
+            built += xm.bits
             analytic += a
             per.append(
                 {
                     "stage": st.index,
                     "delay": st.delay,
                     "stash_bits": st.stash_bits,
-                    "stash_x_bits": xm.depth * xm.width,
+                    "stash_x_bits": st.stash_depth * st.x_words * xm.width,
+                    "stash_x_built_bits": xm.bits,
                     "analytic_bits": a,
                     "weight_bits": st.weight_bits,
                 }
@@ -65,6 +69,7 @@ def sweep(depths: range | list[int] = range(2, 17), width: int = 32) -> list[dic
             {
                 "depth": S,
                 "stash_x_bits": stash_x,
+                "stash_x_built_bits": built,
                 "stash_bits": sum(s.stash_bits for s in plan.stages),
                 "analytic_stash_bits": analytic,
                 "weight_bits": sum(s.weight_bits for s in plan.stages),

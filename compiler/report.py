@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .build import RAM_FAMILIES
 from .plan import Plan, QFormat, Stage
 
 __all__ = [
@@ -74,12 +75,23 @@ def _layer(st: Stage) -> str:
     return st.name if st.role == "main" else f"{st.name} (head)"
 
 
+def block_name(plan: Plan) -> str:
+    """The plan's block RAM as a short column name: ``BRAM18`` (18 Kib blocks, ``bram18``) or
+    ``EBR`` (iCE40 4 Kib)."""
+    return "EBR" if plan.ram_family == "ice40" else f"BRAM{_block_kib(plan)}"
+
+
+def _block_kib(plan: Plan) -> int:
+    return RAM_FAMILIES[plan.ram_family].block_bits // 1024
+
+
 def stage_table(plan: Plan) -> str:
     """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, cycles per
-    tick, memory (bits and 18 Kib blocks), multipliers and the x/y/d/w/u formats."""
+    tick, memory (bits and block RAMs of the plan's RAM family, from ``Stage.memories`` as the
+    HDL builds them), multipliers and the x/y/d/w/u formats."""
     headers = (
         "stage", "layer", "shape", "act", "D_s", "stash", "lanes", "cycles/tick",
-        "memory bits", "BRAM18", "mults", "x", "y", "d", "gin", "w", "u",
+        "memory bits", block_name(plan), "mults", "x", "y", "d", "gin", "w", "u",
     )  # fmt: skip
     rows = []
     for st in plan.stages:
@@ -120,6 +132,7 @@ def totals_text(plan: Plan) -> str:
     losses = [plan.loss, *plan.head_losses]
     loss_cycles = max(lu.cycles for lu in losses)
     last = plan.main_stages[-1]
+    stage_bits = sum(s.memory_bits for s in plan.stages)
     lines = [
         f"tick: {plan.tick_cycles} cycles, the longer of the slowest stage's pass "
         f"(stage {slowest.index}: {slowest.cycles_per_tick} cycles) and the last stage's pass "
@@ -127,13 +140,42 @@ def totals_text(plan: Plan) -> str:
         "pass latency and tick control",
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
-        f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) in "
-        f"{plan.memory_blocks} 18 Kib block RAMs"
+        f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) as built — "
+        f"stages {stage_bits:,}, loss units and result FIFO {plan.memory_bits - stage_bits:,} — "
+        f"in {plan.memory_blocks} {_block_kib(plan)} Kib block RAMs"
         + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
         f"multipliers: {plan.multipliers}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
         f"plan hash: {plan.hash}",
     ]
     return "\n".join(lines)
+
+
+def memory_table_title(plan: Plan) -> str:
+    """The heading of :func:`memory_table`: what ``blocks`` counts."""
+    return f"as the HDL builds them; blocks: {_block_kib(plan)} Kib block RAMs, SPRAMs"
+
+
+def memory_table(plan: Plan) -> str:
+    """Return every memory of the design (:meth:`Plan.all_memories`) with its owner, kind,
+    banks, words × width (bits), read/write ports, block mode and blocks (block RAMs of the
+    plan's RAM family for ``bram``, SPRAMs for ``spram``, none for LUT RAM / flip-flops)."""
+    rows = [
+        (
+            owner,
+            m.name,
+            m.kind,
+            m.banks,
+            m.words,
+            m.width,
+            f"{m.read_ports}R{m.write_ports}W",
+            f"{m.config_depth}×{m.config_width}" if m.blocks else "–",
+            m.blocks,
+            m.bits,
+        )
+        for owner, m in plan.all_memories()
+    ]
+    headers = ("owner", "memory", "kind", "banks", "words", "width", "ports", "block mode")
+    return markdown_table(headers + ("blocks", "bits"), rows, left=("owner", "ports"))
 
 
 def format_table(plan: Plan) -> str:
@@ -214,25 +256,7 @@ def render_report(
                 else "; no input gradient"
             )
         )
-    lines += ["", "## Memories (18 Kib block RAMs)", ""]
-    mem_rows = [
-        (
-            st.index,
-            m.name,
-            m.banks,
-            m.depth,
-            m.width,
-            f"{m.config_depth}×{m.config_width}",
-            m.blocks,
-        )
-        for st in plan.stages
-        for m in st.memories
-    ]
-    lines.append(
-        markdown_table(
-            ("stage", "memory", "banks", "depth", "width", "block mode", "blocks"), mem_rows
-        )  # fmt: skip
-    )
+    lines += ["", f"## Memories ({memory_table_title(plan)})", "", memory_table(plan)]
     lines += ["", "## Formats", "", format_table(plan), ""]
     lu_rows = [
         (name, lu.kind, lu.classes, str(lu.z), str(lu.d), lu.cycles)
@@ -260,7 +284,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``
     (tensor → ``Qi.f`` string, null where the stage has none)),
     ``tick_cycles``, ``ideal_cycles_per_sample``, ``samples_per_s``, ``memory_bits``,
-    ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``.
+    ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``, ``memories`` (every memory
+    as the HDL builds it: ``owner``, ``name``, ``kind``, ``banks``, ``words``, ``width``,
+    ``read_ports``, ``write_ports``, ``blocks``, ``bits``; :meth:`Plan.all_memories`).
     """
     return {
         "plan_hash": plan.hash,
@@ -295,4 +321,19 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "memory_bits": plan.memory_bits,
         "memory_blocks": plan.memory_blocks,
         "multipliers": plan.multipliers,
+        "memories": [
+            {
+                "owner": owner,
+                "name": m.name,
+                "kind": m.kind,
+                "banks": m.banks,
+                "words": m.words,
+                "width": m.width,
+                "read_ports": m.read_ports,
+                "write_ports": m.write_ports,
+                "blocks": m.blocks,
+                "bits": m.bits,
+            }
+            for owner, m in plan.all_memories()
+        ],
     }

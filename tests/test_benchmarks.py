@@ -29,6 +29,8 @@ def test_memory_sweep_is_the_analytic_quadratic() -> None:
         # D_s + 1 = 2(S − s) + 2, so Σ = 16·(64·2S + 32·S(S − 1)) (docs/architecture.md §2.1)
         assert r["analytic_stash_bits"] == 16 * (64 * 2 * S + 32 * S * (S - 1))
         assert r["stash_x_bits"] == r["analytic_stash_bits"]
+        # as built: one more entry per stage, being written while the pass runs
+        assert r["stash_x_built_bits"] == r["stash_x_bits"] + 16 * (64 + 32 * (S - 1))
         assert r["stash_bits"] > r["stash_x_bits"]  # + the activation-derivative mask
         assert r["sequential_stash_bits"] < r["stash_bits"]
         assert [s["delay"] for s in r["stages"]] == [2 * (S - s) + 1 for s in range(1, S + 1)]
