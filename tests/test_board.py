@@ -36,8 +36,6 @@ MLP_DIGITS = NetworkIR(
 
 
 def _runner() -> CliRunner:
-    from pipetrain.host import commands  # noqa: F401  (registers subcommands)
-
     return CliRunner()
 
 
@@ -403,7 +401,7 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
     """``build --lr …`` puts the same plan in the bitstream that ``train --board --lr …``
     streams (the device checks the hash at HELLO); the toolchain is replaced by a stub that
     returns the build metadata."""
-    from pipetrain.host import cmd_build
+    from pipetrain.host.cli import build as cmd_build
 
     def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
         return kw["meta"] | {

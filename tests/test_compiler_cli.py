@@ -4,7 +4,6 @@ import json
 import os
 import textwrap
 
-import pipetrain.host.cmd_compile  # noqa: F401  (registers `compile` on the group)
 import pytest
 from click.testing import CliRunner
 from pipetrain.compiler.compile import compile_model, compile_result

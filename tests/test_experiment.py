@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 from click.testing import CliRunner
-from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
 from pipetrain.sim.experiment import format_table, make_mlp
 

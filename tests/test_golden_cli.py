@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
 from pipetrain.host.device import LOCAL_TARGETS
 

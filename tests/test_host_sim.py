@@ -20,10 +20,7 @@ import torch
 from click.testing import CliRunner
 from pipetrain.compiler.models import build_mlp
 from pipetrain.data import load_npz
-from pipetrain.host import (
-    commands,  # noqa: F401  (registers the subcommands)
-    open,
-)
+from pipetrain.host import open
 from pipetrain.host.cli import cli
 from pipetrain.host.flow import compile_design
 from pipetrain.sim import bridge

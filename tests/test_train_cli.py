@@ -11,9 +11,8 @@ import torch
 from click.testing import CliRunner
 from pipetrain.compiler.models import build_mlp
 from pipetrain.data import load_npz
-from pipetrain.host import commands  # noqa: F401  (registers the subcommands)
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_train import DEFAULT_EPOCHS, DEFAULT_MODEL, DEFAULT_TARGET, train_cmd
+from pipetrain.host.cli.train import DEFAULT_EPOCHS, DEFAULT_MODEL, DEFAULT_TARGET, train_cmd
 from test_host_sim import make_npz
 
 
@@ -35,7 +34,7 @@ def test_defaults_are_the_main_job():
     params = {p.name: p for p in train_cmd.params}
     assert params["model"].default == "mlp-digits" and not params["model"].required
     assert params["target"].default == "sim" and params["data"].default == "digits"
-    # the main job's epochs reach ≥ 0.90 on digits (golden model; see cmd_train)
+    # the main job's epochs reach ≥ 0.90 on digits (golden model; see host/cli/train.py)
     assert DEFAULT_EPOCHS >= 2
 
 

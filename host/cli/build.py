@@ -18,14 +18,14 @@ from typing import Any
 
 import click
 
-from ..compiler.build import PlanError
-from ..compiler.fit import check_fit, plan_totals
-from ..compiler.lanes import parse_lanes
-from ..compiler.targets import BOARDS, BoardError, get_board
-from .bitstream import build_design, deploy_bitstream
-from .cli import cli, emit_json, info, json_option, user_errors
-from .cmd_compile import config_overrides, plan_format_options, train_config_options
-from .flow import DEFAULT_HIDDEN, compile_design
+from ...compiler.build import PlanError
+from ...compiler.fit import check_fit, plan_totals
+from ...compiler.lanes import parse_lanes
+from ...compiler.targets import BOARDS, BoardError, get_board
+from ..bitstream import build_design, deploy_bitstream
+from ..flow import DEFAULT_HIDDEN, compile_design
+from . import cli, emit_json, info, json_option, user_errors
+from .options import config_overrides, plan_format_options, train_config_options
 
 __all__ = ["build_cmd", "deploy_cmd", "list_boards_cmd"]
 
@@ -77,7 +77,7 @@ def build_cmd(
 
     The plan is fitted to the board; the compile and training options are those of
     `pipetrain train`, so `train --board` with the same options streams the same plan."""
-    from ..hdl.board import BoardTop, Loopback, network_core
+    from ...hdl.board import BoardTop, Loopback, network_core
 
     board = get_board(board_name)
     if loopback == (model is not None):

@@ -46,18 +46,18 @@ import click
 import torch
 from torch import nn
 
-from ..compiler.build import PlanError
-from ..compiler.compile import CompileResult
-from ..compiler.lanes import parse_lanes
-from ..compiler.models import load_model
-from ..data import Dataset, load_data
-from ..sim.trainer import accuracy
-from ..sim.verilator import RTLSimError, ToolchainError
-from .cli import cli, emit_json, info, json_option, user_errors
-from .client import LinkError
-from .cmd_compile import config_overrides, plan_format_options, train_config_options
-from .device import LINK_SCHEMES, LOCAL_TARGETS, Device, open
-from .flow import DEFAULT_HIDDEN, compile_design
+from ...compiler.build import PlanError
+from ...compiler.compile import CompileResult
+from ...compiler.lanes import parse_lanes
+from ...compiler.models import load_model
+from ...data import Dataset, load_data
+from ...sim.trainer import accuracy
+from ...sim.verilator import RTLSimError, ToolchainError
+from ..client import LinkError
+from ..device import LINK_SCHEMES, LOCAL_TARGETS, Device, open
+from ..flow import DEFAULT_HIDDEN, compile_design
+from . import cli, emit_json, info, json_option, user_errors
+from .options import config_overrides, plan_format_options, train_config_options
 
 __all__ = [
     "DEFAULT_EPOCHS",

@@ -9,6 +9,7 @@ available}}``) for a board fit error.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -17,7 +18,10 @@ from typing import Any
 
 import click
 
-from ..errors import UserError
+from ...errors import UserError
+
+#: The modules that define the subcommands (relative to this package).
+COMMANDS = (".compile", ".train", ".build", ".experiment", "..cmd_sim")
 
 __all__ = ["main", "cli", "json_option", "emit_json", "user_errors", "info"]
 
@@ -73,7 +77,24 @@ def info(message: str, json_out: str | None) -> None:
     click.echo(message, err=(json_out == "-"))
 
 
-@click.group()
+class _CommandGroup(click.Group):
+    """The group of :data:`COMMANDS`: their modules are imported (which registers their
+    subcommands on :data:`cli`) the first time a command is listed or looked up."""
+
+    def _load(self) -> None:
+        for name in COMMANDS:
+            importlib.import_module(name, __name__)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_CommandGroup)
 @click.version_option(package_name="pipetrain")
 def cli() -> None:
     """pipetrain: generate FPGA hardware that trains a PyTorch network on chip."""
@@ -81,6 +102,4 @@ def cli() -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from . import commands  # noqa: F401  (registers the subcommands)
-
     cli()

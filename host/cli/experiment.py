@@ -24,10 +24,17 @@ import time
 import click
 import torch
 
-from ..compiler.config import ConfigError, TrainConfig
-from ..data import load_data
-from ..sim.experiment import DEFAULT_EPOCHS, INITS, METHODS, format_table, plot_rows, run_experiment
-from .cli import cli, emit_json, info, json_option, user_errors
+from ...compiler.config import ConfigError, TrainConfig
+from ...data import load_data
+from ...sim.experiment import (
+    DEFAULT_EPOCHS,
+    INITS,
+    METHODS,
+    format_table,
+    plot_rows,
+    run_experiment,
+)
+from . import cli, emit_json, info, json_option, user_errors
 
 __all__ = ["experiment"]
 

@@ -1,0 +1,143 @@
+"""``pipetrain compile MODEL``: trace, calibrate formats, choose lanes, write the plan, the
+report and the Verilog (:func:`pipetrain.host.flow.compile_design`).
+
+Prints the per-stage table (layer, shape, delay, stash, lanes, cycles per tick, memory,
+formats) and writes ``DIR/plan.json``, ``DIR/report.md`` and ``DIR/<name>.v`` (``--out DIR``,
+default ``build/<name>``, or ``build/<name>-<board>`` with ``--board``). ``--board NAME`` fits
+the plan to the board (:mod:`pipetrain.compiler.fit`: the plan ``build --board`` puts in the
+bitstream) and prints the board's needed vs available resources. ``--json FILE`` gets
+:func:`pipetrain.compiler.report.plan_summary` (plus ``board`` and ``fit``).
+
+Every :class:`~pipetrain.compiler.config.TrainConfig` field has an option here
+(:func:`train_config_options`); they override the model file's ``config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ...compiler.build import PlanError
+from ...compiler.fit import check_fit
+from ...compiler.lanes import parse_lanes
+from ...compiler.report import plan_summary, stage_table, totals_text
+from ...compiler.targets import BOARDS, get_board
+from ..flow import compile_design
+from . import cli, emit_json, info, json_option, user_errors
+from .options import config_overrides, parse_memory, plan_format_options, train_config_options
+
+__all__ = ["compile_cmd"]
+
+
+@cli.command("compile")
+@click.argument("model")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder for plan.json and report.md [default: build/<name>].",
+)
+@click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
+@plan_format_options
+@click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
+@click.option("--max-multipliers", type=int, default=None, help="Fastest design with ≤ M mults.")
+@click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")
+@click.option("--clock-mhz", type=float, default=None, help="Clock (MHz) [50, or the board's].")
+@click.option(
+    "--board",
+    "board_name",
+    type=click.Choice(sorted(BOARDS)),
+    default=None,
+    help="Fit the plan to this board, as `pipetrain build --board` does.",
+)
+@train_config_options
+@json_option
+@user_errors
+def compile_cmd(
+    model: str,
+    out_dir: str | None,
+    formats: str,
+    format_items: tuple[str, ...],
+    data: str,
+    calib_samples: int | None,
+    lanes_text: str | None,
+    target_cycles: int | None,
+    max_multipliers: int | None,
+    memory_budget: str | None,
+    clock_mhz: float | None,
+    board_name: str | None,
+    json_out: str | None,
+    **options: Any,
+) -> None:
+    """Compile MODEL (built-in name or .py file) into a plan and print the per-stage table."""
+    overrides = config_overrides(options)
+    lanes = parse_lanes(lanes_text) if lanes_text is not None else None
+    budget = parse_memory(memory_budget) if memory_budget is not None else 0
+    board = get_board(board_name) if board_name is not None else None
+    if board is not None and clock_mhz is not None:
+        raise PlanError(
+            f"--clock-mhz and --board: the plan fitted to {board.name} runs at its "
+            f"{board.clock_hz / 1e6:g} MHz clock; give one of them"
+        )
+    clock_mhz = 50.0 if clock_mhz is None else clock_mhz
+    if clock_mhz <= 0:
+        raise PlanError(f"--clock-mhz must be > 0, got {clock_mhz}")
+    if out_dir is None:
+        from ...compiler.models import BUILTIN_MODELS
+
+        stem = model if model in BUILTIN_MODELS else Path(model).stem
+        out_dir = str(Path("build") / (stem + (f"-{board.name}" if board else "")))
+    result = compile_design(
+        model,
+        None,
+        out_dir,
+        board=board,
+        config_overrides=overrides,
+        formats=formats,
+        format_overrides=list(format_items),
+        data=data,
+        calib_samples=calib_samples,
+        lanes=lanes,
+        target_cycles=target_cycles,
+        max_multipliers=max_multipliers,
+        memory_budget_bits=budget,
+        clock_hz=clock_mhz * 1e6,
+    )
+    plan = result.plan
+    fit = check_fit(plan, board) if board is not None else None
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    for n in result.formats.notes:
+        click.echo(f"note: {n}", err=True)
+    info(
+        f"{plan.name}: {len(plan.stages)} stages, schedule {plan.schedule}, strategy "
+        f"{plan.strategy}, formats {result.formats.source}\n"
+        + stage_table(plan)
+        + "\n"
+        + totals_text(plan)
+        + (_fit_text(board.name, fit) if board is not None and fit is not None else "")
+        + f"\nwrote {', '.join(result.files)} to {result.out_dir}",
+        json_out,
+    )
+    emit_json(
+        json_out,
+        plan_summary(plan)
+        | {
+            "out_dir": str(result.out_dir),
+            "files": result.files,
+            "formats_source": result.formats.source,
+            "warnings": result.warnings,
+            "notes": list(result.formats.notes),
+            "board": board_name,
+            "fit": fit,
+        },
+    )
+
+
+def _fit_text(board: str, fit: dict[str, dict[str, int]]) -> str:
+    """One line per board resource: ``needed / available``."""
+    rows = ", ".join(f"{k} {v['needed']}/{v['available']}" for k, v in fit.items())
+    return f"\nfitted to {board} (needed/available): {rows}"

@@ -1,0 +1,115 @@
+"""Options shared by the subcommands: every TrainConfig field, the plan's formats and lanes,
+and the parsers behind them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ...compiler.build import PlanError
+from ...compiler.config import LOSSES, ROUNDINGS
+from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
+
+__all__ = ["train_config_options", "plan_format_options", "config_overrides", "parse_memory"]
+
+#: (option, TrainConfig field, click type, help) for every training setting.
+_CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--schedule", "schedule", click.Choice(SCHEDULES), "pb (pipelined) or sequential (D = 0)."),
+    ("--lr", "lr", float, "Reference learning rate η (at --batch-ref)."),
+    ("--momentum", "momentum", float, "Reference momentum m (at --batch-ref)."),
+    ("--weight-decay", "weight_decay", float, "L2 weight decay λ."),
+    ("--batch-ref", "batch_ref", int, "Batch size of the reference η, m (scaled to batch 1)."),
+    ("--mitigation", "mitigation", click.Choice(MITIGATIONS), "Delay mitigation."),
+    ("--lwp-form", "lwp_form", click.Choice(LWP_FORMS), "Linear Weight Prediction form."),
+    ("--strategy", "strategy", click.Choice(STRATEGIES), "Learning strategy."),
+    ("--distance", "distance", int, "Interlocking distance d (blocks)."),
+    ("--rule", "rule", click.Choice(RULES), "Interlocking rule."),
+    ("--blocks", "blocks", str, "Main stages after which a block ends, e.g. 2 or 1,3."),
+    ("--head-stages", "head_stages", int, "Linear stages per auxiliary head."),
+    ("--loss", "loss", click.Choice(LOSSES), "Loss function."),
+    ("--rounding", "rounding", click.Choice(ROUNDINGS), "Rounding of weight updates."),
+    ("--seed", "seed", int, "Seed of initialisation, data order and LFSRs."),
+    ("--epochs", "epochs", int, "Passes over the training set."),
+)
+
+
+def train_config_options(func: Callable) -> Callable:
+    """Add one option per TrainConfig field (default: unset, i.e. keep the model's config)."""
+    for opt, field, typ, text in reversed(_CONFIG_OPTIONS):
+        func = click.option(opt, field, type=typ, default=None, help=text)(func)
+    return func
+
+
+def plan_format_options(func: Callable) -> Callable:
+    """Add the options that shape the plan's formats and lanes, shared by ``compile`` and
+    ``train``: ``--formats``, ``--format`` (repeatable), ``--calib-samples``, ``--lanes``."""
+    options = (
+        click.option(
+            "--formats",
+            "formats",
+            type=click.Choice(["auto", "default"]),
+            default="auto",
+            show_default=True,
+            help="auto: calibrate on --data with the float reference trainer; "
+            "default: static formats.",
+        ),
+        click.option(
+            "--format",
+            "format_items",
+            multiple=True,
+            metavar="KEY=Qi.f",
+            help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
+            "repeatable.",
+        ),
+        click.option(
+            "--calib-samples",
+            type=int,
+            default=None,
+            help="Samples streamed for calibration [default: the whole training run].",
+        ),
+        click.option(
+            "--lanes", "lanes_text", default=None, help="Lanes: N for all stages, or 8,2."
+        ),
+    )
+    for opt in reversed(options):
+        func = opt(func)
+    return func
+
+
+def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Return the TrainConfig overrides from :func:`train_config_options` values (pops them).
+
+    Raises :class:`PlanError` for a malformed ``--blocks``.
+    """
+    out = {}
+    for _, field, _, _ in _CONFIG_OPTIONS:
+        value = options.pop(field, None)
+        if value is None:
+            continue
+        if field == "blocks":
+            text = value.replace(" ", "")
+            if not re.fullmatch(r"(\d+(,\d+)*)?", text):
+                raise PlanError(f"--blocks {value!r} must be stage numbers like 2 or 1,3")
+            value = tuple(int(v) for v in text.split(",")) if text else ()
+        out[field] = value
+    return out
+
+
+_UNITS = {"": 1, "b": 1, "bit": 1, "bits": 1, "k": 1024, "kib": 1024, "kbit": 1024,
+          "m": 1 << 20, "mib": 1 << 20, "mbit": 1 << 20}  # fmt: skip
+
+
+def parse_memory(text: str) -> int:
+    """Parse a memory budget in bits: ``589824``, ``576Kib``, ``1.5Mib`` (K = 1024 bits).
+
+    Raises :class:`PlanError` on anything else.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise PlanError(
+            f"--memory-budget {text!r} is not a size in bits (e.g. 589824, 576Kib, 1.5Mib)"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
