@@ -24,6 +24,7 @@ from .plan import (
     Stage,
     StageFormats,
     UpdateConstants,
+    csd,
 )
 from .schedule import lwp_horizon, spike_compensation, stage_layout, update_losses
 
@@ -56,6 +57,7 @@ __all__ = [
     "hard_multipliers",
     "memory_blocks",
     "ICE40_BLOCK_RAM_CONFIGS",
+    "ICE40_BLOCK_RAM_BITS",
     "loss_cycles",
     "tick_cycles",
     "sequential_cycles",
@@ -146,8 +148,8 @@ class RamFamily:
 RAM_FAMILIES: dict[str, RamFamily] = {
     f.name: f
     for f in (
-        RamFamily("bram18", 18 * 1024, BLOCK_RAM_CONFIGS, 128.0, (16, 4), 4.0),
-        RamFamily("ice40", 4 * 1024, ICE40_BLOCK_RAM_CONFIGS, 64.0, None, 0.0),
+        RamFamily("bram18", BLOCK_RAM_BITS, BLOCK_RAM_CONFIGS, 128.0, (16, 4), 4.0),
+        RamFamily("ice40", ICE40_BLOCK_RAM_BITS, ICE40_BLOCK_RAM_CONFIGS, 64.0, None, 0.0),
     )
 }
 
@@ -458,23 +460,6 @@ def multipliers_per_lane(input_gradient: bool, sc: bool) -> int:
     product (2), input-gradient MAC (+1), momentum and learning-rate scaling (+1, +1 more for
     the Spike Compensation sum)."""
     return (3 if input_gradient else 2) + (2 if sc else 1)
-
-
-def csd(value: int) -> tuple[tuple[int, int], ...]:
-    """Canonical signed-digit (non-adjacent) form of an integer: ``((shift, sign), …)`` from the
-    least significant digit, sign ±1, with ``Σ sign·2^shift = value`` and the fewest non-zero
-    digits (no two adjacent). Source: Reitwiesner (1960), the standard recoding for
-    shift-add constant multipliers."""
-    out = []
-    n, k = int(value), 0
-    while n:
-        if n & 1:
-            d = 2 - (n & 3)
-            n -= d
-            out.append((k, d))
-        n >>= 1
-        k += 1
-    return tuple(out)
 
 
 def shift_add(value: int) -> bool:
@@ -1235,4 +1220,5 @@ def build_plan(
         result_fifo_depth=RESULT_FIFO_DEPTH,
         result_bits=RESULT_RECORD_BITS,
         ram_family=ram_family,
+        shift_add_max_terms=SHIFT_ADD_MAX_TERMS,
     )

@@ -27,6 +27,7 @@ __all__ = [
     "Stage",
     "LossUnit",
     "Plan",
+    "csd",
 ]
 
 #: Plan format version. 2: every memory the HDL builds is a :class:`MemorySpec` (physical words,
@@ -36,6 +37,23 @@ PLAN_VERSION = 2
 
 #: Memory kinds of :attr:`MemorySpec.kind`.
 MEMORY_KINDS = ("bram", "spram", "lutram", "logic")
+
+
+def csd(value: int) -> tuple[tuple[int, int], ...]:
+    """Canonical signed-digit (non-adjacent) form of an integer: ``((shift, sign), …)`` from the
+    least significant digit, sign ±1, with ``Σ sign·2^shift = value`` and the fewest non-zero
+    digits (no two adjacent). Source: Reitwiesner (1960), the standard recoding for
+    shift-add constant multipliers (``hdl.arith.const_mul``; :meth:`Plan.shift_add`)."""
+    out = []
+    n, k = int(value), 0
+    while n:
+        if n & 1:
+            d = 2 - (n & 3)
+            n -= d
+            out.append((k, d))
+        n >>= 1
+        k += 1
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,11 @@ class Const:
     def quantised(self) -> float:
         """The value the hardware actually uses."""
         return self.value / 2.0**self.frac
+
+    @property
+    def digits(self) -> tuple[tuple[int, int], ...]:
+        """The shift-add terms of ``value``: its canonical signed digits (:func:`csd`)."""
+        return csd(self.value)
 
 
 @dataclass(frozen=True)
@@ -446,6 +469,9 @@ class Plan:
     result_fifo_depth: records the top's result FIFO buffers (docs/ports.md ``result_out``).
     result_bits: bits of one buffered result record (pred 16 + loss 32 + train 1; the sample
         number is the pop count, not stored).
+    shift_add_max_terms: a constant with at most this many signed digits (:func:`csd`) is
+        multiplied with shifts and adders, not a multiplier (:meth:`shift_add`;
+        ``build.SHIFT_ADD_MAX_TERMS``: two adders of ~20 bits are cheaper than a DSP block).
     ram_family: the RAM the memories' ``kind`` and ``blocks`` were decided for
         (``build.RAM_FAMILIES``): ``bram18`` (18 Kib dual-port blocks and 16 × 4 LUT RAM:
         ECP5 DP16KD / TRELLIS_DPR16X4, Xilinx RAMB18) or ``ice40`` (4 Kib EBR, no LUT RAM,
@@ -483,6 +509,13 @@ class Plan:
     result_fifo_depth: int = 3
     result_bits: int = 49
     ram_family: str = "bram18"
+    shift_add_max_terms: int = 3
+
+    def shift_add(self, value: int) -> bool:
+        """Whether ``value`` is multiplied with shifts and adders (at most
+        :attr:`shift_add_max_terms` signed digits, :func:`csd`) rather than a multiplier; the
+        multiplier estimate (``build.multiplier_operands``) follows the same rule."""
+        return len(csd(value)) <= self.shift_add_max_terms
 
     def all_memories(self) -> tuple[tuple[str, MemorySpec], ...]:
         """Every memory of the design with its owner: ``("stage<index>", m)`` for the stages,

@@ -21,7 +21,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import UserError
-from .build import BLOCK_RAM_CONFIGS, ICE40_BLOCK_RAM_CONFIGS
+from .build import (
+    BLOCK_RAM_BITS,
+    BLOCK_RAM_CONFIGS,
+    ICE40_BLOCK_RAM_BITS,
+    ICE40_BLOCK_RAM_CONFIGS,
+)
 
 __all__ = ["Board", "BoardError", "BOARDS", "get_board", "ECP5_BRAM_CONFIGS", "ICE40_BRAM_CONFIGS"]
 
@@ -147,7 +152,7 @@ BOARDS: dict[str, Board] = {
             multipliers=156,
             multiplier_width=18,
             bram_blocks=208,
-            bram_block_bits=18 * 1024,
+            bram_block_bits=BLOCK_RAM_BITS,
             spram_blocks=0,
             spram_block_bits=0,
             bitstream_ext="bit",
@@ -165,7 +170,7 @@ BOARDS: dict[str, Board] = {
             multipliers=8,
             multiplier_width=16,
             bram_blocks=30,
-            bram_block_bits=4 * 1024,
+            bram_block_bits=ICE40_BLOCK_RAM_BITS,
             spram_blocks=4,
             spram_block_bits=256 * 1024,
             bitstream_ext="bin",
