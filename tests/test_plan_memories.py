@@ -43,8 +43,18 @@ from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.compiler.plan import Plan
 from pipetrain.hdl.resources import compare_memories
-from test_hdl_top import CASES as TINY_CASES
 from tiny_net import tiny
+
+#: The tiny net's golden-model cases of tests/test_hdl_top.py (``CASES``), copied so that this
+#: file does not import that test module and its simulator harness.
+TINY_CASES = [
+    dict(schedule="pb"),
+    dict(schedule="pb", mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
+    dict(schedule="pb", mitigation="lwp", loss="mse", lr=0.3),
+    dict(schedule="sequential", mitigation="sc"),
+    dict(schedule="pb", lanes=(1, 3, 1), single_port=(1, 3), const_bits=5),
+    dict(schedule="pb", mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4),
+]
 
 
 def _quiet(fn: Callable[[], Plan]) -> Plan:
