@@ -9,10 +9,11 @@
   Amaranth's variable part-selects, which synthesis maps to adders, shifts or DSPs).
   Identical cells (same operands) are counted once, as Yosys' ``opt_merge`` would.
 
-These are the numbers of the design itself; the plan's ``memory_bits``/``multipliers`` are the
-compiler's estimate (source: derived from the netlist). :func:`compare_memories` checks the
-plan's memory list (``Stage.memories``, ``LossUnit.memories``, ``Plan.memories``) against the
-memories the elaborated design really has, exactly.
+These are the numbers of the design itself (source: derived from the netlist). The plan's
+``memory_bits`` is the same number: :func:`compare_memories` checks the plan's memory list
+(``Stage.memories``, ``LossUnit.memories``, ``Plan.memories``) against the memories the
+elaborated design really has, exactly (tests/test_plan_memories.py); its ``multipliers`` are
+the compiler's estimate.
 """
 
 from __future__ import annotations
