@@ -1,7 +1,7 @@
 """Build a :class:`~pipetrain.compiler.plan.Plan` from a network IR and a training config.
 
 Formats come from a :class:`FormatSpec` (static defaults here; ``auto`` calibration lives in
-:mod:`pipetrain.compiler.calibrate`), lanes from an explicit per-stage list.
+:mod:`pipetrain.compiler.formats`), lanes from an explicit per-stage list.
 """
 
 from __future__ import annotations
