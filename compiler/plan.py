@@ -16,7 +16,10 @@ import math
 import types
 import typing
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
+
+from .enums import Activation, Loss, LwpForm, Mitigation, Rounding, Rule, Schedule, Strategy
 
 __all__ = [
     "QFormat",
@@ -188,10 +191,13 @@ class UpdateConstants:
     sc_lr_b: Const
     sc_lr_wd_b: Const
     lwp_horizon: int
-    lwp_form: str
+    lwp_form: LwpForm
     frac_u: int
     frac_v: int
     sum_bits: int
+
+    def __post_init__(self) -> None:
+        _coerce(self, lwp_form=LwpForm)
 
 
 @dataclass(frozen=True)
@@ -343,7 +349,7 @@ class Stage:
     losses: tuple[int, ...]
     in_features: int
     out_features: int
-    activation: str
+    activation: Activation
     negative_slope: Const
     delay: int
     delay_derivation: str
@@ -382,6 +388,9 @@ class Stage:
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
     slot_cycles: int = 1
 
+    def __post_init__(self) -> None:
+        _coerce(self, activation=Activation)
+
     def memory(self, name: str) -> MemorySpec:
         """The memory called ``name`` (``w``, ``xstash``, …). Raises KeyError when the stage has
         none of that name (e.g. ``gacc`` with one row group)."""
@@ -415,7 +424,7 @@ class LossUnit:
         write port) and ``ebuf`` (C words of exp_frac + 1 bits).
     """
 
-    kind: str
+    kind: Loss
     classes: int
     z: QFormat
     d: QFormat
@@ -429,6 +438,9 @@ class LossUnit:
     z_words: int
     z_word_bits: int
     memories: tuple[MemorySpec, ...]
+
+    def __post_init__(self) -> None:
+        _coerce(self, kind=Loss)
 
 
 @dataclass(frozen=True)
@@ -481,13 +493,13 @@ class Plan:
     version: int
     name: str
     in_features: int
-    schedule: str
-    mitigation: str
-    lwp_form: str
-    strategy: str
+    schedule: Schedule
+    mitigation: Mitigation
+    lwp_form: LwpForm
+    strategy: Strategy
     distance: int
-    rule: str
-    rounding: str
+    rule: Rule
+    rounding: Rounding
     round_bits: int
     lfsr_poly: int
     lfsr_width: int
@@ -530,6 +542,17 @@ class Plan:
         ]
         out += [("top", m) for m in self.memories]
         return tuple(out)
+
+    def __post_init__(self) -> None:
+        _coerce(
+            self,
+            schedule=Schedule,
+            mitigation=Mitigation,
+            lwp_form=LwpForm,
+            strategy=Strategy,
+            rule=Rule,
+            rounding=Rounding,
+        )
 
     @property
     def main_stages(self) -> tuple[Stage, ...]:
@@ -576,6 +599,20 @@ class Plan:
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
+def _coerce(obj: Any, **kinds: type[Enum]) -> None:
+    """Convert the named fields of a frozen dataclass to their enums (strings from JSON or a
+    caller); a value outside the set raises ``ValueError`` naming the field."""
+    for name, kind in kinds.items():
+        value = getattr(obj, name)
+        try:
+            object.__setattr__(obj, name, kind(value))
+        except ValueError:
+            allowed = ", ".join(m.value for m in kind)
+            raise ValueError(
+                f"{type(obj).__name__}.{name}={value!r} is not one of: {allowed}"
+            ) from None
+
+
 def _to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
@@ -604,4 +641,6 @@ def _from_jsonable(tp: Any, value: Any) -> Any:
     if origin is tuple:
         (arg, *_) = typing.get_args(tp)
         return tuple(_from_jsonable(arg, v) for v in value)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
     return value

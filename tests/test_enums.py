@@ -3,6 +3,7 @@ dispatched (compiler/enums.py)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -11,6 +12,7 @@ import torch
 from pipetrain.compiler.config import ConfigError, TrainConfig
 from pipetrain.compiler.enums import Activation, Loss, Mitigation, Rounding, Schedule
 from pipetrain.compiler.ir import LayerIR, NetworkIR
+from pipetrain.compiler.plan import Plan
 from pipetrain.protocol.wire import Result, loss_value
 from pipetrain.sim import golden_scalar
 from pipetrain.sim.golden import GoldenModel
@@ -45,9 +47,26 @@ def test_ir_refuses_an_unknown_activation() -> None:
 
 
 def _with_activation(plan, stage: int, act: str):
+    """The plan with one stage's activation forced to ``act`` past the plan's own check."""
     stages = list(plan.stages)
-    stages[stage] = dataclasses.replace(stages[stage], activation=act)
+    stages[stage] = copy.copy(stages[stage])
+    object.__setattr__(stages[stage], "activation", act)
     return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def test_plan_fields_are_enums_and_round_trip() -> None:
+    plan, _, _ = tiny(mitigation="sc")
+    assert plan.schedule is Schedule.PB and plan.mitigation is Mitigation.SC
+    assert (
+        plan.stages[0].activation is Activation.LEAKY_RELU and plan.loss.kind is Loss.CROSS_ENTROPY
+    )
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and back.hash == plan.hash and back.rounding is Rounding.STOCHASTIC
+    assert back.stages[1].activation is Activation.RELU
+    with pytest.raises(ValueError, match=r"Stage.activation='tanh' is not one of"):
+        dataclasses.replace(plan.stages[0], activation="tanh")
+    with pytest.raises(ValueError, match=r"Plan.rounding='floor' is not one of"):
+        dataclasses.replace(plan, rounding="floor")
 
 
 def test_golden_models_refuse_an_activation_they_do_not_implement() -> None:
@@ -68,6 +87,8 @@ def test_losses_refuse_an_unknown_kind() -> None:
     with pytest.raises(ValueError, match="unsupported loss 'hinge'"):
         loss_gradient("hinge", torch.zeros(3), 0)
     plan, _, _ = tiny()
-    bad = dataclasses.replace(plan, loss=dataclasses.replace(plan.loss, kind="hinge"))
+    loss = copy.copy(plan.loss)
+    object.__setattr__(loss, "kind", "hinge")
+    bad = dataclasses.replace(plan, loss=loss)
     with pytest.raises(ValueError, match="unsupported loss 'hinge'"):
         loss_value(Result(0, 0, 7, True), bad)
