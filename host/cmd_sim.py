@@ -1,7 +1,8 @@
-"""``pipetrain sim MODEL``: run the generated RTL in Verilator and prove it bit-exact.
+"""``pipetrain sim MODEL``: run the generated RTL in an RTL simulator and prove it bit-exact.
 
-Compiles MODEL to a plan, generates and builds ``NetworkTop(plan)`` (cached by plan and HDL
-source hash), streams the first ``--samples`` training samples of the data set (in
+Compiles MODEL to a plan, generates and builds ``NetworkTop(plan)`` with ``--simulator``
+(``verilator``, the default, or ``icarus``: :mod:`pipetrain.sim.harness`; cached by plan and
+generator sources), streams the first ``--samples`` training samples of the data set (in
 ``epoch_order`` of the model's seed, quantised per docs/numerics.md §3) through the RTL and
 through the fixed-point golden model, and compares every result record, every final weight,
 velocity and counter. Any difference is reported with its tick, stage, tensor and index
@@ -23,7 +24,7 @@ from typing import Any
 import click
 import torch
 
-from ..sim.verilator import RTLSimError
+from ..sim.harness import DEFAULT_SIMULATOR, SIMULATORS, RTLSimError, check_toolchain
 from .cli import cli, emit_json, info, json_option, user_errors
 from .flow import compile_design
 
@@ -129,6 +130,13 @@ def sim_samples(plan: Any, n: int, data: str, seed: int) -> tuple[torch.Tensor, 
 @click.option(
     "--no-localise", is_flag=True, help="Skip the bisection that names the first differing update."
 )
+@click.option(
+    "--simulator",
+    type=click.Choice(SIMULATORS),
+    default=DEFAULT_SIMULATOR,
+    show_default=True,
+    help="RTL simulator (icarus: Icarus Verilog on PATH, much slower; small models).",
+)
 @json_option
 @user_errors
 def sim_command(
@@ -143,19 +151,22 @@ def sim_command(
     rounding: str | None,
     lanes: str | None,
     no_localise: bool,
+    simulator: str,
     json_out: str | None,
 ) -> None:
-    """Simulate MODEL's generated RTL in Verilator and compare it with the golden model."""
+    """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
+    model."""
     from ..compiler.lanes import parse_lanes
     from ..sim.tb.network import check_network
 
+    check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
     lane_list = parse_lanes(lanes) if lanes else None
     plan, module = compile_for_sim(model, seed, data, overrides, lane_list)
     x, y = sim_samples(plan, samples, data, seed)
     info(
         f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
-        f"samples; building the RTL if needed…",
+        f"samples in {simulator}; building the RTL if needed…",
         json_out,
     )
     try:
@@ -169,6 +180,7 @@ def sim_command(
             ready_prob=backpressure,
             seed=seed,
             localise_first=not no_localise,
+            simulator=simulator,
         )
     except RTLSimError as exc:
         click.echo(f"error: {exc}", err=True)

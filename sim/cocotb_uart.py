@@ -1,8 +1,8 @@
 """cocotb tests driving :class:`~pipetrain.sim.uart_bridge.UartBridgeTop`'s UART pins with a
 bit-level UART model.
 
-Runs inside Verilator (started by :class:`~pipetrain.sim.bridge.SimBridge` with
-``uart_divisor=N``, or by :func:`pipetrain.sim.verilator.run_cocotb` for the loopback check).
+Runs inside the simulator (started by :class:`~pipetrain.sim.bridge.SimBridge` with
+``uart_divisor=N``, or by :func:`pipetrain.sim.harness.run_cocotb` for the loopback check).
 
 **The UART model** (:class:`UartLine`), 8N1 at ``divisor`` clock cycles per bit, as a USB-serial
 bridge would drive the board's pins:
@@ -17,11 +17,10 @@ Bits are timed with one ``Timer`` of ``divisor`` clock periods each, placed half
 from the rising edges (no race with the design's registers): Python wakes once per bit while a
 byte moves, never once per cycle (cocotb's ``ClockCycles`` would wake it on every edge).
 
-**The server** (test ``serve``): after reset it listens on ``127.0.0.1`` (``job["port"]``, 0 =
-any), writes ``{"port", "pid"}`` to ``job["port_file"]``, accepts one connection and serves it
-until the host closes it, the host process (``job["parent_pid"]``) dies or no connection
-arrives within ``accept_timeout_s``. Host bytes are sent on ``rx_pin``; bytes decoded from
-``tx_pin`` are sent to the host as they complete. Scheduling, with no input pending:
+**The server** (test ``serve``): after reset the bridge server
+(:class:`~pipetrain.sim.tb.server.LinkServer`) accepts the host on a loopback port and serves it
+until the host leaves. Host bytes are sent on ``rx_pin``; bytes decoded from ``tx_pin`` are
+sent to the host as they complete. Scheduling, with no input pending:
 
 * the clock runs (in waits of at most one byte time, ``10·divisor`` cycles, that end early on a
   falling edge of ``tx_pin`` or a rising ``net_idle``) while a byte moves on either line, while
@@ -47,11 +46,6 @@ framing-error LED).
 
 from __future__ import annotations
 
-import json
-import os
-import select
-import socket
-import time
 from typing import Any
 
 import cocotb
@@ -60,6 +54,7 @@ from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 
 from .tb.job import run_job
+from .tb.server import LinkServer
 
 __all__ = ["UartFramingError", "UartLine", "FrameTracker"]
 
@@ -68,20 +63,6 @@ SYNC0, SYNC1 = 0xA5, 0x5A
 
 class UartFramingError(RuntimeError):
     """A byte from the device had a low stop bit (the message names the byte count so far)."""
-
-
-class _Closed(Exception):
-    """The host closed the connection."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - exists, owned by another user
-        return True
-    return True
 
 
 class UartLine:
@@ -238,56 +219,16 @@ class _Server:
         self.guard = int(job.get("guard_cycles", 2 * self.div + 16))
         self.settle = int(job["settle_cycles"])
         self.partial_wait_s = float(job.get("partial_wait_s", 2.0))
-        self.parent = int(job.get("parent_pid", 0))
         params = LinkParams.from_plan(Plan.from_json(job["plan"]))
         self.tracker = FrameTracker(params.command_length_ok)
         self.line = UartLine(dut.clk, dut.rx_pin, dut.tx_pin, self.div, 1000 * self.clock_ns)
-        self.conn: socket.socket | None = None
-        self.bytes_in = self.bytes_out = 0
+        self.server = LinkServer(job)
         self.wakeups = self.partial_waits = self.partial_timeouts = 0
-        self.blocked_s = 0.0
         self.t0_ns = 0.0
         self.last_activity = 0
-        self.error: UartFramingError | None = None
-        self.peer_gone = False
 
     def cycles(self) -> int:
         return int((get_sim_time("ns") - self.t0_ns) // self.clock_ns)
-
-    def _recv(self) -> bytes:
-        """Non-blocking read; raises _Closed when the host has closed the connection."""
-        if self.error is not None:
-            raise self.error
-        if self.peer_gone:
-            raise _Closed
-        assert self.conn is not None
-        try:
-            data = self.conn.recv(1 << 16, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return b""
-        except OSError as exc:  # reset by peer
-            raise _Closed from exc
-        if not data:
-            raise _Closed
-        self.bytes_in += len(data)
-        return data
-
-    def _block(self, timeout_s: float | None) -> bool:
-        """Block (the clock stopped) until the host sends or ``timeout_s`` passes (None: until
-        the host or its process goes away); return whether input is ready."""
-        t = time.perf_counter()
-        try:
-            while True:
-                wait = 1.0 if timeout_s is None else max(0.0, t + timeout_s - time.perf_counter())
-                r, _, _ = select.select([self.conn], [], [], min(wait, 1.0))
-                if r:
-                    return True
-                if self.parent and not _alive(self.parent):
-                    raise _Closed
-                if timeout_s is not None and time.perf_counter() - t >= timeout_s:
-                    return False
-        finally:
-            self.blocked_s += time.perf_counter() - t
 
     async def _run_clock(self, cycles: int) -> None:
         """Run up to ``cycles`` cycles; return early (just after a clock edge) on a falling edge
@@ -306,7 +247,7 @@ class _Server:
         """Return the next host bytes, running the design while it has work to do."""
         dut, line = self.dut, self.line
         while True:
-            data = self._recv()
+            data = self.server.recv()
             if data:
                 return data
             busy = dut.busy.value == 1
@@ -319,13 +260,13 @@ class _Server:
                 # the host is inside a frame (a TCP segment split it): the engine waits for the
                 # rest, so keep the clock stopped — its receive timeout must not see the split
                 self.partial_waits += 1
-                if self._block(self.partial_wait_s):
+                if self.server.wait(self.partial_wait_s):
                     continue
                 self.partial_timeouts += 1
                 self.tracker.reset()  # the host really stopped: run as a board would
             elif not busy and not line.receiving and quiet >= self.guard:
                 if idle or quiet > self.settle:
-                    self._block(None)  # nothing can change until the host speaks
+                    self.server.wait()  # nothing can change until the host speaks
                     continue
                 await self._run_clock(self.settle + 1 - quiet)
                 continue
@@ -344,75 +285,30 @@ class _Server:
             self.tracker.feed(byte)
             await self.line.send_byte(byte)
             self.last_activity = self.cycles()
-            buf += self._recv()
+            buf += self.server.recv()
 
     async def drain(self) -> None:
         """``tx_pin`` → host, each byte as soon as its stop bit is sampled."""
-        assert self.conn is not None
         try:
             while True:
                 byte = await self.line.recv_byte()
                 self.last_activity = self.cycles()
-                self.conn.sendall(bytes((byte,)))
-                self.bytes_out += 1
-        except OSError:  # the host went away while the device was answering
-            self.peer_gone = True
+                self.server.send(bytes((byte,)))
         except UartFramingError as exc:
-            self.error = exc
-            try:
-                self.conn.shutdown(socket.SHUT_RDWR)  # the host sees the link fail
-            except OSError:
-                pass
+            self.server.fail(exc)  # the host sees the link fail; serve() re-raises it
 
     async def run(self) -> dict[str, Any]:
-        dut, job = self.dut, self.job
-        await _reset(dut, self.clock_ns)
+        await _reset(self.dut, self.clock_ns)
         self.t0_ns = get_sim_time("ns")
-
-        srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", int(job.get("port", 0))))
-        srv.listen(1)
-        port = srv.getsockname()[1]
-        tmp = f"{job['port_file']}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"port": port, "pid": os.getpid()}, f)
-        os.replace(tmp, job["port_file"])
-        srv.settimeout(float(job.get("accept_timeout_s", 60.0)))
-        try:
-            self.conn, _ = srv.accept()
-        except TimeoutError as exc:
-            raise TimeoutError(
-                f"no host connected to 127.0.0.1:{port} within {job['accept_timeout_s']} s"
-            ) from exc
-        finally:
-            srv.close()
-        self.conn.setblocking(True)
-        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        t_wall = time.perf_counter()
-        rx = cocotb.start_soon(self.drain())
-        try:
-            await self.feed()
-        except _Closed:
-            pass
-        finally:
-            rx.cancel()
-            self.conn.close()
-        if self.error is not None:
-            raise self.error
-        return {
-            "port": port,
+        await self.server.serve(self.feed, self.drain)
+        return self.server.stats() | {
             "cycles": self.cycles(),
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
             "uart_bytes_sent": self.line.sent,
             "uart_bytes_received": self.line.received,
             "uart_glitches": self.line.glitches,
             "wakeups": self.wakeups,
             "partial_waits": self.partial_waits,
             "partial_timeouts": self.partial_timeouts,
-            "serve_s": time.perf_counter() - t_wall,
-            "blocked_s": self.blocked_s,
             "divisor": self.div,
         }
 

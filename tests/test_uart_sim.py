@@ -24,8 +24,8 @@ from pipetrain.host.transport import TcpTransport
 from pipetrain.protocol.wire import Cmd, Counters, Frame, FrameDecoder, encode_frame
 from pipetrain.sim.bridge import SimBridge
 from pipetrain.sim.golden import GoldenModel
+from pipetrain.sim.harness import run_cocotb
 from pipetrain.sim.uart_bridge import UartBridgeTop, build_uart_bridge
-from pipetrain.sim.verilator import run_cocotb
 from tiny_net import tiny
 
 DIVISOR = 8

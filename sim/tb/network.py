@@ -3,8 +3,9 @@
 Flow (:func:`check_network`):
 
 1. :func:`build_network` — Verilog from :func:`pipetrain.hdl.verilog.generate_verilog`, built by
-   :func:`pipetrain.sim.verilator.build_verilog`. An index keyed by the plan hash and a hash of
-   the ``hdl/`` sources skips even the Verilog generation when nothing changed.
+   the harness (:func:`pipetrain.sim.harness.cached_design`) with Verilator or Icarus. An index
+   keyed by the plan and a hash of the generator's sources skips even the Verilog generation
+   when nothing changed.
 2. :func:`run_network` — one simulator run (:mod:`pipetrain.sim.cocotb_network`): write the
    initial memories through ``wacc_cmd`` (checking each echoed value), stream the samples
    (``sample_in``), collect every ``result_out`` record, flush, read the counters and every
@@ -25,8 +26,6 @@ the arithmetic comes from the golden model.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,11 +35,11 @@ from typing import Any
 import torch
 
 from ...compiler.plan import Plan
-from ..verilator import RTLBuild, build_key, build_verilog, cache_root, run_cocotb
+from ...protocol.wire import KIND_CODES, KIND_NAMES
+from ..harness import DEFAULT_SIMULATOR, RTLBuild, cached_design, hdl_source_hash, run_cocotb
 from .layout import fields_to_json, flatten_layout
 
 __all__ = [
-    "KINDS",
     "Mismatch",
     "NetworkDesign",
     "RTLRun",
@@ -52,21 +51,10 @@ __all__ = [
     "run_network",
 ]
 
-#: ``wacc_cmd.kind`` codes (docs/ports.md).
-KINDS = {"w": 0, "u": 1, "w_prev": 2}
 STREAMS = ("sample_in", "result_out", "wacc_cmd", "wacc_rsp")
 TOPLEVEL = "pipetrain_top"
 CLOCK_NS = 10
 TB_MODULE = "pipetrain.sim.cocotb_network"
-
-
-def hdl_source_hash() -> str:
-    """SHA-256 (16 hex digits) of every ``hdl/*.py`` source: the Verilog generator's version."""
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[2] / "hdl"
-    for p in sorted(root.glob("*.py")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -76,9 +64,9 @@ class NetworkDesign:
     Members
     -------
     plan: the plan the hardware was generated from.
-    build: the Verilator build.
+    build: the RTL build (``build.simulator`` names the simulator).
     fields: flat payload layouts (:func:`~pipetrain.sim.tb.layout.fields_to_json`) per stream.
-    build_s: seconds this call spent (Verilog generation + Verilator); 0.0 when fully cached.
+    build_s: seconds this call spent (Verilog generation + build); ~0 when fully cached.
     verilog_s: the Verilog-generation part of ``build_s``.
     """
 
@@ -102,43 +90,37 @@ def _stream_fields(plan: Plan) -> dict[str, list]:
     return {name: fields_to_json(flatten_layout(layouts[name])) for name in STREAMS}
 
 
-def build_network(plan: Plan, *, waves: str | None = None, rebuild: bool = False) -> NetworkDesign:
-    """Generate and build ``NetworkTop(plan)`` (cached by plan hash + HDL source hash).
+def build_network(
+    plan: Plan,
+    *,
+    simulator: str = DEFAULT_SIMULATOR,
+    waves: str | None = None,
+    rebuild: bool = False,
+) -> NetworkDesign:
+    """Generate and build ``NetworkTop(plan)`` with ``simulator`` (``"verilator"`` or
+    ``"icarus"``), cached by the plan and the generator's sources.
 
-    ``waves``: ``None``, ``"vcd"`` or ``"fst"`` (a separate build). Raises
-    :class:`~pipetrain.sim.verilator.ToolchainError` / :class:`~pipetrain.sim.verilator.RTLSimError`
-    from the build.
+    ``waves``: ``None``, ``"vcd"`` or ``"fst"`` (a separate build). Raises :class:`ValueError`
+    for an unknown simulator, :class:`~pipetrain.sim.harness.ToolchainError` when its tools are
+    missing and :class:`~pipetrain.sim.harness.RTLSimError` when the build fails.
     """
     t0 = time.perf_counter()
-    index_dir = cache_root() / "index"
-    index_dir.mkdir(parents=True, exist_ok=True)
-    # plan + generator version + the toolchain/recipe part of the build key (empty Verilog)
-    recipe = build_key("", TOPLEVEL, waves)
-    pre = hashlib.sha256(f"{plan.to_json()}|{hdl_source_hash()}|{recipe}".encode()).hexdigest()
-    entry = index_dir / f"{pre[:24]}.json"
-    if entry.is_file() and not rebuild:
-        info = json.loads(entry.read_text())
-        directory = Path(info["directory"])
-        if (directory / ".complete").is_file() and (directory / TOPLEVEL).is_file():
-            build = RTLBuild(directory, TOPLEVEL, info["key"], waves, 0.0, True)
-            return NetworkDesign(plan, build, info["fields"], time.perf_counter() - t0, 0.0)
-    from ...hdl.top import NetworkTop
 
-    fields = _stream_fields(plan)
-    try:
+    def generate() -> str:
         from ...hdl.verilog import generate_verilog
-    except ImportError:  # the generator module is optional: plain Amaranth conversion
-        from amaranth.back import verilog as _verilog
 
-        def generate_verilog(plan: Plan, name: str) -> str:
-            return _verilog.convert(NetworkTop(plan), name=name)
+        return generate_verilog(plan, TOPLEVEL)
 
-    verilog = generate_verilog(plan, TOPLEVEL)
-    verilog_s = time.perf_counter() - t0
-    build = build_verilog(verilog, TOPLEVEL, waves=waves, rebuild=rebuild)
-    entry.write_text(
-        json.dumps({"directory": str(build.directory), "key": build.key, "fields": fields})
+    build, verilog_s = cached_design(
+        "network",
+        TOPLEVEL,
+        plan.to_json(),
+        generate,
+        simulator=simulator,
+        waves=waves,
+        rebuild=rebuild,
     )
+    fields = _stream_fields(plan)
     return NetworkDesign(plan, build, fields, time.perf_counter() - t0, verilog_s)
 
 
@@ -191,7 +173,7 @@ def _memory_commands(
             for j in range(st.out_features):
                 for i in range(st.in_features + 1):
                     data = values[j][i] if values is not None else 0
-                    cmds.append([int(write), s, KINDS[kind], j, i, data])
+                    cmds.append([int(write), s, KIND_CODES[kind], j, i, data])
                     where.append((st.name, kind, j, i))
     return cmds, where
 
@@ -425,7 +407,7 @@ def compare(golden: Any, rtl: RTLRun, plan: Plan) -> list[Mismatch]:
             out.append(Mismatch("counter", "saturations", k + 1, (k,), e, a))
     for cmd, echoed in rtl.echo_errors:
         _, s, kind, j, i, data = cmd
-        name = {v: k for k, v in KINDS.items()}[kind]
+        name = KIND_NAMES[kind]
         out.append(Mismatch("echo", name, s + 1, (j, i), data, echoed))
     return out
 
@@ -555,6 +537,7 @@ def check_network(
     ready_prob: float = 1.0,
     seed: int = 0,
     waves: str | Path | None = None,
+    simulator: str | None = None,
 ) -> SimReport:
     """Simulate ``NetworkTop`` on a stream and compare it with the golden model bit for bit.
 
@@ -563,6 +546,13 @@ def check_network(
     ``plan``); ``design``: a prebuilt design (else built here). ``waves``: a ``.vcd`` or
     ``.fst`` path to record (builds a tracing variant). ``localise_first``: when memories
     differ, bisect stream prefixes to name the first differing update (extra runs).
+    ``simulator``: ``"verilator"`` or ``"icarus"`` (default: the ``design``'s, else
+    Verilator).
+
+    Returns a :class:`SimReport` (cycles, cycles per second, build seconds). Raises
+    :class:`ValueError` for an unknown simulator or one that differs from ``design``'s, and the
+    harness's :class:`~pipetrain.sim.harness.ToolchainError` /
+    :class:`~pipetrain.sim.harness.RTLSimError` (missing tools, a failed build or run).
     """
     from ..golden import GoldenModel
 
@@ -572,9 +562,15 @@ def check_network(
     wave_kind = None
     if waves is not None:
         wave_kind = "fst" if str(waves).endswith(".fst") else "vcd"
+    if design is not None and simulator is not None and simulator != design.build.simulator:
+        raise ValueError(
+            f"simulator {simulator!r} differs from the prebuilt design's "
+            f"{design.build.simulator!r}: pass no design, or no simulator"
+        )
+    sim = simulator or (design.build.simulator if design is not None else DEFAULT_SIMULATOR)
     built = design is None or (wave_kind is not None and design.build.waves != wave_kind)
     if built:
-        design = build_network(hw_plan, waves=wave_kind)
+        design = build_network(hw_plan, simulator=sim, waves=wave_kind)
     assert design is not None
     init = GoldenModel(plan, model).memories()
     run_kw = {"valid_prob": valid_prob, "ready_prob": ready_prob, "seed": seed}
@@ -607,6 +603,7 @@ def check_network(
         build_s=design.build_s if built else 0.0,
         localisation=how,
         extra={
+            "simulator": design.build.simulator,
             "sim_wall_s": rtl.wall_s,
             "build_cached": design.build.cached,
             "ticks": rtl.counters["ticks"],

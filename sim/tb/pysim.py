@@ -1,4 +1,8 @@
-"""Drive ``NetworkTop`` in Amaranth's own simulator (no Verilog, no compile).
+"""Drive ``NetworkTop`` in Amaranth's own Python simulator (no Verilog, no compile).
+
+The first rung of the verification ladder (docs/architecture.md §5): the same port contract the
+RTL benches (:mod:`pipetrain.sim.cocotb_network`) drive in Verilator or Icarus, without leaving
+Python.
 
 :func:`simulate_top` loads memories through ``wacc_cmd``, streams samples with optional random
 valid/ready toggling on every stream, flushes, reads the counters and every weight/velocity
@@ -20,13 +24,11 @@ import torch
 from amaranth import Const
 from amaranth.sim import Simulator
 
-from ..compiler.plan import Plan
-from .top import NetworkTop, sample_layout, wacc_cmd_layout
+from ...compiler.plan import Plan
+from ...hdl.top import NetworkTop, sample_layout, wacc_cmd_layout
+from ...protocol.wire import KIND_CODES, KIND_NAMES
 
-__all__ = ["TopRun", "simulate_top", "KINDS"]
-
-#: ``wacc_cmd.kind`` codes (docs/ports.md).
-KINDS = {"w": 0, "u": 1, "w_prev": 2}
+__all__ = ["TopRun", "simulate_top"]
 
 
 @dataclass
@@ -95,12 +97,12 @@ def simulate_top(
                 vals = mem[kind].tolist()
                 for j in range(st.out_features):
                     for i in range(st.in_features + 1):
-                        cmds.append((1, s, KINDS[kind], j, i, int(vals[j][i])))
+                        cmds.append((1, s, KIND_CODES[kind], j, i, int(vals[j][i])))
         return cmds
 
     def reads() -> list[tuple[int, int, int, int, int, int]]:
         return [
-            (0, s, KINDS[kind], j, i, 0)
+            (0, s, KIND_CODES[kind], j, i, 0)
             for s, st in enumerate(plan.stages)
             for kind in ("w", "u")
             for j in range(st.out_features)
@@ -217,7 +219,7 @@ def simulate_top(
             data = await wacc(ctx, cmds)
             for (_, s, kind, j, i, _), d in zip(cmds, data, strict=True):
                 st = plan.stages[s]
-                name = "w" if kind == 0 else "u"
+                name = KIND_NAMES[kind]
                 mem = run.memories.setdefault(st.name, {})
                 if name not in mem:
                     mem[name] = torch.zeros(st.out_features, st.in_features + 1, dtype=torch.int64)
