@@ -62,11 +62,11 @@ def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:
     cycles per sample), ``sim_wall_s`` (the simulator process), ``check_s`` (this call, golden
     model and comparison included).
     """
-    from pipetrain.host.cmd_sim import sim_samples
+    from pipetrain.sim.stimulus import plan_samples
     from pipetrain.sim.tb.network import check_network
 
     plan = result.plan
-    x, y = sim_samples(plan, samples, "digits", seed)
+    x, y = plan_samples(plan, samples, "digits", seed)
     t0 = time.perf_counter()
     rep = check_network(plan, result.model, x, y.tolist(), seed=seed, localise_first=False)
     check_s = time.perf_counter() - t0

@@ -12,7 +12,8 @@ import json
 import pytest
 from click.testing import CliRunner
 from pipetrain.host.cli import cli
-from pipetrain.host.cmd_sim import compile_for_sim, sim_samples
+from pipetrain.host.flow import compile_design
+from pipetrain.sim.stimulus import plan_samples
 from pipetrain.sim.tb.faults import inject_fault
 from pipetrain.sim.tb.network import build_network, check_network
 
@@ -28,7 +29,8 @@ config = {"lr": 0.05, "momentum": 0.9}
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny_digits.py"
     path.write_text(TINY_MODEL)
-    plan, model = compile_for_sim(str(path), seed=0)
+    result = compile_design(str(path), seed=0, writers=())
+    plan, model = result.plan, result.model
     design = build_network(plan)
     return path, plan, model, design
 
@@ -36,7 +38,7 @@ def tiny(tmp_path_factory):
 def test_tiny_net_bit_exact_with_inference_samples(tiny):
     _, plan, model, design = tiny
     n = 30
-    x, y = sim_samples(plan, n, "digits", 0)
+    x, y = plan_samples(plan, n, "digits", 0)
     train = [k % 7 != 3 for k in range(n)]  # samples 3, 10, 17, 24 are inference-only
     rep = check_network(plan, model, x, y.tolist(), train, design=design)
     assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
@@ -52,7 +54,7 @@ def test_tiny_net_bit_exact_with_inference_samples(tiny):
 
 def test_tiny_net_bit_exact_under_random_backpressure(tiny):
     _, plan, model, design = tiny
-    x, y = sim_samples(plan, 12, "digits", 1)
+    x, y = plan_samples(plan, 12, "digits", 1)
     rep = check_network(
         plan, model, x, y.tolist(), design=design, valid_prob=0.6, ready_prob=0.4, seed=7
     )
@@ -64,7 +66,7 @@ def test_tiny_net_bit_exact_under_random_backpressure(tiny):
 
 def test_fault_injection_lfsr_seed_is_localised(tiny):
     _, plan, model, _ = tiny
-    x, y = sim_samples(plan, 10, "digits", 2)
+    x, y = plan_samples(plan, 10, "digits", 2)
     faulty = inject_fault(plan, "lfsr_seed", stage=2, lane=0)
     rep = check_network(plan, model, x, y.tolist(), rtl_plan=faulty)
     assert not rep.bit_exact
@@ -108,7 +110,7 @@ def test_cli_sim_bad_model_is_a_user_error(tmp_path):
 @pytest.mark.slow
 def test_waves_vcd_records_ports(tiny, tmp_path):
     _, plan, model, _ = tiny
-    x, y = sim_samples(plan, 3, "digits", 0)
+    x, y = plan_samples(plan, 3, "digits", 0)
     vcd = tmp_path / "run.vcd"
     rep = check_network(plan, model, x, y.tolist(), waves=vcd)
     assert rep.bit_exact
@@ -120,7 +122,7 @@ def test_waves_vcd_records_ports(tiny, tmp_path):
 @pytest.mark.parametrize(("fault", "stage"), [("lr", 1), ("lfsr_tap", 1), ("momentum", 2)])
 def test_more_faults_are_caught(tiny, fault, stage):
     _, plan, model, _ = tiny
-    x, y = sim_samples(plan, 8, "digits", 3)
+    x, y = plan_samples(plan, 8, "digits", 3)
     rep = check_network(plan, model, x, y.tolist(), rtl_plan=inject_fault(plan, fault, stage))
     assert not rep.bit_exact
     assert rep.first is not None and rep.first.tick is not None

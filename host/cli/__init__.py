@@ -21,7 +21,7 @@ import click
 from ...errors import UserError
 
 #: The modules that define the subcommands (relative to this package).
-COMMANDS = (".compile", ".train", ".build", ".experiment", "..cmd_sim")
+COMMANDS = (".compile", ".train", ".build", ".experiment", ".sim")
 
 __all__ = ["main", "cli", "json_option", "emit_json", "user_errors", "info"]
 

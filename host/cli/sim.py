@@ -1,9 +1,10 @@
 """``pipetrain sim MODEL``: run the generated RTL in an RTL simulator and prove it bit-exact.
 
-Compiles MODEL to a plan, generates and builds ``NetworkTop(plan)`` with ``--simulator``
+Compiles MODEL to a plan (:func:`pipetrain.host.flow.compile_design`, as ``pipetrain compile``
+does), generates and builds ``NetworkTop(plan)`` with ``--simulator``
 (``verilator``, the default, or ``icarus``: :mod:`pipetrain.sim.harness`; cached by plan and
-generator sources), streams the first ``--samples`` training samples of the data set (in
-``epoch_order`` of the model's seed, quantised per docs/numerics.md §3) through the RTL and
+generator sources), streams the first ``--samples`` training samples of the data set
+(:func:`pipetrain.sim.stimulus.plan_samples`) through the RTL and
 through the fixed-point golden model, and compares every result record, every final weight,
 velocity and counter. Any difference is reported with its tick, stage, tensor and index
 (:mod:`pipetrain.sim.tb.network`).
@@ -19,58 +20,17 @@ Exit status 1 when the RTL is not bit-exact.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
-import torch
 
-from ..sim.harness import DEFAULT_SIMULATOR, SIMULATORS, RTLSimError, check_toolchain
-from .cli import cli, emit_json, info, json_option, user_errors
-from .flow import compile_design
+from ...compiler.lanes import parse_lanes
+from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS, RTLSimError, check_toolchain
+from ...sim.stimulus import plan_samples
+from ...sim.tb.network import check_network
+from ..flow import compile_design
+from . import cli, emit_json, info, json_option, user_errors
 
-__all__ = ["sim_command", "compile_for_sim", "sim_samples"]
-
-
-def compile_for_sim(
-    model: str,
-    seed: int = 0,
-    data: str = "digits",
-    overrides: dict[str, Any] | None = None,
-    lanes: tuple[int, ...] | None = None,
-) -> tuple[Any, Any]:
-    """Return ``(plan, module)`` for a built-in model name or a ``.py`` file.
-
-    Compiles exactly as ``pipetrain compile`` does (:func:`pipetrain.host.flow.compile_design`:
-    auto formats calibrated on ``data``, default lanes unless ``lanes``), with
-    TrainConfig ``overrides`` (None values ignored). The module carries the initial weights
-    (seeded by ``seed``) that both the RTL and the golden model start from.
-    """
-    result = compile_design(
-        model, seed=seed, data=data, config_overrides=overrides or {}, lanes=lanes, writers=()
-    )
-    return result.plan, result.model
-
-
-def sim_samples(plan: Any, n: int, data: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(x_int (n, N) int64, labels (n,))``: the first n samples of epoch 0.
-
-    ``data``: ``digits`` or an ``.npz`` path (:func:`pipetrain.data.load_data`). Inputs
-    are quantised to stage 1's ``x`` format (numerics §3, round half even, saturating).
-    Raises :class:`~pipetrain.data.DataError` when the data's feature count differs from
-    the plan's input size.
-    """
-    from ..data import DataError, epoch_order, load_data
-    from ..sim.fixed import quantise
-
-    ds = load_data(data)
-    if ds.features != plan.in_features:
-        raise DataError(
-            f"data {data!r} has {ds.features} features but the model takes {plan.in_features}"
-        )
-    total = len(ds.x_train)
-    order = torch.cat([epoch_order(total, seed, e) for e in range(-(-n // total))])[:n]
-    x = quantise(ds.x_train[order], plan.stages[0].formats.x)[0]
-    return x, ds.y_train[order]
+__all__ = ["sim_command"]
 
 
 @cli.command("sim")
@@ -156,14 +116,14 @@ def sim_command(
 ) -> None:
     """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
     model."""
-    from ..compiler.lanes import parse_lanes
-    from ..sim.tb.network import check_network
-
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
     lane_list = parse_lanes(lanes) if lanes else None
-    plan, module = compile_for_sim(model, seed, data, overrides, lane_list)
-    x, y = sim_samples(plan, samples, data, seed)
+    result = compile_design(
+        model, seed=seed, data=data, config_overrides=overrides, lanes=lane_list, writers=()
+    )
+    plan, module = result.plan, result.model
+    x, y = plan_samples(plan, samples, data, seed)
     info(
         f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
         f"samples in {simulator}; building the RTL if needed…",
