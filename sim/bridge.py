@@ -249,7 +249,7 @@ class SimBridge:
         ``plan.clock_hz``, as on a board (default the board core's 21 ms); TCP splits of a frame
         cannot trigger it (the server stops the clock while it waits for the rest).
     simulator: ``"verilator"`` (default) or ``"icarus"`` (:data:`~pipetrain.sim.harness.
-        SIMULATORS`; Icarus is ~10–50× slower: small plans only).
+        SIMULATORS`; Icarus runs 40–300× slower: small plans only, :mod:`pipetrain.sim.icarus`).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`. Members after
     :meth:`start`: ``port``, ``url`` (``tcp://127.0.0.1:PORT``), ``design`` (the build);

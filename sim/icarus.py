@@ -18,9 +18,11 @@ What differs from Verilator:
   (``waves``) with a Verilog-2005 ``$dumpfile`` module (:data:`DUMP_MODULE`);
   ``+dumpfile_path`` names the file and the format follows the build (``-fst`` or ``-vcd``);
 * every signal is visible to cocotb (``public`` has no effect);
-* speed: an event-driven interpreter, ~2–25k cycles/s on the networks here against Verilator's
-  ~100–400k, so only small designs and short streams are practical (*derived*, measured on
-  the tests' tiny net and ``mlp-digits``).
+* speed: an event-driven interpreter, 40–300× slower than Verilator — measured on this
+  project's 2-core machines: the tests' tiny net 2.6k cycles/s (Verilator 61k), ``mlp-digits``
+  1.3k cycles/s over a whole ``pipetrain sim`` run and 0.5k while training (Verilator ~100k
+  and ~170k); the build takes ~3 s instead of ~45 s. So the tests use the tiny net and a few
+  samples.
 """
 
 from __future__ import annotations

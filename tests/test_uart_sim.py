@@ -2,7 +2,8 @@
 Verilator, every host byte moved as an 8N1 frame on its pins by a bit-level UART model
 (:mod:`pipetrain.sim.cocotb_uart`), driven by the same host client as the word-stream target.
 
-* the UART model against the RTL UART (``BoardTop`` with the FIFO loopback core);
+* the UART model against the RTL UART (``BoardTop`` with the FIFO loopback core), in Verilator
+  and in Icarus (marker ``icarus``);
 * the tiny net trained through ``pipetrain.host.open(..., "sim", sim_options={"uart_divisor":
   8}, shadow=True)``, bit-exact with the golden model;
 * a frame split across TCP writes does not trip the engine's (board) receive timeout;
@@ -31,27 +32,35 @@ from tiny_net import tiny
 DIVISOR = 8
 
 
-def _loopback(divisor: int, data: list[int], bad_stop_at: int | None = None) -> dict:
-    design = build_uart_bridge(None, divisor)
+SIMULATORS = ["verilator", pytest.param("icarus", marks=pytest.mark.icarus)]
+
+
+def _loopback(
+    divisor: int, data: list[int], bad_stop_at: int | None = None, simulator: str = "verilator"
+) -> dict:
+    design = build_uart_bridge(None, divisor, simulator=simulator)
+    assert design.build.simulator == simulator
     job = {"divisor": divisor, "clock_ns": 10, "data": data, "bad_stop_at": bad_stop_at}
     return run_cocotb(design.build, "pipetrain.sim.cocotb_uart", job, testcase="uart_loopback")
 
 
+@pytest.mark.parametrize("simulator", SIMULATORS)
 @pytest.mark.parametrize("divisor", [MIN_DIVISOR, DIVISOR])
-def test_uart_model_against_rtl_uart_loopback(divisor: int) -> None:
+def test_uart_model_against_rtl_uart_loopback(divisor: int, simulator: str) -> None:
     rng = random.Random(divisor)
     data = [0x00, 0xFF, 0xA5, 0x5A, 0x01, 0x80] + [rng.randrange(256) for _ in range(58)]
     data += [0x00, 0x00, 0xFF, 0xFF]
-    r = _loopback(divisor, data)
+    r = _loopback(divisor, data, simulator=simulator)
     assert r["received"] == data
     assert r["leds"] >> 2 & 1 == 0 and r["glitches"] == 0  # no framing error latched
     # back-to-back 8N1 frames: ≥ 10 bits of `divisor` cycles per byte, echoed with little lag
     assert 10 * divisor * len(data) <= r["cycles"] <= 10 * divisor * len(data) + 40 * divisor
 
 
-def test_uart_model_low_stop_bit_is_a_framing_error_in_the_rtl() -> None:
+@pytest.mark.parametrize("simulator", SIMULATORS)
+def test_uart_model_low_stop_bit_is_a_framing_error_in_the_rtl(simulator: str) -> None:
     data = [0x11, 0x22, 0x33, 0x44, 0x55]
-    r = _loopback(DIVISOR, data, bad_stop_at=2)
+    r = _loopback(DIVISOR, data, bad_stop_at=2, simulator=simulator)
     assert r["received"] == [0x11, 0x22, 0x44, 0x55]  # the bad byte dropped, the rest intact
     assert r["leds"] >> 2 & 1 == 1  # BoardTop's latched framing-error LED
 
