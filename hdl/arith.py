@@ -11,13 +11,13 @@ Source: docs/numerics.md §1 (the contract); the expressions are the literal def
 
 from __future__ import annotations
 
-from amaranth import Const, Mux, Value, signed
+from amaranth import Const, Module, Mux, Signal, Value, signed
 from amaranth.hdl import ValueCastable
 
 from ..compiler.build import csd, shift_add
 from ..compiler.plan import QFormat
 
-__all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul"]
+__all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul", "wire", "ushape"]
 
 
 def sat(v: Value, fmt: QFormat) -> tuple[Value, Value]:
@@ -108,3 +108,11 @@ def const_mul(value: int, v: Value | ValueCastable) -> Value:
 def ushape(n: int) -> int:
     """Bits of an unsigned counter that holds 0..n (at least 1)."""
     return max(1, int(n).bit_length())
+
+
+def wire(m: Module, expr: Value, name: str) -> Signal:
+    """A combinational signal ``name`` = ``expr``, for a value used more than once: one cell in
+    the netlist instead of a copy per use (*derived*: keeps the shared adders shared)."""
+    sig = Signal(expr.shape(), name=name)
+    m.d.comb += sig.eq(expr)
+    return sig

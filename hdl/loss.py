@@ -22,13 +22,14 @@ cycle). Cycles: :func:`loss_unit_cycles`.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import LossUnit as LossPlan
 from .arith import const_mul, rhu, sat
+from .streams import LossControlSignature, ValidSignature, word_layout
 
 __all__ = ["LossUnit", "loss_unit_cycles"]
 
@@ -43,6 +44,11 @@ def loss_unit_cycles(kind: str, classes: int, recip_frac: int) -> int:
     return 3 * classes + recip_frac + 7
 
 
+class _Shared:
+    """The signals the phases of :class:`LossUnit` share (issue counters, the S1 logit, the
+    running maximum and the outputs)."""
+
+
 class LossUnit(wiring.Component):
     """Loss unit after the last stage.
 
@@ -53,12 +59,13 @@ class LossUnit(wiring.Component):
 
     Members
     -------
-    zw_en, zw_word, zw_data: ``In`` logits write from the last stage (``z_lanes`` per word).
-    start: ``In(1)`` pulse: run on the buffered logits with ``label``.
-    label: ``In(16)`` the class of the sample (held until ``done``).
-    train: ``In(1)`` the sample trains (δ clamps are counted only then; held until ``done``).
-    done: ``Out(1)`` not running (low from the start pulse until the last output).
-    dl_en, dl_data: ``Out`` serial error ``δ_j``, ``j = 0..C−1`` (format ``loss.d``).
+    z_in: ``In(ValidSignature(word_layout(words, z_lanes·z.bits)))`` logits from the last stage
+        (``z_lanes`` per word; cannot stall).
+    ctl: ``In(LossControlSignature())``: ``start`` pulse runs on the buffered logits with
+        ``label`` and ``train`` (δ clamps are counted only for training samples; both held
+        until ``done``); ``done`` is low from the start pulse until the last output.
+    delta: ``Out(ValidSignature(signed(loss.d.bits)))`` serial error ``δ_j``, ``j = 0..C−1``
+        (cannot stall).
     pred: ``Out(16)`` argmax of the logits (valid from ``done`` to the next start).
     loss: ``Out(32)`` ``p_y`` (CE, frac ``recip_frac``) or ``Σ(z−t)²`` (MSE, saturated).
     saturations: ``Out(32)`` δ clamps (saturating counter).
@@ -72,15 +79,9 @@ class LossUnit(wiring.Component):
         self.words = -(-C // z_lanes)
         super().__init__(
             {
-                "zw_en": In(1),
-                "zw_word": In(range(max(self.words, 2))),
-                "zw_data": In(z_lanes * loss.z.bits),
-                "start": In(1),
-                "label": In(16),
-                "train": In(1),
-                "done": Out(1),
-                "dl_en": Out(1),
-                "dl_data": Out(signed(loss.d.bits)),
+                "z_in": In(ValidSignature(word_layout(self.words, z_lanes * loss.z.bits))),
+                "ctl": In(LossControlSignature()),
+                "delta": Out(ValidSignature(signed(loss.d.bits))),
                 "pred": Out(16),
                 "loss": Out(32),
                 "saturations": Out(32),
@@ -94,77 +95,95 @@ class LossUnit(wiring.Component):
         zm = Memory(shape=Lz * fz.bits, depth=self.words, init=[])
         m.submodules.zbuf = zm
         zr, zwp = zm.read_port(), zm.write_port()
-        m.d.comb += [zwp.en.eq(self.zw_en), zwp.addr.eq(self.zw_word), zwp.data.eq(self.zw_data)]
+        zi = self.z_in
+        m.d.comb += [
+            zwp.en.eq(zi.valid),
+            zwp.addr.eq(zi.payload.word),
+            zwp.data.eq(zi.payload.data),
+        ]
 
-        # issue counters: j, word q, lane sel
-        j0 = Signal(range(C + 1))
-        q0 = Signal(range(max(self.words, 2)))
-        s0 = Signal(range(max(Lz, 2)))
-        issue = Signal()
-        m.d.comb += zr.addr.eq(q0)
+        # issue counters: j, word q, lane sel; the logit z_j one cycle later (S1)
+        c = _Shared()
+        c.j0 = Signal(range(C + 1))
+        c.q0 = Signal(range(max(self.words, 2)))
+        c.s0 = Signal(range(max(Lz, 2)))
+        c.issue = Signal()
+        m.d.comb += zr.addr.eq(c.q0)
+        c.v1 = Signal()
+        c.j1 = Signal.like(c.j0)
+        s1 = Signal.like(c.s0)
+        m.d.sync += [c.v1.eq(c.issue), c.j1.eq(c.j0), s1.eq(c.s0)]
+        c.z1 = (zr.data.word_select(s1, fz.bits) if Lz > 1 else zr.data).as_signed()
+        c.zmax = Signal(signed(fz.bits))
+        c.arg = Signal(16)
 
-        def advance():
-            m.d.sync += j0.eq(j0 + 1)
-            if Lz > 1:
-                with m.If(s0 == Lz - 1):
-                    m.d.sync += [s0.eq(0), q0.eq(q0 + 1)]
-                with m.Else():
-                    m.d.sync += s0.eq(s0 + 1)
-            else:
-                m.d.sync += q0.eq(q0 + 1)
-
-        def restart():
-            m.d.sync += [j0.eq(0), q0.eq(0), s0.eq(0)]
-
-        v1 = Signal()
-        j1 = Signal.like(j0)
-        s1 = Signal.like(s0)
-        m.d.sync += [v1.eq(issue), j1.eq(j0), s1.eq(s0)]
-        z1 = (zr.data.word_select(s1, fz.bits) if Lz > 1 else zr.data).as_signed()
-
-        label = self.label
-        zmax = Signal(signed(fz.bits))
-        arg = Signal(16)
-
+        # outputs: δ stream, pred, loss value, saturation counter
         cnt = Signal(32)
-        dl_en = Signal()
-        dl_d = Signal(signed(fd.bits))
-        dl_s = Signal()
-        m.d.comb += [self.dl_en.eq(dl_en), self.dl_data.eq(dl_d)]
-        loss_v = Signal(32)
-        m.d.comb += [self.pred.eq(arg), self.loss.eq(loss_v)]
-        nxt = cnt + (dl_en & dl_s & self.train)
+        c.dl_en = Signal()
+        c.dl_d = Signal(signed(fd.bits))
+        c.dl_s = Signal()
+        m.d.comb += [self.delta.valid.eq(c.dl_en), self.delta.payload.eq(c.dl_d)]
+        c.loss_v = Signal(32)
+        m.d.comb += [self.pred.eq(c.arg), self.loss.eq(c.loss_v)]
+        nxt = cnt + (c.dl_en & c.dl_s & self.ctl.train)
         m.d.sync += cnt.eq(Mux(nxt > SAT_MAX, SAT_MAX, nxt))
         m.d.comb += self.saturations.eq(cnt)
-        m.d.sync += dl_en.eq(0)
-
+        m.d.sync += c.dl_en.eq(0)
         if lp.kind == "mse":
-            sc = lp.mse_scale
-            diff = z1 - Mux(j1 == label, 1 << fz.frac, 0)
-            dv, dc = sat(rhu(const_mul(sc.value, diff), fz.frac + sc.frac - fd.frac), fd)
-            acc = Signal(2 * (fz.bits + 1) + max(1, C.bit_length()))
-            with m.If(v1):
-                m.d.sync += [dl_en.eq(1), dl_d.eq(dv), dl_s.eq(dc)]
-                m.d.sync += acc.eq(Mux(j1 == 0, 0, acc) + diff * diff)
-                with m.If((j1 == 0) | (z1 > zmax)):
-                    m.d.sync += [zmax.eq(z1), arg.eq(j1)]
-            m.d.comb += loss_v.eq(Mux(acc > SAT_MAX, SAT_MAX, acc))
-            with m.FSM():
-                with m.State("IDLE"):
-                    m.d.comb += self.done.eq(~self.start)
-                    with m.If(self.start):
-                        restart()
-                        m.next = "RUN"
-                with m.State("RUN"):
-                    m.d.comb += issue.eq(1)
-                    advance()
-                    with m.If(j0 == C - 1):
-                        m.next = "TAIL"
-                with m.State("TAIL"):
-                    with m.If(~v1):
-                        m.next = "IDLE"
-            return m
+            self._mse(m, c)
+        else:
+            self._cross_entropy(m, c)
+        return m
 
+    def _advance(self, m: Module, c: _Shared) -> None:
+        """Issue the next logit: j + 1, next lane of the word (or the next word)."""
+        m.d.sync += c.j0.eq(c.j0 + 1)
+        if self.zl > 1:
+            with m.If(c.s0 == self.zl - 1):
+                m.d.sync += [c.s0.eq(0), c.q0.eq(c.q0 + 1)]
+            with m.Else():
+                m.d.sync += c.s0.eq(c.s0 + 1)
+        else:
+            m.d.sync += c.q0.eq(c.q0 + 1)
+
+    @staticmethod
+    def _restart(m: Module, c: _Shared) -> None:
+        m.d.sync += [c.j0.eq(0), c.q0.eq(0), c.s0.eq(0)]
+
+    def _mse(self, m: Module, c: _Shared) -> None:
+        """One phase: δ_j, argmax and Σ (z_j − t_j)² as the logits arrive."""
+        lp, C, fz, fd = self.lp, self.lp.classes, self.lp.z, self.lp.d
+        label = self.ctl.label
+        sc = lp.mse_scale
+        diff = c.z1 - Mux(c.j1 == label, 1 << fz.frac, 0)
+        dv, dc = sat(rhu(const_mul(sc.value, diff), fz.frac + sc.frac - fd.frac), fd)
+        acc = Signal(2 * (fz.bits + 1) + max(1, C.bit_length()))
+        with m.If(c.v1):
+            m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
+            m.d.sync += acc.eq(Mux(c.j1 == 0, 0, acc) + diff * diff)
+            with m.If((c.j1 == 0) | (c.z1 > c.zmax)):
+                m.d.sync += [c.zmax.eq(c.z1), c.arg.eq(c.j1)]
+        m.d.comb += c.loss_v.eq(Mux(acc > SAT_MAX, SAT_MAX, acc))
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.ctl.done.eq(~self.ctl.start)
+                with m.If(self.ctl.start):
+                    self._restart(m, c)
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += c.issue.eq(1)
+                self._advance(m, c)
+                with m.If(c.j0 == C - 1):
+                    m.next = "TAIL"
+            with m.State("TAIL"):
+                with m.If(~c.v1):
+                    m.next = "IDLE"
+
+    def _cross_entropy(self, m: Module, c: _Shared) -> None:
+        """Four phases over the logits: max, exp (LUT), divide, out (see the module
+        docstring)."""
+        lp, C, fz, fd = self.lp, self.lp.classes, self.lp.z, self.lp.d
+        label = self.ctl.label
         fl, fe, fr = lp.exp_lut_frac, lp.exp_frac, lp.recip_frac
         K = len(lp.exp_lut)
         lut = Memory(shape=unsigned(fe + 1), depth=K, init=list(lp.exp_lut))
@@ -178,17 +197,17 @@ class LossUnit(wiring.Component):
         ph0 = Signal(2)
         ph1 = Signal(2)
         m.d.sync += ph1.eq(ph0)
-        v_max, v_exp, v_out = v1 & (ph1 == 0), v1 & (ph1 == 1), v1 & (ph1 == 2)
-        with m.If(v_max & ((j1 == 0) | (z1 > zmax))):
-            m.d.sync += [zmax.eq(z1), arg.eq(j1)]
+        v_max, v_exp, v_out = c.v1 & (ph1 == 0), c.v1 & (ph1 == 1), c.v1 & (ph1 == 2)
+        with m.If(v_max & ((c.j1 == 0) | (c.z1 > c.zmax))):
+            m.d.sync += [c.zmax.eq(c.z1), c.arg.eq(c.j1)]
 
         # exp phase: t_j and the LUT index at S1, the LUT entry at S2
-        t1 = zmax - z1
+        t1 = c.zmax - c.z1
         idx = rhu(t1, fz.frac - fl)
         m.d.comb += lr.addr.eq(Mux(idx > K - 1, K - 1, idx))
         v2 = Signal()
-        j2 = Signal.like(j0)
-        m.d.sync += [v2.eq(v_exp), j2.eq(j1)]
+        j2 = Signal.like(c.j0)
+        m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
         E = Signal(fe + 1 + max(1, C.bit_length()))
         m.d.comb += [ew.en.eq(v2), ew.addr.eq(j2), ew.data.eq(lr.data)]
         with m.If(v2):
@@ -205,39 +224,40 @@ class LossUnit(wiring.Component):
         e1 = er.data
         p1 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
         m.d.comb += p1.eq(rhu(e1 * r, fe))
-        dv, dc = sat(rhu(p1, fr - fd.frac) - Mux(j1 == label, 1 << fd.frac, 0), fd)
-        m.d.comb += er.addr.eq(j0)
+        dv, dc = sat(rhu(p1, fr - fd.frac) - Mux(c.j1 == label, 1 << fd.frac, 0), fd)
+        m.d.comb += er.addr.eq(c.j0)
         with m.If(v_out):
-            m.d.sync += [dl_en.eq(1), dl_d.eq(dv), dl_s.eq(dc)]
-            with m.If(j1 == label):
-                m.d.sync += loss_v.eq(p1)
+            m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
+            with m.If(c.j1 == label):
+                m.d.sync += c.loss_v.eq(p1)
+        self._ce_phases(m, c, ph0, v2, E, R, D, r, step)
 
+    def _ce_phases(
+        self, m: Module, c: _Shared, ph0: Signal, v2: Signal, E: Value, R, D, r, step
+    ) -> None:
+        """The cross-entropy state machine: IDLE → MAX → EXP → DIV → OUT → IDLE."""
+        C, fe, fr = self.lp.classes, self.lp.exp_frac, self.lp.recip_frac
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.done.eq(~self.start)
-                with m.If(self.start):
-                    restart()
-                    m.d.sync += loss_v.eq(0)
+                m.d.comb += self.ctl.done.eq(~self.ctl.start)
+                with m.If(self.ctl.start):
+                    self._restart(m, c)
+                    m.d.sync += c.loss_v.eq(0)
                     m.next = "MAX"
             with m.State("MAX"):
-                m.d.comb += [issue.eq(1), ph0.eq(0)]
-                advance()
-                with m.If(j0 == C - 1):
-                    restart()
+                m.d.comb += [c.issue.eq(1), ph0.eq(0)]
+                self._advance(m, c)
+                with m.If(c.j0 == C - 1):
+                    self._restart(m, c)
                     m.next = "EXP"
             with m.State("EXP"):
-                m.d.comb += [issue.eq(1), ph0.eq(1)]
-                advance()
-                with m.If(j0 == C - 1):
+                m.d.comb += [c.issue.eq(1), ph0.eq(1)]
+                self._advance(m, c)
+                with m.If(c.j0 == C - 1):
                     m.next = "EXP_TAIL"
             with m.State("EXP_TAIL"):
-                with m.If(~v1 & ~v2):
-                    m.d.sync += [
-                        R.eq(1 << (fe + fr)),
-                        D.eq(E << fr),
-                        r.eq(0),
-                        step.eq(0),
-                    ]
+                with m.If(~c.v1 & ~v2):
+                    m.d.sync += [R.eq(1 << (fe + fr)), D.eq(E << fr), r.eq(0), step.eq(0)]
                     m.next = "DIV"
             with m.State("DIV"):
                 ge = R >= D
@@ -248,14 +268,13 @@ class LossUnit(wiring.Component):
                     step.eq(step + 1),
                 ]
                 with m.If(step == fr):
-                    restart()
+                    self._restart(m, c)
                     m.next = "OUT"
             with m.State("OUT"):
-                m.d.comb += [issue.eq(1), ph0.eq(2)]
-                advance()
-                with m.If(j0 == C - 1):
+                m.d.comb += [c.issue.eq(1), ph0.eq(2)]
+                self._advance(m, c)
+                with m.If(c.j0 == C - 1):
                     m.next = "OUT_TAIL"
             with m.State("OUT_TAIL"):
-                with m.If(~v1):
+                with m.If(~c.v1):
                     m.next = "IDLE"
-        return m

@@ -2,9 +2,10 @@
 
 A stage whose weight and velocity memories are single-port (``Stage.slot_cycles`` = 2, the
 compiler's ``single_port`` option) reads one slot and writes back an earlier one on
-alternate cycles (``hdl/stage.py``). :class:`SinglePortRAM` gives it the same members as a
-``lib.memory`` read/write port pair, but with ONE address: on a write cycle the address is the
-write address, so a read issued in the same cycle returns that word, not the one asked for.
+alternate cycles (``hdl/sequencer.py``, ``hdl/weights.py``). :class:`SinglePortRAM` gives it
+the members of a ``lib.memory`` read/write port pair, but with ONE address: on a write cycle
+the address is the write address, so a read issued in the same cycle returns that word, not
+the one asked for.
 The model therefore breaks (and the RTL-vs-golden tests fail) if the stage ever reads and
 writes in one cycle, exactly as the hardware would.
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import ClockSignal, Const, Elaboratable, Module, Mux, Shape, Signal
+from amaranth import ClockSignal, Const, Module, Mux, Shape, Signal
 from amaranth.hdl import Instance
+from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import Out
 
 from ..compiler.build import SPRAM_CONFIG
+from .streams import RamReadSignature, RamWriteSignature
 
 __all__ = ["SinglePortRAM", "is_ice40"]
 
@@ -42,16 +46,7 @@ def is_ice40(platform: Any) -> bool:
     )
 
 
-class _Port:
-    """``addr``/``data``/``en`` signals, named like a ``lib.memory`` port's."""
-
-    def __init__(self, shape: Shape, depth: int, name: str) -> None:
-        self.addr = Signal(range(depth), name=f"{name}_addr")
-        self.data = Signal(shape, name=f"{name}_data")
-        self.en = Signal(name=f"{name}_en")
-
-
-class SinglePortRAM(Elaboratable):
+class SinglePortRAM(wiring.Component):
     """``depth`` words of ``shape``, one address for reading and writing.
 
     Parameters
@@ -61,9 +56,9 @@ class SinglePortRAM(Elaboratable):
 
     Members
     -------
-    read: ``addr`` (in), ``data`` (out, the word at the previous cycle's address — on a write
-        cycle that is the written address).
-    write: ``en``, ``addr``, ``data`` (in): write ``data`` at ``addr`` when ``en``.
+    read: ``Out(RamReadSignature(shape, depth))``: ``addr`` in, ``data`` out — the word at the
+        previous cycle's address; on a write cycle that is the written address.
+    write: ``Out(RamWriteSignature(shape, depth))``: write ``data`` at ``addr`` when ``en``.
 
     Raises ``ValueError`` for a depth above 16 384.
     """
@@ -72,9 +67,14 @@ class SinglePortRAM(Elaboratable):
         self.shape = Shape.cast(shape)
         self.depth = int(depth)
         if self.depth > SPRAM_CONFIG[0]:
+            self._MustUse__silence = True  # not built: no "created but never used" warning
             raise ValueError(f"SinglePortRAM depth {depth} > {SPRAM_CONFIG[0]} words")
-        self.read = _Port(self.shape, self.depth, "rd")
-        self.write = _Port(self.shape, self.depth, "wr")
+        super().__init__(
+            {
+                "read": Out(RamReadSignature(self.shape, self.depth)),
+                "write": Out(RamWriteSignature(self.shape, self.depth)),
+            }
+        )
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()

@@ -23,12 +23,13 @@ rule; the allocation scheme and the state machine are *derived*.
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
-from amaranth.lib import wiring
+from collections.abc import Sequence
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.plan import Plan
-from .stage import stash_entries
+from .streams import LossControlSignature, PassControlSignature, pending_sample_layout
 
 __all__ = ["TickController"]
 
@@ -42,77 +43,75 @@ class TickController(wiring.Component):
 
     Parameters
     ----------
-    plan: the design plan (schedule, stages).
-    x_words: per stage, stash words per entry (⌈N/Lw⌉).
+    schedule: ``pb`` or ``sequential``.
+    entries: per stage, physical stash entries (``Stage.stash_entries``).
+    x_words: per stage, stash words per entry (``Stage.x_words``, ⌈N/Lw⌉).
+    row_groups: per stage, row groups (mask words per entry).
 
     Members
     -------
-    sample_ready: ``In(1)`` a whole sample is pending (in stage 1's stash at ``host_xbase``).
-    sample_label, sample_train: ``In`` its label and train flag.
-    take: ``Out(1)`` pulse: the pending sample entered the pipeline.
-    host_xbase: ``Out`` stage-1 stash word address where the host writes the next sample.
+    sample: ``In(stream.Signature(pending_sample_layout()))`` the whole sample pending in stage
+        1's stash (at ``stage1.stash.write``); taken (``ready``) when it enters the pipeline.
     flush: ``In(1)`` run bubble ticks while an item is in flight.
     can_start: ``In(1)`` a tick may start (result FIFO has room, no weight access).
-    stage_done: ``In(S)`` per stage ``done``. stage_start, fwd_en, fwd_train, bwd_en: ``Out(S)``.
-    fx_base, bx_base, fm_base, bm_base, xw_base: ``Out(A).array(S)`` stash/mask bases per
-        stage (``xw_base``: where the writer into stage s puts its output, s ≥ 2).
-    gw_half, gr_half: ``Out(1)`` error-buffer halves written / read this tick.
-    loss_start: ``Out(1)``; loss_label: ``Out(16)``; loss_done: ``In(1)``.
+    stage1 … stageS: ``Out(PassControlSignature(entries·x_words, entries·row_groups))`` per
+        stage: start pulse and item flags (``done`` back), stash bases (``stash.write``: where
+        the writer into the stage — the previous stage, or the host for stage 1 — puts its
+        output), error-buffer halves.
+    loss: ``Out(LossControlSignature())`` start, label and train flag of the loss unit.
     result_valid: ``Out(1)`` pulse: the loss unit's outputs belong to a sample (push them);
         result_train: ``Out(1)`` its train flag.
     running: ``Out(1)`` a tick runs. idle: ``Out(1)`` no tick runs and nothing is in flight.
     samples_trained, ticks: ``Out(32)`` counters (docs/ports.md); ``sequential`` counts one
         tick per sample (numerics §7).
+
+    Raises NotImplementedError for another schedule, ValueError for per-stage lists of
+    different lengths.
     """
 
-    def __init__(self, plan: Plan, x_words: list[int]) -> None:
-        stages = plan.stages
-        if any(s.role != "main" for s in stages):
-            raise NotImplementedError("auxiliary-head stages are not implemented in the HDL yet")
-        if plan.schedule not in ("pb", "sequential"):
-            raise NotImplementedError(f"schedule {plan.schedule!r} has no tick controller")
-        self.plan = plan
-        self.S = S = len(stages)
-        self.P = [stash_entries(s) for s in stages]
-        self.kx = list(x_words)
-        self.G = [s.row_groups for s in stages]
+    def __init__(
+        self,
+        schedule: str,
+        entries: Sequence[int],
+        x_words: Sequence[int],
+        row_groups: Sequence[int],
+    ) -> None:
+        if schedule not in ("pb", "sequential"):
+            self._MustUse__silence = True  # not built: no "created but never used" warning
+            raise NotImplementedError(f"schedule {schedule!r} has no tick controller")
+        if not len(entries) == len(x_words) == len(row_groups) > 0:
+            self._MustUse__silence = True
+            raise ValueError("entries, x_words and row_groups need one value per stage")
+        self.schedule = schedule
+        self.S = S = len(entries)
+        self.P, self.kx, self.G = list(entries), list(x_words), list(row_groups)
         self.A = max(
             max(_addr_bits(p * k) for p, k in zip(self.P, self.kx, strict=True)),
             max(_addr_bits(p * g) for p, g in zip(self.P, self.G, strict=True)),
         )
-        A = self.A
-        super().__init__(
-            {
-                "sample_ready": In(1),
-                "sample_label": In(16),
-                "sample_train": In(1),
-                "take": Out(1),
-                "host_xbase": Out(A),
-                "flush": In(1),
-                "can_start": In(1),
-                "stage_done": In(S),
-                "stage_start": Out(S),
-                "fwd_en": Out(S),
-                "fwd_train": Out(S),
-                "bwd_en": Out(S),
-                "fx_base": Out(A).array(S),
-                "bx_base": Out(A).array(S),
-                "fm_base": Out(A).array(S),
-                "bm_base": Out(A).array(S),
-                "xw_base": Out(A).array(S),
-                "gw_half": Out(1),
-                "gr_half": Out(1),
-                "loss_start": Out(1),
-                "loss_label": Out(16),
-                "loss_done": In(1),
-                "result_valid": Out(1),
-                "result_train": Out(1),
-                "running": Out(1),
-                "idle": Out(1),
-                "samples_trained": Out(32),
-                "ticks": Out(32),
-            }
-        )
+        members = {
+            "sample": In(stream.Signature(pending_sample_layout())),
+            "flush": In(1),
+            "can_start": In(1),
+        }
+        for s in range(S):
+            members[f"stage{s + 1}"] = Out(
+                PassControlSignature(self.P[s] * self.kx[s], self.P[s] * self.G[s])
+            )
+        members |= {
+            "loss": Out(LossControlSignature()),
+            "result_valid": Out(1),
+            "result_train": Out(1),
+            "running": Out(1),
+            "idle": Out(1),
+            "samples_trained": Out(32),
+            "ticks": Out(32),
+        }
+        super().__init__(members)
+
+    def stage(self, s: int) -> wiring.PureInterface:
+        """The control interface of 0-based stage ``s`` (member ``stage{s+1}``)."""
+        return getattr(self, f"stage{s + 1}")
 
     def _item(self, name: str) -> dict:
         A, S = self.A, self.S
@@ -140,13 +139,13 @@ class TickController(wiring.Component):
         am = [Signal(self.A, name=f"alloc_m{s}") for s in range(S)]
         new = self._item("new")
         m.d.comb += [
-            new["valid"].eq(self.sample_ready),
-            new["train"].eq(self.sample_train),
-            new["label"].eq(self.sample_label),
+            new["valid"].eq(self.sample.valid),
+            new["train"].eq(self.sample.payload.train),
+            new["label"].eq(self.sample.payload.label),
         ]
         m.d.comb += [n.eq(a) for n, a in zip(new["xb"], ax, strict=True)]
         m.d.comb += [n.eq(a) for n, a in zip(new["mb"], am, strict=True)]
-        m.d.comb += self.host_xbase.eq(ax[0])
+        m.d.comb += self.stage(0).stash.write.eq(ax[0])  # the host writes the next sample
 
         def advance_alloc():
             for s in range(S):
@@ -159,7 +158,7 @@ class TickController(wiring.Component):
         trained = Signal(32)
         ticks = Signal(32)
         m.d.comb += [self.samples_trained.eq(trained), self.ticks.eq(ticks)]
-        if self.plan.schedule == "pb":
+        if self.schedule == "pb":
             self._pb(m, new, advance_alloc, trained, ticks)
         else:
             self._sequential(m, new, advance_alloc, trained, ticks)
@@ -172,46 +171,53 @@ class TickController(wiring.Component):
         for a in range(2 * S - 1):
             in_flight = in_flight | hist[a]["valid"]
         tp = Signal()
-        m.d.comb += [self.gw_half.eq(tp), self.gr_half.eq(~tp)]
         for s in range(1, S + 1):
             fw, bw = hist[s - 1], hist[2 * S - s]
+            port = self.stage(s - 1)
             m.d.comb += [
-                self.fwd_en[s - 1].eq(fw["valid"]),
-                self.fwd_train[s - 1].eq(fw["train"]),
-                self.bwd_en[s - 1].eq(bw["valid"] & bw["train"]),
-                self.fx_base[s - 1].eq(fw["xb"][s - 1]),
-                self.fm_base[s - 1].eq(fw["mb"][s - 1]),
-                self.bx_base[s - 1].eq(bw["xb"][s - 1]),
-                self.bm_base[s - 1].eq(bw["mb"][s - 1]),
+                port.items.fwd.eq(fw["valid"]),
+                port.items.fwd_train.eq(fw["train"]),
+                port.items.bwd.eq(bw["valid"] & bw["train"]),
+                port.stash.fwd_x.eq(fw["xb"][s - 1]),
+                port.stash.fwd_mask.eq(fw["mb"][s - 1]),
+                port.stash.bwd_x.eq(bw["xb"][s - 1]),
+                port.stash.bwd_mask.eq(bw["mb"][s - 1]),
+                port.error.write.eq(tp),
+                port.error.read.eq(~tp),
             ]
             if s >= 2:
-                m.d.comb += self.xw_base[s - 1].eq(hist[s - 2]["xb"][s - 1])
+                m.d.comb += port.stash.write.eq(hist[s - 2]["xb"][s - 1])
         lit = hist[S - 1]
-        m.d.comb += [self.loss_label.eq(lit["label"]), self.result_train.eq(lit["train"])]
+        m.d.comb += [
+            self.loss.label.eq(lit["label"]),
+            self.loss.train.eq(lit["train"]),
+            self.result_train.eq(lit["train"]),
+        ]
         loss_started = Signal()
-        all_done = self.stage_done.all()
+        all_done = Cat(*(self.stage(s).items.done for s in range(S))).all()
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(~in_flight)
-                go = self.can_start & (self.sample_ready | (self.flush & in_flight))
+                go = self.can_start & (self.sample.valid | (self.flush & in_flight))
                 with m.If(go):
                     for a in range(2 * S - 1, 0, -1):
                         m.d.sync += self._assign(hist[a], hist[a - 1])
                     m.d.sync += self._assign(hist[0], new)
                     m.d.sync += [tp.eq(~tp), loss_started.eq(0)]
-                    with m.If(self.sample_ready):
-                        m.d.comb += self.take.eq(1)
+                    with m.If(self.sample.valid):
+                        m.d.comb += self.sample.ready.eq(1)
                         advance_alloc()
                     m.next = "START"
             with m.State("START"):
-                m.d.comb += [self.running.eq(1), self.stage_start.eq((1 << S) - 1)]
+                m.d.comb += self.running.eq(1)
+                m.d.comb += [self.stage(s).items.start.eq(1) for s in range(S)]
                 m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += self.running.eq(1)
-                with m.If(self.stage_done[S - 1] & lit["valid"] & ~loss_started):
-                    m.d.comb += self.loss_start.eq(1)
+                with m.If(self.stage(S - 1).items.done & lit["valid"] & ~loss_started):
+                    m.d.comb += self.loss.start.eq(1)
                     m.d.sync += loss_started.eq(1)
-                loss_ok = Mux(lit["valid"], loss_started & self.loss_done, 1)
+                loss_ok = Mux(lit["valid"], loss_started & self.loss.done, 1)
                 with m.If(all_done & loss_ok):
                     m.d.comb += self.result_valid.eq(lit["valid"])
                     last = hist[2 * S - 1]
@@ -226,24 +232,31 @@ class TickController(wiring.Component):
     ) -> None:
         S = self.S
         cur = self._item("cur")
-        m.d.comb += [self.gw_half.eq(0), self.gr_half.eq(0)]
         for s in range(S):
+            port = self.stage(s)
             m.d.comb += [
-                self.fx_base[s].eq(cur["xb"][s]),
-                self.bx_base[s].eq(cur["xb"][s]),
-                self.fm_base[s].eq(cur["mb"][s]),
-                self.bm_base[s].eq(cur["mb"][s]),
-                self.xw_base[s].eq(cur["xb"][s]),
-                self.fwd_train[s].eq(cur["train"]),
+                port.stash.fwd_x.eq(cur["xb"][s]),
+                port.stash.bwd_x.eq(cur["xb"][s]),
+                port.stash.fwd_mask.eq(cur["mb"][s]),
+                port.stash.bwd_mask.eq(cur["mb"][s]),
+                port.items.fwd_train.eq(cur["train"]),
+                port.error.write.eq(0),
+                port.error.read.eq(0),
             ]
-        m.d.comb += [self.loss_label.eq(cur["label"]), self.result_train.eq(cur["train"])]
+            if s >= 1:
+                m.d.comb += port.stash.write.eq(cur["xb"][s])
+        m.d.comb += [
+            self.loss.label.eq(cur["label"]),
+            self.loss.train.eq(cur["train"]),
+            self.result_train.eq(cur["train"]),
+        ]
         # phases: 0..S−1 forward of stage p+1, S loss, S+1..2S backward of stage 2S−p+1
         phase = Signal(range(2 * S + 2))
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(1)
-                with m.If(self.can_start & self.sample_ready):
-                    m.d.comb += self.take.eq(1)
+                with m.If(self.can_start & self.sample.valid):
+                    m.d.comb += self.sample.ready.eq(1)
                     advance_alloc()
                     m.d.sync += self._assign(cur, new)
                     m.d.sync += phase.eq(0)
@@ -254,12 +267,13 @@ class TickController(wiring.Component):
                     for p in range(2 * S + 1):
                         with m.Case(p):
                             if p < S:
-                                m.d.comb += [self.stage_start[p].eq(1), self.fwd_en[p].eq(1)]
+                                it = self.stage(p).items
+                                m.d.comb += [it.start.eq(1), it.fwd.eq(1)]
                             elif p == S:
-                                m.d.comb += self.loss_start.eq(1)
+                                m.d.comb += self.loss.start.eq(1)
                             else:
-                                s = 2 * S - p
-                                m.d.comb += [self.stage_start[s].eq(1), self.bwd_en[s].eq(1)]
+                                it = self.stage(2 * S - p).items
+                                m.d.comb += [it.start.eq(1), it.bwd.eq(1)]
                 m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += self.running.eq(1)
@@ -268,13 +282,13 @@ class TickController(wiring.Component):
                     for p in range(2 * S + 1):
                         with m.Case(p):
                             if p < S:
-                                ok = self.stage_done[p]
-                                m.d.comb += self.fwd_en[p].eq(1)
+                                ok = self.stage(p).items.done
+                                m.d.comb += self.stage(p).items.fwd.eq(1)
                             elif p == S:
-                                ok = self.loss_done
+                                ok = self.loss.done
                             else:
-                                ok = self.stage_done[2 * S - p]
-                                m.d.comb += self.bwd_en[2 * S - p].eq(1)
+                                ok = self.stage(2 * S - p).items.done
+                                m.d.comb += self.stage(2 * S - p).items.bwd.eq(1)
                             with m.If(ok):
                                 if p == S:
                                     m.d.comb += self.result_valid.eq(1)

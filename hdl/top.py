@@ -1,41 +1,53 @@
 """``NetworkTop``: the stages, the loss unit and the tick controller behind the host streams.
 
-Ports are exactly docs/ports.md. Data paths (all inside the design, no per-cycle host work):
+Ports are exactly docs/ports.md. The parts meet only through the signatures of
+:mod:`pipetrain.hdl.streams` (``wiring.connect``); data paths, all inside the design:
 
-* ``sample_in`` beats are written straight into stage 1's input stash (the entry the tick
-  controller allocated to the next sample); the ``last`` beat makes the sample *pending* and
-  ``sample_in`` stalls until the sample enters the pipeline.
-* stage s's forward outputs go into stage s+1's stash (or the loss unit's logit buffer);
-  stage s+1's input gradient and the loss unit's δ go into the error buffer of the stage
-  before (double-buffered by tick parity).
-* results go through a 3-deep FIFO to ``result_out``; a tick starts only if the FIFO has room,
-  so ``result_out`` backpressure delays ticks but never changes the arithmetic (the link
-  engine's own result FIFO is the deep one; 3 entries keep back-to-back ticks at full rate
-  (2 cost a cycle per tick) with 81 fewer flip-flops than 4).
-* ``wacc_cmd`` is served while the pipeline is idle: row ``j`` lives in lane ``j mod L`` at
-  address ``(j div L)·(N+1) + col`` (found by repeated subtraction, ``≤ row_groups`` cycles).
-  A write stores the data saturated to the memory's format (uncounted) and answers with the
-  stored value; a command for a stage, kind, row or column that does not exist answers 0 and
-  changes nothing.
+* :class:`SampleWriter`: ``sample_in`` beats go straight into stage 1's input stash (the entry
+  the tick controller allocated to the next sample); the ``last`` beat makes the sample
+  *pending* (a valid/ready handshake with the tick controller) and ``sample_in`` stalls until
+  the sample enters the pipeline.
+* stage s's forward output (valid-only) goes into stage s+1's stash (or the loss unit's logit
+  buffer); stage s+1's input gradient and the loss unit's δ go into the error buffer of the
+  stage before (double-buffered by tick parity).
+* :class:`~pipetrain.hdl.tick.TickController` starts every stage's pass and the loss unit.
+* :class:`ResultQueue`: results go through a 3-deep FIFO to ``result_out``; a tick starts only
+  if the FIFO has room, so ``result_out`` backpressure delays ticks but never changes the
+  arithmetic (the link engine's own result FIFO is the deep one; 3 entries keep back-to-back
+  ticks at full rate (2 cost a cycle per tick) with 81 fewer flip-flops than 4).
+* :class:`~pipetrain.hdl.wacc.WeightAccess`: ``wacc_cmd`` is served while the pipeline is idle
+  and no sample is pending.
 
 Source: docs/ports.md (the contract), docs/architecture.md §3; the buffering is *derived*.
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..compiler.plan import Plan
-from .arith import const_mul
+from .activation import activation_of
 from .loss import LossUnit
-from .stage import StageUnit
+from .stage import StageUnit, check_stage
+from .streams import (
+    ValidSignature,
+    pending_sample_layout,
+    result_layout,
+    sample_layout,
+    wacc_cmd_layout,
+    wacc_rsp_layout,
+    word_layout,
+)
 from .tick import TickController
+from .wacc import AccessGeometry, WeightAccess
 
 __all__ = [
     "NetworkTop",
+    "SampleWriter",
+    "ResultQueue",
     "check_supported",
     "sample_layout",
     "result_layout",
@@ -48,71 +60,131 @@ __all__ = [
 RESULT_FIFO_DEPTH = 3
 
 
-def sample_layout(plan: Plan) -> data.StructLayout:
-    """``{x: signed(X), label: unsigned(16), train: 1, last: 1}`` (LSB first)."""
-    return data.StructLayout(
-        {
-            "x": signed(plan.stages[0].formats.x.bits),
-            "label": unsigned(16),
-            "train": unsigned(1),
-            "last": unsigned(1),
-        }
-    )
-
-
-def result_layout() -> data.StructLayout:
-    """``{sample: unsigned(32), pred: unsigned(16), loss: unsigned(32), train: 1}``."""
-    return data.StructLayout(
-        {"sample": unsigned(32), "pred": unsigned(16), "loss": unsigned(32), "train": unsigned(1)}
-    )
-
-
-def wacc_cmd_layout() -> data.StructLayout:
-    """``{write: 1, stage: 8, kind: 2, row: 16, col: 16, data: signed(32)}``."""
-    return data.StructLayout(
-        {
-            "write": unsigned(1),
-            "stage": unsigned(8),
-            "kind": unsigned(2),
-            "row": unsigned(16),
-            "col": unsigned(16),
-            "data": signed(32),
-        }
-    )
-
-
-def wacc_rsp_layout() -> data.StructLayout:
-    """``{data: signed(32)}``."""
-    return data.StructLayout({"data": signed(32)})
-
-
 def check_supported(plan: Plan) -> None:
     """Raise NotImplementedError (with the reason and the way out) for a plan the HDL does not
-    build: auxiliary-head stages (local/interlocking learning), LWP ``w`` form, or a schedule
-    other than ``pb``/``sequential``."""
+    build: auxiliary-head stages (local/interlocking learning), a stage the stage parts do not
+    build (an unknown activation, LWP ``w`` form: :func:`~pipetrain.hdl.stage.check_stage`),
+    or a schedule other than ``pb``/``sequential``."""
     if any(s.role != "main" for s in plan.stages) or getattr(plan, "head_losses", ()):
         raise NotImplementedError(
             f"strategy {plan.strategy!r} needs auxiliary-head stages, which the HDL does not "
             "build yet; use strategy='global' for hardware (the reference trainer runs the rest)"
         )
     for s in plan.stages:
-        if s.update.lwp_horizon and s.update.lwp_form != "v":
-            raise NotImplementedError(
-                f"stage {s.index}: LWP weight-difference form (lwp_form='w') is not implemented "
-                "in the HDL yet; use lwp_form='v'"
-            )
+        activation_of(s)
+        check_stage(s)
     if plan.schedule not in ("pb", "sequential"):
         raise NotImplementedError(f"schedule {plan.schedule!r} has no tick controller")
 
 
-def _div_const(v: Value, d: int) -> Value:
-    """``v // d`` for an unsigned ``v`` of at most 16 bits and a constant ``d`` ≥ 1: a shift for
-    powers of two, else ``(v·⌈2^K/d⌉) >> K`` with ``K = 16 + bitlen(d)`` (exact for every
-    16-bit ``v``: the reciprocal's error times ``v`` stays below ``2^K``; Granlund–Montgomery)."""
-    if d & (d - 1) == 0:
-        return v >> (d.bit_length() - 1)
-    k = 16 + d.bit_length()
-    return const_mul(-(-(1 << k) // d), v) >> k
+def _rest_layout() -> data.StructLayout:
+    """A result record without the sample number (``pred``, ``loss``, ``train``)."""
+    return data.StructLayout({k: v.shape for k, v in result_layout() if k != "sample"})
+
+
+class SampleWriter(wiring.Component):
+    """``sample_in`` beats into stage 1's stash; a whole sample then waits as *pending*.
+
+    Beat ``k < N`` of a sample is written as stash word ``k`` (the stash adds the entry base);
+    the ``last`` beat makes the sample pending with its label and train flag, and ``samples``
+    stalls until the tick controller takes it (``pending`` handshake). Beats after the N-th and
+    before ``last`` are dropped (docs/ports.md).
+
+    Parameters
+    ----------
+    plan: the design plan (``x`` format of stage 1, N).
+
+    Members
+    -------
+    samples: ``In(stream.Signature(sample_layout(plan)))`` the host's ``sample_in``.
+    stash: ``Out(ValidSignature(word_layout(N, x.bits)))`` stage 1's stash write.
+    pending: ``Out(stream.Signature(pending_sample_layout()))`` the waiting sample.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        st = plan.stages[0]
+        self.N = plan.in_features
+        super().__init__(
+            {
+                "samples": In(stream.Signature(sample_layout(plan))),
+                "stash": Out(ValidSignature(word_layout(st.x_words, st.x_word_bits))),
+                "pending": Out(stream.Signature(pending_sample_layout())),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        N, si, pd = self.N, self.samples, self.pending
+        beat = Signal(range(N + 1))
+        pending = Signal()
+        m.d.comb += [
+            si.ready.eq(~pending),
+            pd.valid.eq(pending),
+            self.stash.valid.eq(si.valid & si.ready & (beat < N)),
+            self.stash.payload.word.eq(beat),
+            self.stash.payload.data.eq(si.payload.x),
+        ]
+        # taken first: ``ready`` may be high without ``valid`` (then the last beat wins)
+        with m.If(pd.ready):
+            m.d.sync += pending.eq(0)
+        with m.If(si.valid & si.ready):
+            with m.If(si.payload.last):
+                m.d.sync += [
+                    beat.eq(0),
+                    pending.eq(1),
+                    pd.payload.label.eq(si.payload.label),
+                    pd.payload.train.eq(si.payload.train),
+                ]
+            with m.Elif(beat < N):
+                m.d.sync += beat.eq(beat + 1)
+        return m
+
+
+class ResultQueue(wiring.Component):
+    """The result records on their way to ``result_out``, numbered as they leave.
+
+    Records leave in order, so the sample number is not stored: it is the count of records
+    delivered. A :data:`RESULT_FIFO_DEPTH`-deep FIFO (3 entries keep back-to-back ticks at full
+    rate; 2 cost a cycle per tick; *derived*). ``push`` cannot stall: the tick controller starts
+    a tick only with ``room``.
+
+    Members
+    -------
+    push: ``In(ValidSignature(pred, loss, train))`` one record per sample.
+    room: ``Out(1)`` the FIFO can take a record.
+    out: ``Out(stream.Signature(result_layout()))`` the host's ``result_out``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            {
+                "push": In(ValidSignature(_rest_layout())),
+                "room": Out(1),
+                "out": Out(stream.Signature(result_layout())),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        rest = _rest_layout()
+        m.submodules.results = fifo = SyncFIFOBuffered(width=rest.size, depth=RESULT_FIFO_DEPTH)
+        popped = Signal(32)  # records delivered = the sample number of the next one
+        ro = self.out
+        out = data.View(rest, fifo.r_data)
+        m.d.comb += [
+            fifo.w_en.eq(self.push.valid),
+            fifo.w_data.eq(self.push.payload.as_value()),
+            self.room.eq(fifo.w_rdy),
+            ro.payload.sample.eq(popped),
+            ro.payload.pred.eq(out.pred),
+            ro.payload.loss.eq(out.loss),
+            ro.payload.train.eq(out.train),
+            ro.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(ro.ready),
+        ]
+        with m.If(ro.valid & ro.ready):
+            m.d.sync += popped.eq(popped + 1)
+        return m
 
 
 class NetworkTop(wiring.Component):
@@ -121,7 +193,8 @@ class NetworkTop(wiring.Component):
     Parameters
     ----------
     plan: the design plan; ``schedule`` ``pb`` or ``sequential``, global strategy, main
-        stages only. Raises NotImplementedError for auxiliary heads or LWP ``w`` form.
+        stages only. Raises NotImplementedError for auxiliary heads, LWP ``w`` form or an
+        activation the HDL does not build (:func:`check_supported`).
 
     Members
     -------
@@ -163,186 +236,55 @@ class NetworkTop(wiring.Component):
         plan = self.plan
         stages = plan.stages
         S = len(stages)
-        lws = [1] + [s.lanes for s in stages[:-1]]
-        units = []
-        for n, st in enumerate(stages):
-            u = StageUnit(plan, st, lws[n])
-            m.submodules[f"stage{n + 1}"] = u
-            units.append(u)
-        loss = LossUnit(plan.loss, stages[-1].lanes)
-        m.submodules.loss = loss
-        ctrl = TickController(plan, [u.kx for u in units])
-        m.submodules.ctrl = ctrl
-        # the sample number is not stored: records leave in order, so it is the pop count
-        rest = data.StructLayout(
-            {k: v.shape for k, v in result_layout() if k != "sample"}  # pred, loss, train
-        )
-        fifo = SyncFIFOBuffered(width=rest.size, depth=RESULT_FIFO_DEPTH)
-        m.submodules.results = fifo
-
-        # ---- stage control and the vector paths between units ----
+        units = [StageUnit(plan, st) for st in stages]
         for n, u in enumerate(units):
-            m.d.comb += [
-                u.start.eq(ctrl.stage_start[n]),
-                u.fwd_en.eq(ctrl.fwd_en[n]),
-                u.fwd_train.eq(ctrl.fwd_train[n]),
-                u.bwd_en.eq(ctrl.bwd_en[n]),
-                u.fx_base.eq(ctrl.fx_base[n]),
-                u.bx_base.eq(ctrl.bx_base[n]),
-                u.fm_base.eq(ctrl.fm_base[n]),
-                u.bm_base.eq(ctrl.bm_base[n]),
-                u.gr_half.eq(ctrl.gr_half),
-                u.gw_half.eq(ctrl.gw_half),
-                ctrl.stage_done[n].eq(u.done),
-                self.saturations[n].eq(u.saturations),
+            m.submodules[f"stage{n + 1}"] = u
+        m.submodules.loss = loss = LossUnit(plan.loss, stages[-1].lanes)
+        m.submodules.ctrl = ctrl = TickController(
+            plan.schedule,
+            [s.stash_entries for s in stages],
+            [s.x_words for s in stages],
+            [s.row_groups for s in stages],
+        )
+        m.submodules.samples = samples = SampleWriter(plan)
+        m.submodules.results = results = ResultQueue()
+        m.submodules.wacc = wacc = WeightAccess(
+            [
+                AccessGeometry(s.lanes, s.in_features, s.out_features, s.cycles_per_tick)
+                for s in stages
             ]
+        )
+
+        # samples in, through the stages' stashes and error buffers, to the loss unit
+        connect(m, flipped(self.sample_in), samples.samples)
+        connect(m, samples.pending, ctrl.sample)
+        connect(m, samples.stash, units[0].x_in)
+        for n, u in enumerate(units):
+            connect(m, ctrl.stage(n), u.ctl)
+            connect(m, wacc.stage(n), u.access)
             if n > 0:
-                prev = units[n - 1]
-                m.d.comb += [
-                    u.xw_en.eq(prev.y_en),
-                    u.xw_addr.eq(ctrl.xw_base[n] + prev.y_word),
-                    u.xw_data.eq(prev.y_data),
-                ]
-            if n + 1 < S:
-                nxt = units[n + 1]
-                m.d.comb += [u.gw_en.eq(nxt.gin_en), u.gw_data.eq(nxt.gin_data)]
-            else:
-                m.d.comb += [u.gw_en.eq(loss.dl_en), u.gw_data.eq(loss.dl_data)]
-        last = units[-1]
+                connect(m, units[n - 1].y, u.x_in)
+                connect(m, u.gin, units[n - 1].g_in)
+        connect(m, units[-1].y, loss.z_in)
+        connect(m, loss.delta, units[-1].g_in)
+        connect(m, ctrl.loss, loss.ctl)
+
+        # results out; weight access while the pipeline is idle
+        connect(m, results.out, flipped(self.result_out))
+        connect(m, flipped(self.wacc_cmd), wacc.cmd)
+        connect(m, wacc.rsp, flipped(self.wacc_rsp))
         m.d.comb += [
-            loss.zw_en.eq(last.y_en),
-            loss.zw_word.eq(last.y_word),
-            loss.zw_data.eq(last.y_data),
-            loss.start.eq(ctrl.loss_start),
-            loss.label.eq(ctrl.loss_label),
-            loss.train.eq(ctrl.result_train),
-            ctrl.loss_done.eq(loss.done),
-            self.saturations[S].eq(loss.saturations),
+            results.push.valid.eq(ctrl.result_valid),
+            results.push.payload.pred.eq(loss.pred),
+            results.push.payload.loss.eq(loss.loss),
+            results.push.payload.train.eq(ctrl.result_train),
+            ctrl.can_start.eq(results.room & ~wacc.busy),
+            wacc.allowed.eq(ctrl.idle & ~samples.pending.valid),
             ctrl.flush.eq(self.flush),
             self.idle.eq(ctrl.idle),
             self.samples_trained.eq(ctrl.samples_trained),
             self.ticks.eq(ctrl.ticks),
         ]
-
-        # ---- samples in ----
-        N = plan.in_features
-        beat = Signal(range(N + 1))
-        pending = Signal()
-        p_label = Signal(16)
-        p_train = Signal()
-        si = self.sample_in
-        m.d.comb += [
-            si.ready.eq(~pending),
-            ctrl.sample_ready.eq(pending),
-            ctrl.sample_label.eq(p_label),
-            ctrl.sample_train.eq(p_train),
-        ]
-        first = units[0]
-        m.d.comb += [
-            first.xw_en.eq(si.valid & si.ready & (beat < N)),
-            first.xw_addr.eq(ctrl.host_xbase + beat),
-            first.xw_data.eq(si.payload.x),
-        ]
-        with m.If(si.valid & si.ready):
-            with m.If(si.payload.last):
-                m.d.sync += [
-                    beat.eq(0),
-                    pending.eq(1),
-                    p_label.eq(si.payload.label),
-                    p_train.eq(si.payload.train),
-                ]
-            with m.Elif(beat < N):
-                m.d.sync += beat.eq(beat + 1)
-        with m.If(ctrl.take):
-            m.d.sync += pending.eq(0)
-
-        # ---- results out ----
-        popped = Signal(32)  # records delivered = the sample number of the next one
-        res = Signal(rest)
-        m.d.comb += [
-            res.pred.eq(loss.pred),
-            res.loss.eq(loss.loss),
-            res.train.eq(ctrl.result_train),
-            fifo.w_en.eq(ctrl.result_valid),
-            fifo.w_data.eq(res.as_value()),
-        ]
-        ro = self.result_out
-        out = data.View(rest, fifo.r_data)
-        m.d.comb += [
-            ro.payload.sample.eq(popped),
-            ro.payload.pred.eq(out.pred),
-            ro.payload.loss.eq(out.loss),
-            ro.payload.train.eq(out.train),
-            ro.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(ro.ready),
-        ]
-        with m.If(ro.valid & ro.ready):
-            m.d.sync += popped.eq(popped + 1)
-
-        # ---- weight access ----
-        wc, wr = self.wacc_cmd, self.wacc_rsp
-        cmd = Signal(wacc_cmd_layout())
-        addr = Signal(range(max(max(s.cycles_per_tick for s in stages), 2)))
-        lane = Signal(range(max(max(s.lanes for s in stages), 2)))
-        okr = Signal()
-        busy = Signal()
-        m.d.comb += ctrl.can_start.eq(fifo.w_rdy & ~busy)
-        max_kind = [2 if (s.update.lwp_horizon and s.update.lwp_form == "w") else 1 for s in stages]
-        for u in units:
-            m.d.comb += [
-                u.acc_we.eq(cmd.write),
-                u.acc_kind.eq(cmd.kind),
-                u.acc_lane.eq(lane),
-                u.acc_addr.eq(addr),
-                u.acc_wdata.eq(cmd.data),
-            ]
-        accept = wc.valid & ctrl.idle & ~ctrl.sample_ready
-
-        def take_cmd() -> None:
-            m.d.comb += wc.ready.eq(1)
-            m.d.sync += cmd.eq(wc.payload)
-            m.next = "CALC"
-
-        with m.FSM():
-            with m.State("IDLE"):
-                with m.If(accept):
-                    take_cmd()
-            with m.State("CALC"):
-                # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
-                m.d.comb += busy.eq(1)
-                m.d.sync += okr.eq(0)
-                with m.Switch(cmd.stage):
-                    for n, st in enumerate(stages):
-                        with m.Case(n):
-                            grp = _div_const(cmd.row, st.lanes)
-                            m.d.sync += [
-                                okr.eq(
-                                    (cmd.kind <= max_kind[n])
-                                    & (cmd.row < st.out_features)
-                                    & (cmd.col <= st.in_features)
-                                ),
-                                # constant products: shifts and adders where cheap
-                                lane.eq(cmd.row - const_mul(st.lanes, grp)),
-                                addr.eq(const_mul(st.in_features + 1, grp) + cmd.col),
-                            ]
-                m.next = "ACC"
-            with m.State("ACC"):
-                m.d.comb += busy.eq(1)
-                with m.Switch(cmd.stage):
-                    for n, u in enumerate(units):
-                        with m.Case(n):
-                            m.d.comb += u.acc_en.eq(okr)
-                m.next = "RESP"
-            with m.State("RESP"):
-                # acc_rdata stays valid while cmd, lane and addr are unchanged
-                m.d.comb += [busy.eq(1), wr.valid.eq(1)]
-                with m.Switch(cmd.stage):
-                    for n, u in enumerate(units):
-                        with m.Case(n):
-                            m.d.comb += wr.payload.data.eq(Mux(okr, u.acc_rdata, 0))
-                with m.If(wr.ready):
-                    with m.If(accept):
-                        take_cmd()
-                    with m.Else():
-                        m.next = "IDLE"
+        m.d.comb += [self.saturations[n].eq(u.saturations) for n, u in enumerate(units)]
+        m.d.comb += self.saturations[S].eq(loss.saturations)
         return m

@@ -156,20 +156,20 @@ def _run_loss(plan, cases):
                 word = 0
                 for k, v in enumerate(z[w * Lz : (w + 1) * Lz]):
                     word |= (v & ((1 << zb) - 1)) << (k * zb)
-                ctx.set(dut.zw_en, 1)
-                ctx.set(dut.zw_word, w)
-                ctx.set(dut.zw_data, word)
+                ctx.set(dut.z_in.valid, 1)
+                ctx.set(dut.z_in.payload.word, w)
+                ctx.set(dut.z_in.payload.data, word)
                 await ctx.tick()
-            ctx.set(dut.zw_en, 0)
-            ctx.set(dut.label, label)
-            ctx.set(dut.train, train)
-            ctx.set(dut.start, 1)
+            ctx.set(dut.z_in.valid, 0)
+            ctx.set(dut.ctl.label, label)
+            ctx.set(dut.ctl.train, train)
+            ctx.set(dut.ctl.start, 1)
             await ctx.tick()
-            ctx.set(dut.start, 0)
+            ctx.set(dut.ctl.start, 0)
             deltas, cycles = [], 1
-            while not ctx.get(dut.done):
-                if ctx.get(dut.dl_en):
-                    deltas.append(ctx.get(dut.dl_data))
+            while not ctx.get(dut.ctl.done):
+                if ctx.get(dut.delta.valid):
+                    deltas.append(ctx.get(dut.delta.payload))
                 await ctx.tick()
                 cycles += 1
             out.append(

@@ -1,0 +1,239 @@
+"""The MAC lanes of a stage: the forward MACs and the input-gradient sum across lanes.
+
+**Forward** (:class:`ForwardLanes`, docs/numerics.md §2): lane ``l`` accumulates
+``Σ_i ŵ_ji·x_i`` over the columns of its row ``j = g·L + l`` (the bias column N last, with the
+bias input), lane-local; after column N, ``z_j = sat(rhu(acc, w.frac + x.frac − y.frac), y)``,
+the activation gives ``a_j``, and the row group's ``L`` activations leave as one word at S4
+(with the ``z > 0`` bits for the stash's mask).
+
+**Input gradient** (:class:`InputGradient`, docs/numerics.md §5): in slot ``(g, i)`` the lanes'
+products ``w_ji·δ_j`` are summed across lanes (an adder chain); with several row groups the
+partial sums of column ``i`` are accumulated in a small memory (``gacc``, read at S2, written at
+S3) and finalised in the last group: ``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac −
+gin.frac), gin)``, sent serially ``i = 0..N−1`` to the previous stage's error buffer.
+
+Products are registered without enables (S2 → S3): S3 reads them exactly one cycle after a valid
+S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
+SB_MAC16, ECP5 MULT18X18D) instead of spending flip-flops.
+
+Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes), docs/numerics.md
+§2, §5 (the arithmetic); the pipeline is *derived*.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.plan import QFormat
+from .activation import Activation
+from .arith import rhu, sat, wire
+from .streams import (
+    DeltaSignature,
+    LaneWeightsSignature,
+    SlotPipelineSignature,
+    StashOperandsSignature,
+    ValidSignature,
+    mask_layout,
+    slot_at,
+    word_layout,
+)
+
+__all__ = ["ForwardLanes", "InputGradient"]
+
+
+class ForwardLanes(wiring.Component):
+    """The forward MAC of every lane, the output rounding and the activation.
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline (N, row groups).
+    lanes: L.
+    live_last: lanes live in the last row group (padding lanes never count a clamp).
+    acc_bits: forward accumulator width (``Stage.acc_fwd_bits``).
+    w_format, x_format, y_format: Q-formats of ``w``, ``x`` and the output ``y``.
+    what_bits: width of ŵ. x_operand_bits: width of the ``x`` operand.
+    activation: the stage's :class:`~pipetrain.hdl.activation.Activation`.
+
+    Members
+    -------
+    slots: ``In(pipeline)``.
+    operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
+    weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
+    y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
+        ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4 of the group's bias slot in
+        forward passes (cannot stall).
+    mask_write: ``Out(ValidSignature(mask_layout(row_groups, L)))`` the ``z > 0`` bits, with
+        ``y``.
+    saturated: ``Out(L)`` per lane: ``z`` clamped (one cycle, with ``y``; padding lanes 0).
+    """
+
+    def __init__(
+        self,
+        pipeline: SlotPipelineSignature,
+        *,
+        lanes: int,
+        live_last: int,
+        acc_bits: int,
+        w_format: QFormat,
+        x_format: QFormat,
+        y_format: QFormat,
+        what_bits: int,
+        x_operand_bits: int,
+        activation: Activation,
+    ) -> None:
+        self.pipeline, self.L, self.live_last, self.acc_bits = pipeline, lanes, live_last, acc_bits
+        self.fw, self.fx, self.fy = w_format, x_format, y_format
+        self.what_bits, self.act = what_bits, activation
+        G = pipeline.row_groups
+        super().__init__(
+            {
+                "slots": In(pipeline),
+                "operands": In(StashOperandsSignature(x_operand_bits)),
+                "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
+                "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
+                "mask_write": Out(ValidSignature(mask_layout(G, lanes))),
+                "saturated": Out(lanes),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        N = self.pipeline.in_features
+        L, fw, fx, fy = self.L, self.fw, self.fx, self.fy
+        sp = self.slots
+        s3, s4 = slot_at(sp, 3), slot_at(sp, 4)
+        first3 = s3.payload.col == 0
+        fire3 = s3.valid & sp.fwd & (s3.payload.col == N)
+        fire4 = Signal()
+        m.d.sync += fire4.eq(fire3)
+        zsh = fw.frac + fx.frac - fy.frac
+        acts, masks, flags = [], [], []
+        for lane in range(L):
+            # S2: ŵ·x; S3: accumulate, round and saturate after the bias column
+            pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{lane}")
+            m.d.sync += pf3.eq(self.weights.w_hat[lane] * self.operands.x_fwd)
+            facc = Signal(signed(self.acc_bits), name=f"facc_{lane}")
+            fsum = Signal(signed(self.acc_bits), name=f"fsum_{lane}")
+            m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3)
+            with m.If(s3.valid):
+                m.d.sync += facc.eq(fsum)
+            zv, zc = sat(wire(m, rhu(fsum, zsh), f"zr_{lane}"), fy)
+            if lane >= self.live_last:
+                zc = zc & ~s3.payload.last_group
+            z4 = Signal(signed(fy.bits), name=f"z4_{lane}")
+            zs4 = Signal(name=f"zs4_{lane}")
+            with m.If(fire3):
+                m.d.sync += [z4.eq(zv), zs4.eq(zc)]
+            flags.append(fire4 & zs4)
+            # S4: activation and mask bit
+            acts.append(self.act.forward(z4)[: fy.bits])
+            masks.append(z4 > 0)
+        m.d.comb += [
+            self.y.valid.eq(fire4),
+            self.y.payload.word.eq(s4.payload.group),
+            self.y.payload.data.eq(Cat(*acts)),
+            self.mask_write.valid.eq(fire4),
+            self.mask_write.payload.group.eq(s4.payload.group),
+            self.mask_write.payload.bits.eq(Cat(*masks)),
+            self.saturated.eq(Cat(*flags)),
+        ]
+        return m
+
+
+class InputGradient(wiring.Component):
+    """The input gradient ``gin_i = Σ_j w_ji·δ_j`` of a stage, serial ``i = 0..N−1``.
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline (N, row groups).
+    lanes: L.
+    acc_bits: accumulator width (``Stage.acc_bwd_bits``).
+    w_format, d_format, gin_format: Q-formats of ``w``, δ and the output ``gin``.
+
+    Members
+    -------
+    slots: ``In(pipeline)``.
+    weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
+    delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
+    gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4 of the
+        last row group's slots ``i < N`` in backward passes (cannot stall).
+    saturated: ``Out(1)`` ``gin`` clamped (one cycle, with ``gin``).
+
+    Raises NotImplementedError for fewer than 4 inputs with several row groups (the ``gacc``
+    write of column ``i`` would race its read for the next group).
+    """
+
+    def __init__(
+        self,
+        pipeline: SlotPipelineSignature,
+        *,
+        lanes: int,
+        acc_bits: int,
+        w_format: QFormat,
+        d_format: QFormat,
+        gin_format: QFormat,
+        what_bits: int,
+    ) -> None:
+        N, G = pipeline.in_features, pipeline.row_groups
+        if G > 1 and N < 4:
+            self._MustUse__silence = True  # not built: no "created but never used" warning
+            raise NotImplementedError(
+                f"N={N} < 4 inputs with {G} row groups would race the input-gradient "
+                "accumulator memory; use lanes = out_features"
+            )
+        self.pipeline, self.L, self.acc_bits = pipeline, lanes, acc_bits
+        self.fw, self.fd, self.fg = w_format, d_format, gin_format
+        super().__init__(
+            {
+                "slots": In(pipeline),
+                "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
+                "delta": In(DeltaSignature(lanes, d_format.bits)),
+                "gin": Out(ValidSignature(signed(gin_format.bits))),
+                "saturated": Out(1),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        N, G = self.pipeline.in_features, self.pipeline.row_groups
+        L, fw, fd, fg = self.L, self.fw, self.fd, self.fg
+        sp = self.slots
+        s2, s3 = slot_at(sp, 2), slot_at(sp, 3)
+        # S2: w·δ per lane; S3: sum across lanes (+ the partial sum of earlier row groups)
+        gsum = None
+        for lane in range(L):
+            pg3 = Signal(signed(fw.bits + fd.bits), name=f"pg3_{lane}")
+            m.d.sync += pg3.eq(self.weights.w[lane] * self.delta.delta[lane])
+            gsum = pg3 if gsum is None else gsum + pg3
+        gnew = Signal(signed(self.acc_bits))
+        col3 = s3.payload.col
+        if G > 1:
+            # the partial sum of column i is read at S2 and arrives at S3, where it is added
+            # (no pipeline copies); the write of the same column is a whole row later
+            m.submodules.gacc = am = Memory(shape=signed(self.acc_bits), depth=N, init=[])
+            ard, awr = am.read_port(), am.write_port()
+            m.d.comb += [
+                ard.addr.eq(s2.payload.col),
+                gnew.eq(Mux(s3.payload.group == 0, 0, ard.data) + gsum),
+                awr.en.eq(s3.valid & sp.bwd & (col3 != N)),
+                awr.addr.eq(col3),
+                awr.data.eq(gnew),
+            ]
+        else:
+            m.d.comb += gnew.eq(gsum)
+        gv, gc = sat(wire(m, rhu(gnew, fw.frac + fd.frac - fg.frac), "ginr"), fg)
+        gin_en4 = Signal()
+        gin_d4 = Signal(signed(fg.bits))
+        gin_s4 = Signal()
+        m.d.sync += gin_en4.eq(s3.valid & sp.bwd & (s3.payload.group == G - 1) & (col3 != N))
+        with m.If(s3.valid):
+            m.d.sync += [gin_d4.eq(gv), gin_s4.eq(gc)]
+        m.d.comb += [
+            self.gin.valid.eq(gin_en4),
+            self.gin.payload.eq(gin_d4),
+            self.saturated.eq(gin_en4 & gin_s4),
+        ]
+        return m

@@ -1,0 +1,160 @@
+"""The input stash of a stage: the stashed inputs ``x`` and the ReLU mask of its samples.
+
+* ``xstash``: ``entries`` sample entries of ``x_words = ⌈N/Lw⌉`` words, each ``Lw`` values of
+  ``x`` (``Lw`` = the writer's lanes, 1 for stage 1). Written by the previous stage's forward
+  output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
+  by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
+  Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2.
+* ``mask``: ``entries × row_groups`` words of ``L`` bits, the ``z > 0`` bits of the forward
+  item (written at S4), read for the backward item's row group at S0 (used at S1).
+
+The entry allocation (which entry a base points to) is the tick controller's; the stash has
+``stash_depth + 1`` entries, the extra one being written while the pass runs (*derived*: it
+replaces a separate double buffer).
+
+Source: docs/architecture.md §3 (stash, lanes), docs/numerics.md §2 (bias column); the word
+packing and the pipeline are *derived*.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.plan import QFormat
+from .streams import (
+    MaskReadSignature,
+    SlotPipelineSignature,
+    StashBasesSignature,
+    StashOperandsSignature,
+    ValidSignature,
+    mask_layout,
+    slot_at,
+    word_layout,
+)
+
+__all__ = ["InputStash"]
+
+
+class InputStash(wiring.Component):
+    """The ``x`` stash and the mask memory of one stage, and the ``x`` operands of each slot.
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline (N, row groups).
+    lanes: L (mask bits per row group).
+    entries: sample entries (``Stage.stash_entries``).
+    x_lanes: Lw, values per stash word.
+    x_words: words per entry, ⌈N/Lw⌉.
+    x_format: Q-format of ``x``.
+    x_operand_bits: width of the operands (``Stage.x_operand_bits``: one more than ``x`` when
+        the bias input does not fit it).
+
+    Members
+    -------
+    write: ``In(ValidSignature(word_layout(x_words, Lw·x.bits)))`` stash write at
+        ``bases.write + word``.
+    bases: ``In(StashBasesSignature(entries·x_words, entries·row_groups))``.
+    slots: ``In(pipeline)``.
+    mask_write: ``In(ValidSignature(mask_layout(row_groups, L)))`` the forward item's mask
+        bits, at ``bases.fwd_mask + group``.
+    operands: ``Out(StashOperandsSignature(x_operand_bits))`` ``x`` operands at S2.
+    mask: ``Out(MaskReadSignature(L))`` the backward item's mask bits at S1.
+
+    Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ or the operand is narrower than ``x``.
+    """
+
+    def __init__(
+        self,
+        pipeline: SlotPipelineSignature,
+        *,
+        lanes: int,
+        entries: int,
+        x_lanes: int,
+        x_words: int,
+        x_format: QFormat,
+        x_operand_bits: int,
+    ) -> None:
+        N, G = pipeline.in_features, pipeline.row_groups
+        if x_words != -(-N // x_lanes):
+            raise ValueError(f"x_words {x_words} ≠ ⌈{N}/{x_lanes}⌉")
+        if x_operand_bits < x_format.bits:
+            raise ValueError(f"x operand of {x_operand_bits} bits cannot hold {x_format}")
+        self.pipeline = pipeline
+        self.L, self.P, self.Lw, self.kx = lanes, entries, x_lanes, x_words
+        self.fx, self.xb = x_format, x_operand_bits
+        self.x_depth, self.m_depth = entries * x_words, entries * G
+        super().__init__(
+            {
+                "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
+                "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
+                "slots": In(pipeline),
+                "mask_write": In(ValidSignature(mask_layout(G, lanes))),
+                "operands": Out(StashOperandsSignature(x_operand_bits)),
+                "mask": Out(MaskReadSignature(lanes)),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        N = self.pipeline.in_features
+        Lw, fx = self.Lw, self.fx
+        sp, b, op = self.slots, self.bases, self.operands
+        s0, s1 = slot_at(sp, 0), slot_at(sp, 1)
+
+        m.submodules.xstash = xm = Memory(shape=Lw * fx.bits, depth=self.x_depth, init=[])
+        xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
+        m.submodules.mask = mm = Memory(shape=self.L, depth=self.m_depth, init=[])
+        mrd, mwr = mm.read_port(), mm.write_port()
+
+        m.d.comb += [
+            xwp.en.eq(self.write.valid),
+            xwp.addr.eq(b.write + self.write.payload.word),
+            xwp.data.eq(self.write.payload.data),
+            mwr.en.eq(self.mask_write.valid),
+            mwr.addr.eq(b.fwd_mask + self.mask_write.payload.group),
+            mwr.data.eq(self.mask_write.payload.bits),
+        ]
+
+        # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column
+        q0 = Signal(range(max(self.kx, 2)))
+        sel0 = Signal(range(max(Lw, 2)))
+        with m.If(sp.start | (s0.valid & (s0.payload.col == N))):
+            m.d.sync += [q0.eq(0), sel0.eq(0)]
+        with m.Elif(s0.valid):
+            if Lw > 1:
+                with m.If(sel0 == Lw - 1):
+                    m.d.sync += [sel0.eq(0), q0.eq(q0 + 1)]
+                with m.Else():
+                    m.d.sync += sel0.eq(sel0 + 1)
+            else:
+                m.d.sync += q0.eq(q0 + 1)
+        m.d.comb += [
+            xrf.addr.eq(b.fwd_x + q0),
+            xrb.addr.eq(b.bwd_x + q0),
+            mrd.addr.eq(b.bwd_mask + s0.payload.group),
+            self.mask.bits.eq(mrd.data),
+        ]
+
+        # S1: pick the lane, the bias input in column N; registered at S2
+        sel1 = Signal.like(sel0)
+        m.d.sync += sel1.eq(sel0)
+        bias = 1 << fx.frac
+        bias1 = s1.payload.col == N
+
+        def pick(word):
+            if Lw == 1:
+                return word.as_signed()
+            return word.word_select(sel1, fx.bits).as_signed()
+
+        xf2 = Signal(signed(self.xb), name="xf2")
+        xb2 = Signal(signed(self.xb), name="xb2")
+        with m.If(s1.valid):
+            m.d.sync += [
+                xf2.eq(Mux(bias1, bias, pick(xrf.data))),
+                xb2.eq(Mux(bias1, bias, pick(xrb.data))),
+            ]
+        m.d.comb += [op.x_fwd.eq(xf2), op.x_bwd.eq(xb2)]
+        return m

@@ -1,0 +1,273 @@
+"""The update unit of a stage: ŵ, momentum, Spike Compensation, rounding, saturation, per lane.
+
+From one read of ``(w, u)`` per lane and slot (docs/numerics.md §3):
+
+* **Linear Weight Prediction** (``v`` form, horizon ``H``): the forward weight of a training
+  forward item is ``ŵ = w − H·u`` (else ``w``), formed at S1 and registered at S2.
+* **momentum** (backward passes only): ``U = m·u + η·δ·x + ηλ·w`` aligned to ``frac_u``,
+  ``u′ = sat(round_upd(U, frac_u − w.frac), u)``; without Spike Compensation
+  ``w′ = sat(w − u′, w)`` (S3, registered at S4).
+* **Spike Compensation**: ``V = a·u′ + b·η·δ·x + b·ηλ·w`` aligned to ``frac_v``,
+  ``w′ = sat(w − round_upd(V, frac_v − w.frac), w)`` one stage later (S4, registered at S5).
+* **rounding**: ``round_upd`` is stochastic (the lane's LFSR, one ``leap``-step draw per lane
+  per backward slot: ``u′`` takes the low ``round_bits`` of the draw, SC's ``w′`` the next
+  ones) or round-half-to-even (docs/numerics.md §1, §6).
+* **saturation**: every clamp of ``u′`` and ``w′`` in a live lane raises a flag for the stage's
+  saturation counter.
+
+The learning-rate products are formed as ``η·(δ·x)`` when ``η`` is a shift-add constant (then
+one ``δ·x`` multiplier) and ``(η·δ)·x`` otherwise — exact either way. With single-port memories
+the write-back leaves one stage later than ``update_stage`` when that stage is even (one more
+register; the write must fall between two reads).
+
+Source: docs/numerics.md §1, §3, §6 (the arithmetic, literal), docs/architecture.md §3; the
+pipeline is *derived*.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.build import shift_add
+from ..compiler.plan import StageFormats, UpdateConstants
+from .arith import align, const_mul, round_upd, sat, wire
+from .lfsr import LFSR
+from .streams import (
+    DeltaSignature,
+    LaneWeightsSignature,
+    SlotPipelineSignature,
+    StashOperandsSignature,
+    ValidSignature,
+    WeightReadSignature,
+    slot_at,
+    write_back_layout,
+)
+
+__all__ = ["UpdateUnit", "LFSRConfig"]
+
+
+class LFSRConfig:
+    """The plan's LFSR settings: ``poly`` (with the x^width term), ``width``, ``leap`` (steps per
+    draw), ``round_bits`` (random bits per rounding) and one non-zero ``seeds`` entry per lane
+    (docs/numerics.md §6)."""
+
+    def __init__(
+        self, poly: int, width: int, leap: int, round_bits: int, seeds: tuple[int, ...]
+    ) -> None:
+        self.poly, self.width, self.leap, self.round_bits = poly, width, leap, round_bits
+        self.seeds = tuple(seeds)
+
+
+class UpdateUnit(wiring.Component):
+    """ŵ and the ``(w, u)`` update of every lane (see the module docstring).
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline; its depth is the write stage.
+    lanes: L.
+    live_last: lanes live in the last row group, ``M − (G−1)·L`` (the rest are padding).
+    formats: the stage's Q-formats (``w``, ``u``, ``d``, ``x``).
+    update: the stage's update constants (momentum, learning rate, SC, LWP horizon).
+    x_operand_bits: width of the ``x`` operand (``Stage.x_operand_bits``).
+    what_bits: width of ŵ (``Stage.what_bits``).
+    update_stage: stage where ``w′, u′`` are ready (4, 5 with SC; ``Stage.update_stage``).
+    rounding: ``stochastic`` or ``nearest_even``.
+    lfsr: the LFSR settings (:class:`LFSRConfig`, one seed per lane).
+
+    Members
+    -------
+    slots: ``In(pipeline)``.
+    read: ``In(WeightReadSignature(L, w.bits, u.bits))`` ``(w, u)`` at S1.
+    operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2.
+    delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
+    weights: ``Out(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ and ``w`` at S2.
+    write_back: ``Out(ValidSignature(write_back_layout(L, w.bits, u.bits)))`` ``(w′, u′)`` at
+        the write stage, valid in backward passes (padding lanes masked).
+    saturated: ``Out(2·L)`` clamp flags ``u′`` of lane 0, ``w′`` of lane 0, ``u′`` of lane 1, …
+        (each high for one cycle per clamp).
+
+    Raises NotImplementedError for the LWP ``w`` form; ValueError for a write stage before
+    ``update_stage``, one seed per lane missing, or an unknown rounding.
+    """
+
+    def __init__(
+        self,
+        pipeline: SlotPipelineSignature,
+        *,
+        lanes: int,
+        live_last: int,
+        formats: StageFormats,
+        update: UpdateConstants,
+        x_operand_bits: int,
+        what_bits: int,
+        update_stage: int,
+        rounding: str,
+        lfsr: LFSRConfig,
+    ) -> None:
+        if update.lwp_horizon and update.lwp_form != "v":
+            raise NotImplementedError(
+                "LWP weight-difference form (lwp_form='w') is not implemented in the HDL yet; "
+                "use lwp_form='v'"
+            )
+        if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
+            raise ValueError(
+                f"update stage {update_stage} (write stage {pipeline.depth}) does not match the "
+                f"pipeline (4, 5 with Spike Compensation)"
+            )
+        if len(lfsr.seeds) != lanes:
+            raise ValueError(f"{len(lfsr.seeds)} LFSR seeds for {lanes} lanes")
+        if rounding not in ("stochastic", "nearest_even"):
+            raise ValueError(f"unknown rounding {rounding!r}")
+        self.pipeline, self.L, self.live_last = pipeline, lanes, live_last
+        self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
+        self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
+        f = formats
+        super().__init__(
+            {
+                "slots": In(pipeline),
+                "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits)),
+                "operands": In(StashOperandsSignature(x_operand_bits)),
+                "delta": In(DeltaSignature(lanes, f.d.bits)),
+                "weights": Out(LaneWeightsSignature(lanes, what_bits, f.w.bits)),
+                "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits))),
+                "saturated": Out(2 * lanes),
+            }
+        )
+
+    def _terms(self, d2, xb2, w2, u2, c_lr, c_wd, first=None) -> list[tuple]:
+        """``(product, fraction bits)`` of ``[first,] c_lr·δ·x, c_wd·w`` with the zero
+        constants left out."""
+        f = self.f
+        out = [first] if first is not None else []
+        if c_lr.value:
+            dx = (
+                const_mul(c_lr.value, d2 * xb2)
+                if shift_add(c_lr.value)
+                else const_mul(c_lr.value, d2) * xb2
+            )
+            out.append((dx, c_lr.frac + f.d.frac + f.x.frac))
+        if c_wd.value:
+            out.append((const_mul(c_wd.value, w2), c_wd.frac + f.w.frac))
+        return out
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        f, up, L = self.f, self.up, self.L
+        lf_cfg, R = self.lfsr, self.lfsr.round_bits
+        sp = self.slots
+        v = [slot_at(sp, s).valid for s in range(self.pipeline.depth + 1)]
+        ws, us = self.pipeline.depth, self.update_stage
+        be = sp.bwd
+        ku, kvs = up.frac_u - f.w.frac, up.frac_v - f.w.frac
+        xb2 = self.operands.x_bwd
+        upd3 = v[3] & be
+        flags = []
+        lanes_live = []
+        for lane in range(L):
+            pad = lane >= self.live_last  # padding in the last row group
+
+            def live_at(s: int, pad=pad):
+                return ~slot_at(sp, s).payload.last_group if pad else 1
+
+            lanes_live.append(live_at(ws))
+            # S1 → S2: (w, u), ŵ
+            w1, u1 = self.read.w[lane], self.read.u[lane]
+            w2 = Signal(signed(f.w.bits), name=f"w2_{lane}")
+            u2 = Signal(signed(f.u.bits), name=f"u2_{lane}")
+            with m.If(v[1]):
+                m.d.sync += [w2.eq(w1), u2.eq(u1)]
+            wh2 = w2  # without LWP the forward weight is w itself: one register, not two
+            if up.lwp_horizon:
+                wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
+                what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1), w1)
+                with m.If(v[1]):
+                    m.d.sync += wh2.eq(what1)
+            m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]
+            d2 = self.delta.delta[lane]
+
+            # S2: the update products (registered without enables: read at S3 only, and so
+            # absorbable into DSP output registers); w carried to S3
+            w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
+            with m.If(v[2]):
+                m.d.sync += w3.eq(w2)
+            mom = (const_mul(up.momentum.value, u2), up.momentum.frac + f.w.frac)
+            u_terms = []
+            for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom)):
+                r = Signal(expr.shape(), name=f"ut{n}_{lane}")
+                m.d.sync += r.eq(expr)
+                u_terms.append((r, frac))
+            v_terms = []
+            if up.sc:
+                for n, (expr, frac) in enumerate(
+                    self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b)
+                ):
+                    r = Signal(expr.shape(), name=f"vt{n}_{lane}")
+                    m.d.sync += r.eq(expr)
+                    v_terms.append((r, frac))
+
+            # S3: U, u′ (and w′ without SC); the lane's LFSR draws in backward slots
+            m.submodules[f"lfsr{lane}"] = lf = LFSR(
+                lf_cfg.poly, lf_cfg.width, lf_cfg.leap, lf_cfg.seeds[lane]
+            )
+            m.d.comb += lf.draw.eq(upd3)
+            U = 0
+            for r, frac in u_terms:
+                U = U + align(r, frac, up.frac_u)
+            uq, uc = sat(
+                wire(m, round_upd(U, ku, lf.next[:R], self.rounding, R), f"ur_{lane}"), f.u
+            )
+            uq = wire(m, uq, f"uq_{lane}")
+            upd_live = upd3 & live_at(3)
+            u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
+            w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
+            us4 = Signal(name=f"us4_{lane}")
+            if not up.sc:
+                wq, wc = sat(wire(m, w3 - uq, f"wd_{lane}"), f.w)
+                ws4 = Signal(name=f"ws4_{lane}")
+                with m.If(v[3]):
+                    m.d.sync += [u4.eq(uq), w4.eq(wq), us4.eq(uc & upd_live), ws4.eq(wc & upd_live)]
+                flags += [v[4] & us4, v[4] & ws4]
+                new_u, new_w = u4, w4
+            else:
+                rw4 = Signal(lf_cfg.width - R, name=f"rw4_{lane}")
+                with m.If(v[3]):
+                    m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(uc & upd_live)]
+                vt4 = []
+                for r, frac in v_terms:
+                    r4 = Signal(r.shape(), name=f"{r.name}_4")
+                    with m.If(v[3]):
+                        m.d.sync += r4.eq(r)
+                    vt4.append((r4, frac))
+                # S4: V and w′
+                V = align(const_mul(up.sc_a.value, u4), up.sc_a.frac + f.w.frac, up.frac_v)
+                for r4, frac in vt4:
+                    V = V + align(r4, frac, up.frac_v)
+                dw = round_upd(V, kvs, rw4[:R], self.rounding, R)
+                wq, wc = sat(wire(m, w4 - dw, f"wd_{lane}"), f.w)
+                u5 = Signal(signed(f.u.bits), name=f"u5_{lane}")
+                w5 = Signal(signed(f.w.bits), name=f"w5_{lane}")
+                ws5 = Signal(name=f"ws5_{lane}")
+                with m.If(v[4]):
+                    m.d.sync += [u5.eq(u4), w5.eq(wq), ws5.eq(wc & be & live_at(4))]
+                flags += [v[4] & us4, v[5] & ws5]
+                new_u, new_w = u5, w5
+
+            # single-port memories: registers up to the write stage
+            for _ in range(ws - us):
+                nu = Signal.like(new_u, name=f"{new_u.name}_d")
+                nw = Signal.like(new_w, name=f"{new_w.name}_d")
+                with m.If(v[us]):
+                    m.d.sync += [nu.eq(new_u), nw.eq(new_w)]
+                new_u, new_w = nu, nw
+            m.d.comb += [
+                self.write_back.payload.w[lane].eq(new_w),
+                self.write_back.payload.u[lane].eq(new_u),
+            ]
+        m.d.comb += [
+            self.write_back.valid.eq(v[ws] & be),
+            self.write_back.payload.lanes.eq(Cat(*lanes_live)),
+            self.saturated.eq(Cat(*flags)),
+        ]
+        return m

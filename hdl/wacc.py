@@ -1,0 +1,152 @@
+"""The weight-access unit of the network top: ``wacc_cmd`` → one stage's memory → ``wacc_rsp``.
+
+A command names a stage, a kind (0 = ``w``, 1 = ``u``), a row ``j`` and a column (``N`` = the
+bias). Row ``j`` lives in lane ``j mod L`` at address ``(j div L)·(N+1) + col``; the division
+by the constant ``L`` is a multiply-and-shift (exact for 16-bit rows, Granlund–Montgomery). A
+write stores the data saturated to the memory's format (uncounted) and answers with the stored
+value; a command for a stage, kind, row or column that does not exist answers 0 and changes
+nothing. Commands are taken only while ``allowed`` (the top: pipeline idle, no sample pending),
+so the memories' ports are free. Per command: CALC (lane, address) → ACC (the access) → RESP
+(answer until taken); back-to-back commands skip IDLE.
+
+Source: docs/ports.md (``wacc`` contract); the state machine and the constant division are
+*derived*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from amaranth import Module, Mux, Signal, Value
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .arith import const_mul
+from .streams import WeightAccessSignature, wacc_cmd_layout, wacc_rsp_layout
+
+__all__ = ["AccessGeometry", "WeightAccess", "div_const"]
+
+
+def div_const(v: Value, d: int) -> Value:
+    """``v // d`` for an unsigned ``v`` of at most 16 bits and a constant ``d`` ≥ 1: a shift for
+    powers of two, else ``(v·⌈2^K/d⌉) >> K`` with ``K = 16 + bitlen(d)`` (exact for every
+    16-bit ``v``: the reciprocal's error times ``v`` stays below ``2^K``; Granlund–Montgomery)."""
+    if d & (d - 1) == 0:
+        return v >> (d.bit_length() - 1)
+    k = 16 + d.bit_length()
+    return const_mul(-(-(1 << k) // d), v) >> k
+
+
+@dataclass(frozen=True)
+class AccessGeometry:
+    """What the weight access needs of one stage: ``lanes`` L, ``in_features`` N,
+    ``out_features`` M, ``words`` per lane bank (row_groups·(N+1)) and ``kinds`` (memories
+    per row: 2 = ``w``, ``u``)."""
+
+    lanes: int
+    in_features: int
+    out_features: int
+    words: int
+    kinds: int = 2
+
+
+class WeightAccess(wiring.Component):
+    """Serves weight-access commands on the stages' memories.
+
+    Parameters
+    ----------
+    stages: one :class:`AccessGeometry` per stage.
+
+    Members
+    -------
+    cmd: ``In(stream.Signature(wacc_cmd_layout()))`` commands (docs/ports.md).
+    rsp: ``Out(stream.Signature(wacc_rsp_layout()))`` one answer per command.
+    allowed: ``In(1)`` a command may be taken now (no pass can run until it is answered).
+    busy: ``Out(1)`` a command is being served (the top holds ticks back).
+    stage1 … stageS: ``Out(WeightAccessSignature(L, words))`` per stage.
+    """
+
+    def __init__(self, stages: Sequence[AccessGeometry]) -> None:
+        self.geo = tuple(stages)
+        members = {
+            "cmd": In(stream.Signature(wacc_cmd_layout())),
+            "rsp": Out(stream.Signature(wacc_rsp_layout())),
+            "allowed": In(1),
+            "busy": Out(1),
+        }
+        for n, g in enumerate(self.geo):
+            members[f"stage{n + 1}"] = Out(WeightAccessSignature(g.lanes, g.words))
+        super().__init__(members)
+
+    def stage(self, n: int) -> wiring.PureInterface:
+        """The access port of 0-based stage ``n``."""
+        return getattr(self, f"stage{n + 1}")
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        geo = self.geo
+        wc, wr = self.cmd, self.rsp
+        cmd = Signal(wacc_cmd_layout())
+        addr = Signal(range(max(max(g.words for g in geo), 2)))
+        lane = Signal(range(max(max(g.lanes for g in geo), 2)))
+        okr = Signal()
+        for n in range(len(geo)):
+            port = self.stage(n)
+            m.d.comb += [
+                port.write.eq(cmd.write),
+                port.kind.eq(cmd.kind),
+                port.lane.eq(lane),
+                port.addr.eq(addr),
+                port.data.eq(cmd.data),
+            ]
+        accept = wc.valid & self.allowed
+
+        def take_cmd() -> None:
+            m.d.comb += wc.ready.eq(1)
+            m.d.sync += cmd.eq(wc.payload)
+            m.next = "CALC"
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(accept):
+                    take_cmd()
+            with m.State("CALC"):
+                # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += okr.eq(0)
+                with m.Switch(cmd.stage):
+                    for n, g in enumerate(geo):
+                        with m.Case(n):
+                            grp = div_const(cmd.row, g.lanes)
+                            m.d.sync += [
+                                okr.eq(
+                                    (cmd.kind <= g.kinds - 1)
+                                    & (cmd.row < g.out_features)
+                                    & (cmd.col <= g.in_features)
+                                ),
+                                # constant products: shifts and adders where cheap
+                                lane.eq(cmd.row - const_mul(g.lanes, grp)),
+                                addr.eq(const_mul(g.in_features + 1, grp) + cmd.col),
+                            ]
+                m.next = "ACC"
+            with m.State("ACC"):
+                m.d.comb += self.busy.eq(1)
+                with m.Switch(cmd.stage):
+                    for n in range(len(geo)):
+                        with m.Case(n):
+                            m.d.comb += self.stage(n).en.eq(okr)
+                m.next = "RESP"
+            with m.State("RESP"):
+                # rdata stays valid while cmd, lane and addr are unchanged
+                m.d.comb += [self.busy.eq(1), wr.valid.eq(1)]
+                with m.Switch(cmd.stage):
+                    for n in range(len(geo)):
+                        with m.Case(n):
+                            m.d.comb += wr.payload.data.eq(Mux(okr, self.stage(n).rdata, 0))
+                with m.If(wr.ready):
+                    with m.If(accept):
+                        take_cmd()
+                    with m.Else():
+                        m.next = "IDLE"
+        return m

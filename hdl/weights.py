@@ -1,0 +1,176 @@
+"""The weight store of a stage: per-lane banks of ``w`` and ``u`` and their two clients.
+
+Lane ``l`` owns rows ``j ≡ l (mod L)``; its banks ``w{l}`` and ``u{l}`` hold word ``g·(N+1)+i``
+= row ``g·L + l``, column ``i`` (column N: the bias), ``words = row_groups·(N+1)`` words each.
+A bank is an ``amaranth.lib.memory`` read/write port pair, or a single-port RAM (iCE40 SPRAM,
+``hdl/spram.py``) for stages with ``slot_cycles`` = 2, whose sequencer leaves every other cycle
+free for the write-back.
+
+Two clients share the banks: the fused pass (reads at S0 while slots issue, writes ``(w′, u′)``
+back at the write stage) and the host's weight access (docs/ports.md ``wacc``), which the top
+only serves while no pass runs. A weight-access write stores the data saturated to the bank's
+format and answers with the stored value (uncounted: not a training clamp).
+
+Source: docs/architecture.md §3 (lane ownership, memory per lane), docs/ports.md (weight
+access); the sharing of the ports is *derived*.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Shape, ShapeLike, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.plan import QFormat
+from .arith import sat
+from .spram import SinglePortRAM
+from .streams import (
+    RamReadSignature,
+    RamWriteSignature,
+    SlotPipelineSignature,
+    ValidSignature,
+    WeightAccessSignature,
+    WeightReadSignature,
+    write_back_layout,
+)
+
+__all__ = ["WeightBank", "WeightStore"]
+
+
+class WeightBank(wiring.Component):
+    """One lane's bank of weights (or velocities): a read port and a write port.
+
+    Parameters
+    ----------
+    shape: word shape (``signed(w.bits)`` or ``signed(u.bits)``).
+    words: depth (words).
+    single_port: one shared address (:class:`~pipetrain.hdl.spram.SinglePortRAM`): a read in
+        a write cycle returns the written word, so the user must not read and write in one
+        cycle; else an ``amaranth.lib.memory`` with separate read and write ports.
+
+    Members
+    -------
+    read: ``Out(RamReadSignature(shape, words))`` synchronous read (data the next cycle).
+    write: ``Out(RamWriteSignature(shape, words))``.
+    """
+
+    def __init__(self, shape: ShapeLike, words: int, *, single_port: bool) -> None:
+        self.shape, self.words, self.single_port = Shape.cast(shape), words, single_port
+        super().__init__(
+            {
+                "read": Out(RamReadSignature(self.shape, words)),
+                "write": Out(RamWriteSignature(self.shape, words)),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        if self.single_port:
+            m.submodules.spram = ram = SinglePortRAM(self.shape, self.words)
+            wiring.connect(m, wiring.flipped(self.read), ram.read)
+            wiring.connect(m, wiring.flipped(self.write), ram.write)
+            return m
+        m.submodules.mem = mem = Memory(shape=self.shape, depth=self.words, init=[])
+        rp, wp = mem.read_port(), mem.write_port()
+        m.d.comb += [
+            rp.addr.eq(self.read.addr),
+            self.read.data.eq(rp.data),
+            wp.en.eq(self.write.en),
+            wp.addr.eq(self.write.addr),
+            wp.data.eq(self.write.data),
+        ]
+        return m
+
+
+class WeightStore(wiring.Component):
+    """The ``w`` and ``u`` banks of all lanes, shared by the pass and the weight access.
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline (words).
+    lanes: L.
+    w_format, u_format: Q-formats of ``w`` and ``u``.
+    single_port: single-port banks (``Stage.slot_cycles`` = 2).
+
+    Members
+    -------
+    slots: ``In(pipeline)`` (``busy``, read and write-back addresses).
+    read: ``Out(WeightReadSignature(L, w.bits, u.bits))`` the slot's words at S1.
+    write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits)))`` ``(w′, u′)`` of
+        the slot at the write stage (cannot stall).
+    access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs; ``rdata``
+        the cycle after ``en``: the word read, or the saturated word written.
+    """
+
+    def __init__(
+        self,
+        pipeline: SlotPipelineSignature,
+        *,
+        lanes: int,
+        w_format: QFormat,
+        u_format: QFormat,
+        single_port: bool,
+    ) -> None:
+        self.pipeline, self.L, self.fw, self.fu = pipeline, lanes, w_format, u_format
+        self.single_port = single_port
+        super().__init__(
+            {
+                "slots": In(pipeline),
+                "read": Out(WeightReadSignature(lanes, w_format.bits, u_format.bits)),
+                "write_back": In(
+                    ValidSignature(write_back_layout(lanes, w_format.bits, u_format.bits))
+                ),
+                "access": In(WeightAccessSignature(lanes, pipeline.words)),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        L, T, fw, fu = self.L, self.pipeline.words, self.fw, self.fu
+        sp, acc, wb = self.slots, self.access, self.write_back
+        acc_w = acc.en & acc.write
+        w_in, _ = sat(acc.data, fw)
+        u_in, _ = sat(acc.data, fu)
+        read_addr = Signal(range(T))
+        m.d.comb += read_addr.eq(Mux(sp.busy, sp.read_addr, acc.addr))
+        banks = []
+        for lane in range(L):
+            live = wb.valid & wb.payload.lanes[lane]
+            sel = acc.lane == lane
+            for kind, (fmt, new, acc_in) in enumerate(
+                ((fw, wb.payload.w[lane], w_in), (fu, wb.payload.u[lane], u_in))
+            ):
+                bank = WeightBank(signed(fmt.bits), T, single_port=self.single_port)
+                m.submodules[f"{'wu'[kind]}{lane}"] = bank
+                m.d.comb += [
+                    bank.read.addr.eq(read_addr),
+                    bank.write.en.eq(live | (acc_w & sel & (acc.kind == kind))),
+                    bank.write.addr.eq(Mux(live, sp.write_addr, acc.addr)),
+                    bank.write.data.eq(Mux(live, new, acc_in)),
+                ]
+                banks.append(bank)
+            m.d.comb += [
+                self.read.w[lane].eq(banks[-2].read.data),
+                self.read.u[lane].eq(banks[-1].read.data),
+            ]
+
+        # weight-access answer, the cycle after en
+        r_we = Signal()
+        r_kind = Signal(2)
+        r_lane = Signal.like(acc.lane)
+        r_wv = Signal(signed(max(fw.bits, fu.bits)))  # the saturated write data
+        m.d.sync += [
+            r_we.eq(acc.write),
+            r_kind.eq(acc.kind),
+            r_lane.eq(acc.lane),
+            r_wv.eq(Mux(acc.kind == 0, w_in, u_in)),
+        ]
+        rsel_w = Signal(signed(fw.bits))
+        rsel_u = Signal(signed(fu.bits))
+        with m.Switch(r_lane):
+            for lane in range(L):
+                with m.Case(lane):
+                    m.d.comb += [rsel_w.eq(self.read.w[lane]), rsel_u.eq(self.read.u[lane])]
+        m.d.comb += acc.rdata.eq(Mux(r_we, r_wv, Mux(r_kind == 0, rsel_w, rsel_u)))
+        return m
