@@ -1,0 +1,182 @@
+"""The update unit alone (Amaranth simulator), slot by slot against an exact integer reference
+built from the golden model's operators (:mod:`pipetrain.sim.fixed`, :mod:`pipetrain.sim.lfsr`;
+docs/numerics.md §1, §3, §6): ŵ (LWP), u′ and w′ (momentum, weight decay, Spike Compensation),
+stochastic rounding with each lane's LFSR draw or round-half-to-even, the saturation flags of
+live lanes — with random gaps between slots, random operands (some at the format limits) and
+inference / forward-only passes in between (no draws, no write-back)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from amaranth.sim import Simulator
+from hdl_slots import drive_pass
+from pipetrain.hdl.streams import SlotPipelineSignature
+from pipetrain.hdl.update import LFSRConfig, UpdateUnit
+from pipetrain.sim import fixed
+from pipetrain.sim import lfsr as golden_lfsr
+from tiny_net import tiny
+
+
+def _term(c, operand, ofrac, fto):
+    return 0 if c.value == 0 else fixed.align(c.value * operand, c.frac + ofrac, fto)
+
+
+def reference_update(plan, st, w, u, d, x, draw):
+    """(w′, u′, u clamped, w clamped) of one element (numerics §3, the golden model's
+    ``_StageEngine.backward`` for one weight)."""
+    f, up, R = st.formats, st.update, plan.round_bits
+    mask = (1 << R) - 1
+
+    def rnd(v, k, r):
+        if plan.rounding == "stochastic":
+            return fixed.rsr(v, k, r, R)
+        return fixed.rne(v, k)
+
+    P = d * x
+    fp = f.d.frac + f.x.frac
+    U = (
+        _term(up.momentum, u, f.w.frac, up.frac_u)
+        + _term(up.lr, P, fp, up.frac_u)
+        + _term(up.lr_wd, w, f.w.frac, up.frac_u)
+    )
+    u1, cu = fixed.sat_int(rnd(U, up.frac_u - f.w.frac, draw & mask), f.u)
+    if up.sc:
+        V = (
+            _term(up.sc_a, u1, f.w.frac, up.frac_v)
+            + _term(up.sc_lr_b, P, fp, up.frac_v)
+            + _term(up.sc_lr_wd_b, w, f.w.frac, up.frac_v)
+        )
+        w1, cw = fixed.sat_int(w - rnd(V, up.frac_v - f.w.frac, (draw >> R) & mask), f.w)
+    else:
+        w1, cw = fixed.sat_int(w - u1, f.w)
+    return w1, u1, cu, cw
+
+
+def _value(rng, fmt, edge=0.1):
+    if rng.random() < edge:
+        return rng.choice([fmt.min_int, fmt.max_int])
+    span = max(1, (fmt.max_int - fmt.min_int) // 8)
+    return rng.randrange(-span, span)
+
+
+CASES = [
+    (dict(), 0),  # momentum, lr, weight decay, stochastic rounding; 2 lanes, one padding
+    (dict(), 1),  # 3 lanes over 4 rows: 2 padding lanes in the last group
+    (dict(mitigation="sc+lwp", rounding="nearest_even"), 1),
+    (dict(mitigation="sc", lr=0.3), 0),  # large steps: u′ and w′ clamp
+    (dict(lanes=(1, 3, 1), single_port=(1, 3), const_bits=5), 0),  # shift-add constants, SPRAM
+    (dict(mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4), 1),
+]
+
+
+@pytest.mark.parametrize("case,s", CASES, ids=lambda c: str(c))
+def test_update_unit_equals_the_reference_slot_by_slot(case, s):
+    plan, _, _ = tiny(**case)
+    st = plan.stages[s]
+    f, up = st.formats, st.update
+    N, G, L, M = st.in_features, st.row_groups, st.lanes, st.out_features
+    pipe = SlotPipelineSignature(N, G, st.cycles_per_tick, st.write_stage)
+    lfsr = LFSRConfig(
+        plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap, plan.round_bits, st.lfsr_seeds
+    )
+    dut = UpdateUnit(
+        pipe,
+        lanes=L,
+        live_last=M - (G - 1) * L,
+        formats=f,
+        update=up,
+        x_operand_bits=st.x_operand_bits,
+        what_bits=st.what_bits,
+        update_stage=st.update_stage,
+        rounding=plan.rounding,
+        lfsr=lfsr,
+    )
+    rng = random.Random(hash(str(case)) & 0xFFFF)
+    passes = [(True, True), (False, False), (True, False), (True, True), (False, True)]
+    log = []
+
+    async def bench(ctx):
+        for bwd, fwd_train in passes:
+            ops, w_s2, wb, flags = {}, {}, {}, [0] * (2 * L)
+
+            def cycle(pipe_, ops=ops, w_s2=w_s2, wb=wb, flags=flags):
+                s1, s2 = pipe_[1], pipe_[2]
+                if s1 is not None:
+                    w = [_value(rng, f.w) for _ in range(L)]
+                    u = [_value(rng, f.u) for _ in range(L)]
+                    ops[s1[0]] = [w, u]
+                    for k in range(L):
+                        ctx.set(dut.read.w[k], w[k])
+                        ctx.set(dut.read.u[k], u[k])
+                if s2 is not None:
+                    n, i, _ = s2
+                    d = [_value(rng, f.d) for _ in range(L)]
+                    x = (1 << f.x.frac) if i == N else _value(rng, f.x)
+                    ops[n] += [d, x]
+                    for k in range(L):
+                        ctx.set(dut.delta.delta[k], d[k])
+                    ctx.set(dut.operands.x_bwd, x)
+                    w_s2[n] = [
+                        (ctx.get(dut.weights.w_hat[k]), ctx.get(dut.weights.w[k])) for k in range(L)
+                    ]
+                out = dut.write_back
+                if ctx.get(out.valid):
+                    n = pipe_[st.write_stage][0]
+                    lanes = ctx.get(out.payload.lanes)
+                    wb[n] = (
+                        lanes,
+                        [(ctx.get(out.payload.w[k]), ctx.get(out.payload.u[k])) for k in range(L)],
+                    )
+                sat = ctx.get(dut.saturated)
+                for b in range(2 * L):
+                    flags[b] += (sat >> b) & 1
+
+            await drive_pass(
+                ctx,
+                dut.slots,
+                pipe,
+                rng=rng,
+                gap=0.3,
+                bwd=bwd,
+                fwd_train=fwd_train,
+                cycle=cycle,
+                single_port=st.slot_cycles == 2,
+            )
+            log.append((bwd, fwd_train, ops, w_s2, wb, flags))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+    state = list(st.lfsr_seeds)
+    clamps = 0
+    for bwd, fwd_train, ops, w_s2, wb, flags in log:
+        assert sorted(ops) == list(range(st.cycles_per_tick))
+        assert sorted(wb) == (list(range(st.cycles_per_tick)) if bwd else [])
+        exp_flags = [0] * (2 * L)
+        for n in range(st.cycles_per_tick):
+            w, u, d, x = ops[n]
+            g = n // (N + 1)
+            for k in range(L):
+                what = w[k] - up.lwp_horizon * u[k] if (fwd_train and up.lwp_horizon) else w[k]
+                assert w_s2[n][k] == (what, w[k]), (n, k)
+            if not bwd:
+                continue
+            lanes, got = wb[n]
+            for k in range(L):
+                state[k] = golden_lfsr.draw(
+                    state[k], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
+                )
+                live = g * L + k < M
+                assert (lanes >> k) & 1 == live, (n, k)
+                w1, u1, cu, cw = reference_update(plan, st, w[k], u[k], d[k], x, state[k])
+                if live:
+                    assert got[k] == (w1, u1), (n, k)
+                    exp_flags[2 * k] += cu
+                    exp_flags[2 * k + 1] += cw
+        assert flags == exp_flags
+        clamps += sum(flags)
+    assert clamps > 0  # the edge operands did clamp
