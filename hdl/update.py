@@ -154,107 +154,18 @@ class UpdateUnit(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        f, up, L = self.f, self.up, self.L
-        lf_cfg, R = self.lfsr, self.lfsr.round_bits
-        sp = self.slots
-        v = [slot_at(sp, s).valid for s in range(self.pipeline.depth + 1)]
-        ws, us = self.pipeline.depth, self.update_stage
-        be = sp.bwd
-        ku, kvs = up.frac_u - f.w.frac, up.frac_v - f.w.frac
-        xb2 = self.operands.x_bwd
-        upd3 = v[3] & be
-        flags = []
-        lanes_live = []
-        for lane in range(L):
-            pad = lane >= self.live_last  # padding in the last row group
-
-            def live_at(s: int, pad=pad):
-                return ~slot_at(sp, s).payload.last_group if pad else 1
-
-            lanes_live.append(live_at(ws))
-            # S1 → S2: (w, u), ŵ
-            w1, u1 = self.read.w[lane], self.read.u[lane]
-            w2 = Signal(signed(f.w.bits), name=f"w2_{lane}")
-            u2 = Signal(signed(f.u.bits), name=f"u2_{lane}")
-            with m.If(v[1]):
-                m.d.sync += [w2.eq(w1), u2.eq(u1)]
-            wh2 = w2  # without LWP the forward weight is w itself: one register, not two
-            if up.lwp_horizon:
-                wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
-                what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1), w1)
-                with m.If(v[1]):
-                    m.d.sync += wh2.eq(what1)
-            m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]
-            d2 = self.delta.delta[lane]
-
-            # S2: the update products (registered without enables: read at S3 only, and so
-            # absorbable into DSP output registers); w carried to S3
-            w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
-            with m.If(v[2]):
-                m.d.sync += w3.eq(w2)
-            mom = (const_mul(up.momentum.value, u2), up.momentum.frac + f.w.frac)
-            u_terms = []
-            for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom)):
-                r = Signal(expr.shape(), name=f"ut{n}_{lane}")
-                m.d.sync += r.eq(expr)
-                u_terms.append((r, frac))
-            v_terms = []
-            if up.sc:
-                for n, (expr, frac) in enumerate(
-                    self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b)
-                ):
-                    r = Signal(expr.shape(), name=f"vt{n}_{lane}")
-                    m.d.sync += r.eq(expr)
-                    v_terms.append((r, frac))
-
-            # S3: U, u′ (and w′ without SC); the lane's LFSR draws in backward slots
-            m.submodules[f"lfsr{lane}"] = lf = LFSR(
-                lf_cfg.poly, lf_cfg.width, lf_cfg.leap, lf_cfg.seeds[lane]
-            )
-            m.d.comb += lf.draw.eq(upd3)
-            U = 0
-            for r, frac in u_terms:
-                U = U + align(r, frac, up.frac_u)
-            uq, uc = sat(
-                wire(m, round_upd(U, ku, lf.next[:R], self.rounding, R), f"ur_{lane}"), f.u
-            )
-            uq = wire(m, uq, f"uq_{lane}")
-            upd_live = upd3 & live_at(3)
-            u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
-            w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
-            us4 = Signal(name=f"us4_{lane}")
-            if not up.sc:
-                wq, wc = sat(wire(m, w3 - uq, f"wd_{lane}"), f.w)
-                ws4 = Signal(name=f"ws4_{lane}")
-                with m.If(v[3]):
-                    m.d.sync += [u4.eq(uq), w4.eq(wq), us4.eq(uc & upd_live), ws4.eq(wc & upd_live)]
-                flags += [v[4] & us4, v[4] & ws4]
-                new_u, new_w = u4, w4
-            else:
-                rw4 = Signal(lf_cfg.width - R, name=f"rw4_{lane}")
-                with m.If(v[3]):
-                    m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(uc & upd_live)]
-                vt4 = []
-                for r, frac in v_terms:
-                    r4 = Signal(r.shape(), name=f"{r.name}_4")
-                    with m.If(v[3]):
-                        m.d.sync += r4.eq(r)
-                    vt4.append((r4, frac))
-                # S4: V and w′
-                V = align(const_mul(up.sc_a.value, u4), up.sc_a.frac + f.w.frac, up.frac_v)
-                for r4, frac in vt4:
-                    V = V + align(r4, frac, up.frac_v)
-                dw = round_upd(V, kvs, rw4[:R], self.rounding, R)
-                wq, wc = sat(wire(m, w4 - dw, f"wd_{lane}"), f.w)
-                u5 = Signal(signed(f.u.bits), name=f"u5_{lane}")
-                w5 = Signal(signed(f.w.bits), name=f"w5_{lane}")
-                ws5 = Signal(name=f"ws5_{lane}")
-                with m.If(v[4]):
-                    m.d.sync += [u5.eq(u4), w5.eq(wq), ws5.eq(wc & be & live_at(4))]
-                flags += [v[4] & us4, v[5] & ws5]
-                new_u, new_w = u5, w5
-
+        sp, ws = self.slots, self.pipeline.depth
+        v = [slot_at(sp, s).valid for s in range(ws + 1)]
+        flags, lanes_live = [], []
+        for lane in range(self.L):
+            live = self._live(lane)
+            lanes_live.append(live(ws))
+            w2, u2 = self._operands(m, lane, v)
+            u_terms, v_terms, w3 = self._products(m, lane, v, w2, u2)
+            new_u, new_w, lane_flags = self._update(m, lane, v, live, u_terms, v_terms, w3)
+            flags += lane_flags
             # single-port memories: registers up to the write stage
+            us = self.update_stage
             for _ in range(ws - us):
                 nu = Signal.like(new_u, name=f"{new_u.name}_d")
                 nw = Signal.like(new_w, name=f"{new_w.name}_d")
@@ -266,8 +177,108 @@ class UpdateUnit(wiring.Component):
                 self.write_back.payload.u[lane].eq(new_u),
             ]
         m.d.comb += [
-            self.write_back.valid.eq(v[ws] & be),
+            self.write_back.valid.eq(v[ws] & sp.bwd),
             self.write_back.payload.lanes.eq(Cat(*lanes_live)),
             self.saturated.eq(Cat(*flags)),
         ]
         return m
+
+    def _live(self, lane: int):
+        """``live(s)``: lane ``lane``'s row exists for the slot at stage ``s`` (a padding lane
+        is dead in the last row group)."""
+        if lane < self.live_last:
+            return lambda s: 1
+        return lambda s: ~slot_at(self.slots, s).payload.last_group
+
+    def _operands(self, m: Module, lane: int, v: list) -> tuple[Signal, Signal]:
+        """S1 → S2: ``(w, u)`` and ŵ registered; ŵ and ``w`` out to the MAC lanes."""
+        f, up, sp = self.f, self.up, self.slots
+        w1, u1 = self.read.w[lane], self.read.u[lane]
+        w2 = Signal(signed(f.w.bits), name=f"w2_{lane}")
+        u2 = Signal(signed(f.u.bits), name=f"u2_{lane}")
+        with m.If(v[1]):
+            m.d.sync += [w2.eq(w1), u2.eq(u1)]
+        wh2 = w2  # without LWP the forward weight is w itself: one register, not two
+        if up.lwp_horizon:
+            wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
+            what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1), w1)
+            with m.If(v[1]):
+                m.d.sync += wh2.eq(what1)
+        m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]
+        return w2, u2
+
+    def _products(self, m: Module, lane: int, v: list, w2: Signal, u2: Signal):
+        """S2: the terms of U (and V with SC) as registers, read at S3 only — without enables,
+        so Yosys can absorb them into DSP output registers; ``w`` carried to S3."""
+        f, up = self.f, self.up
+        d2, xb2 = self.delta.delta[lane], self.operands.x_bwd
+        w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
+        with m.If(v[2]):
+            m.d.sync += w3.eq(w2)
+        mom = (const_mul(up.momentum.value, u2), up.momentum.frac + f.w.frac)
+        u_terms, v_terms = [], []
+        for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom)):
+            r = Signal(expr.shape(), name=f"ut{n}_{lane}")
+            m.d.sync += r.eq(expr)
+            u_terms.append((r, frac))
+        if up.sc:
+            for n, (expr, frac) in enumerate(
+                self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b)
+            ):
+                r = Signal(expr.shape(), name=f"vt{n}_{lane}")
+                m.d.sync += r.eq(expr)
+                v_terms.append((r, frac))
+        return u_terms, v_terms, w3
+
+    def _update(self, m: Module, lane: int, v: list, live, u_terms, v_terms, w3):
+        """S3: U and u′ with the lane's LFSR draw (backward slots only), w′ without SC (S4
+        registers); with SC, :meth:`_spike_compensation`. Returns ``(u′, w′, clamp flags)``."""
+        f, up, cfg = self.f, self.up, self.lfsr
+        R = cfg.round_bits
+        upd3 = v[3] & self.slots.bwd
+        m.submodules[f"lfsr{lane}"] = lf = LFSR(cfg.poly, cfg.width, cfg.leap, cfg.seeds[lane])
+        m.d.comb += lf.draw.eq(upd3)
+        U = 0
+        for r, frac in u_terms:
+            U = U + align(r, frac, up.frac_u)
+        ku = up.frac_u - f.w.frac
+        uq, uc = sat(wire(m, round_upd(U, ku, lf.next[:R], self.rounding, R), f"ur_{lane}"), f.u)
+        uq = wire(m, uq, f"uq_{lane}")
+        upd_live = upd3 & live(3)
+        if up.sc:
+            return self._spike_compensation(m, lane, v, live, lf, uq, uc & upd_live, w3, v_terms)
+        wq, wc = sat(wire(m, w3 - uq, f"wd_{lane}"), f.w)
+        u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
+        w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
+        us4 = Signal(name=f"us4_{lane}")
+        ws4 = Signal(name=f"ws4_{lane}")
+        with m.If(v[3]):
+            m.d.sync += [u4.eq(uq), w4.eq(wq), us4.eq(uc & upd_live), ws4.eq(wc & upd_live)]
+        return u4, w4, [v[4] & us4, v[4] & ws4]
+
+    def _spike_compensation(
+        self, m: Module, lane: int, v: list, live, lf, uq, u_clamp, w3, v_terms
+    ):
+        """S3 → S4: u′, w, the V terms and the draw's upper bits registered; S4: ``V`` and
+        ``w′ = sat(w − round_upd(V))``, registered at S5."""
+        f, up, R = self.f, self.up, self.lfsr.round_bits
+        u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
+        w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
+        rw4 = Signal(self.lfsr.width - R, name=f"rw4_{lane}")
+        us4 = Signal(name=f"us4_{lane}")
+        with m.If(v[3]):
+            m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(u_clamp)]
+        V = align(const_mul(up.sc_a.value, u4), up.sc_a.frac + f.w.frac, up.frac_v)
+        for r, frac in v_terms:
+            r4 = Signal(r.shape(), name=f"{r.name}_4")
+            with m.If(v[3]):
+                m.d.sync += r4.eq(r)
+            V = V + align(r4, frac, up.frac_v)
+        dw = round_upd(V, up.frac_v - f.w.frac, rw4[:R], self.rounding, R)
+        wq, wc = sat(wire(m, w4 - dw, f"wd_{lane}"), f.w)
+        u5 = Signal(signed(f.u.bits), name=f"u5_{lane}")
+        w5 = Signal(signed(f.w.bits), name=f"w5_{lane}")
+        ws5 = Signal(name=f"ws5_{lane}")
+        with m.If(v[4]):
+            m.d.sync += [u5.eq(u4), w5.eq(wq), ws5.eq(wc & self.slots.bwd & live(4))]
+        return u5, w5, [v[4] & us4, v[5] & ws5]

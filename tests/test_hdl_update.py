@@ -8,6 +8,7 @@ inference / forward-only passes in between (no draws, no write-back)."""
 from __future__ import annotations
 
 import random
+import zlib
 
 import pytest
 from amaranth.sim import Simulator
@@ -54,7 +55,7 @@ def reference_update(plan, st, w, u, d, x, draw):
     return w1, u1, cu, cw
 
 
-def _value(rng, fmt, edge=0.1):
+def _value(rng, fmt, edge=0.25):
     if rng.random() < edge:
         return rng.choice([fmt.min_int, fmt.max_int])
     span = max(1, (fmt.max_int - fmt.min_int) // 8)
@@ -93,7 +94,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         rounding=plan.rounding,
         lfsr=lfsr,
     )
-    rng = random.Random(hash(str(case)) & 0xFFFF)
+    rng = random.Random(zlib.crc32(repr((case, s)).encode()))
     passes = [(True, True), (False, False), (True, False), (True, True), (False, True)]
     log = []
 
