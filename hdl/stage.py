@@ -120,62 +120,66 @@ class StageUnit(wiring.Component):
             sig["gin"] = Out(ValidSignature(signed(st.gin_bits)))
         super().__init__(sig)
 
-    def elaborate(self, platform) -> Module:
-        m = Module()
+    def _parts(self) -> dict:
+        """The parts of this stage, each sized from the plan's stage entry (the one place the
+        geometry is read)."""
         plan, st = self.plan, self.stage
         f, L = st.formats, st.lanes
         live_last = st.out_features - (st.row_groups - 1) * L  # lanes live in the last group
         pipe = SlotPipelineSignature(
             st.in_features, st.row_groups, st.cycles_per_tick, st.write_stage
         )
-        m.submodules.seq = seq = SlotSequencer(pipe, st.slot_cycles)
-        m.submodules.store = store = WeightStore(
-            pipe, lanes=L, w_format=f.w, u_format=f.u, single_port=st.slot_cycles == 2
-        )
-        m.submodules.stash = stash = InputStash(
-            pipe,
-            lanes=L,
-            entries=st.stash_entries,
-            x_lanes=st.x_lanes,
-            x_words=st.x_words,
-            x_format=f.x,
-            x_operand_bits=st.x_operand_bits,
-        )
-        m.submodules.errbuf = errbuf = ErrorBuffer(
-            pipe, lanes=L, out_features=st.out_features, d_format=f.d, activation=self.activation
-        )
         lfsr = LFSRConfig(
             plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap, plan.round_bits, st.lfsr_seeds
         )
-        m.submodules.update = update = UpdateUnit(
-            pipe,
-            lanes=L,
-            live_last=live_last,
-            formats=f,
-            update=st.update,
-            x_operand_bits=st.x_operand_bits,
-            what_bits=st.what_bits,
-            update_stage=st.update_stage,
-            rounding=plan.rounding,
-            lfsr=lfsr,
-        )
-        m.submodules.fwd = fwd = ForwardLanes(
-            pipe,
-            lanes=L,
-            live_last=live_last,
-            acc_bits=st.acc_fwd_bits,
-            w_format=f.w,
-            x_format=f.x,
-            y_format=f.y,
-            what_bits=st.what_bits,
-            x_operand_bits=st.x_operand_bits,
-            activation=self.activation,
-        )
-        users = [stash, errbuf, store, update, fwd]
-        grads = []  # the parts that take ŵ/w and δ besides the update unit
-        flags = [fwd.saturated]
+        parts = {
+            "seq": SlotSequencer(pipe, st.slot_cycles),
+            "store": WeightStore(
+                pipe, lanes=L, w_format=f.w, u_format=f.u, single_port=st.slot_cycles == 2
+            ),
+            "stash": InputStash(
+                pipe,
+                lanes=L,
+                entries=st.stash_entries,
+                x_lanes=st.x_lanes,
+                x_words=st.x_words,
+                x_format=f.x,
+                x_operand_bits=st.x_operand_bits,
+            ),
+            "errbuf": ErrorBuffer(
+                pipe,
+                lanes=L,
+                out_features=st.out_features,
+                d_format=f.d,
+                activation=self.activation,
+            ),
+            "update": UpdateUnit(
+                pipe,
+                lanes=L,
+                live_last=live_last,
+                formats=f,
+                update=st.update,
+                x_operand_bits=st.x_operand_bits,
+                what_bits=st.what_bits,
+                update_stage=st.update_stage,
+                rounding=plan.rounding,
+                lfsr=lfsr,
+            ),
+            "fwd": ForwardLanes(
+                pipe,
+                lanes=L,
+                live_last=live_last,
+                acc_bits=st.acc_fwd_bits,
+                w_format=f.w,
+                x_format=f.x,
+                y_format=f.y,
+                what_bits=st.what_bits,
+                x_operand_bits=st.x_operand_bits,
+                activation=self.activation,
+            ),
+        }
         if st.input_gradient:
-            m.submodules.ingrad = ingrad = InputGradient(
+            parts["ingrad"] = InputGradient(
                 pipe,
                 lanes=L,
                 acc_bits=st.acc_bwd_bits,
@@ -184,17 +188,22 @@ class StageUnit(wiring.Component):
                 gin_format=f.gin,
                 what_bits=st.what_bits,
             )
-            users.append(ingrad)
-            grads.append(ingrad)
-            flags.append(ingrad.saturated)
-            connect(m, ingrad.gin, flipped(self.gin))
-        flags.append(update.saturated)
+        return parts
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        parts = self._parts()
+        for name, part in parts.items():
+            m.submodules[name] = part
+        seq, store, stash = parts["seq"], parts["store"], parts["stash"]
+        errbuf, update, fwd = parts["errbuf"], parts["update"], parts["fwd"]
+        grads = [parts["ingrad"]] if "ingrad" in parts else []  # take w and δ besides update
 
         # the tick controller's control, the lockstep slot pipeline to every part
         connect(m, flipped(self.ctl.items), seq.items)
         connect(m, flipped(self.ctl.stash), stash.bases)
         connect(m, flipped(self.ctl.error), errbuf.halves)
-        connect(m, seq.slots, *(u.slots for u in users))
+        connect(m, seq.slots, *(p.slots for n, p in parts.items() if n != "seq"))
         # data between the parts, in pipeline order
         connect(m, flipped(self.x_in), stash.write)
         connect(m, flipped(self.g_in), errbuf.write)
@@ -206,8 +215,12 @@ class StageUnit(wiring.Component):
         connect(m, update.weights, fwd.weights, *(g.weights for g in grads))  # S2
         connect(m, fwd.y, flipped(self.y))  # S4
         connect(m, fwd.mask_write, stash.mask_write)  # S4
+        for g in grads:
+            connect(m, g.gin, flipped(self.gin))  # S4
         connect(m, update.write_back, store.write_back)  # write stage
 
+        # clamp flags in a fixed order: z per lane, gin, then (u′, w′) per lane
+        flags = [fwd.saturated, *(g.saturated for g in grads), update.saturated]
         m.submodules.saturations = sat = SaturationCounter(sum(len(x) for x in flags))
         m.d.comb += [sat.flags.eq(Cat(*flags)), self.saturations.eq(sat.count)]
         return m
