@@ -11,7 +11,7 @@ import pytest
 from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipetrain.hdl.link import LinkEngine, crc32_step_matrix
+from pipetrain.hdl.link import LinkEngine
 from pipetrain.host.client import LinkClient
 from pipetrain.host.transport import FaultyTransport, LoopbackTransport
 from pipetrain.protocol.device_model import LinkDeviceModel, ToyNetwork
@@ -22,7 +22,6 @@ from pipetrain.protocol.wire import (
     FrameDecoder,
     LinkParams,
     Result,
-    crc32,
     encode_frame,
     encode_record,
     weight_header,
@@ -33,10 +32,99 @@ PLAN = tiny_plan(lwp_w=False)
 RX_TIMEOUT = 40  # cycles; the harness never pauses a frame that long unless it was cut
 
 
+class ToyPorts:
+    """NetworkTop's ports (``net``, the flipped network signature of an engine or dispatcher)
+    played by a :class:`ToyNetwork` under random backpressure, one cycle at a time: call
+    :meth:`drive` before the cycle settles, :meth:`sample` after, :meth:`commit` after the edge.
+    ``rng`` is shared with the caller (the order of its draws is part of the test)."""
+
+    def __init__(self, net, toy: ToyNetwork, rng: random.Random, p_net: float) -> None:
+        self.net, self.toy, self.rng, self.p_net = net, toy, rng, p_net
+        self.beats: list[int] = []
+        self.tick_busy = 0
+        self.rq: deque[Result] = deque()
+        self.ro_hold = False
+        self.wrsp: deque[int] = deque()
+        self.wr_hold = False
+
+    def drive(self, ctx) -> None:
+        net, toy, rng = self.net, self.toy, self.rng
+        self.si_ready = self.tick_busy == 0 and rng.random() < self.p_net
+        ctx.set(net.sample_in.ready, self.si_ready)
+        if self.rq and (self.ro_hold or rng.random() < self.p_net):
+            self.ro_hold = True
+            r = self.rq[0]
+            ctx.set(net.result_out.valid, 1)
+            ctx.set(net.result_out.payload.sample, r.sample)
+            ctx.set(net.result_out.payload.pred, r.pred)
+            ctx.set(net.result_out.payload.loss, r.loss)
+            ctx.set(net.result_out.payload.train, r.train)
+        else:
+            ctx.set(net.result_out.valid, 0)
+        idle = not toy.in_flight and self.tick_busy == 0 and not self.rq
+        self.wc_ready = idle and not self.wrsp and rng.random() < self.p_net
+        ctx.set(net.wacc_cmd.ready, self.wc_ready)
+        if self.wrsp and (self.wr_hold or rng.random() < self.p_net):
+            self.wr_hold = True
+            ctx.set(net.wacc_rsp.valid, 1)
+            ctx.set(net.wacc_rsp.payload.data, self.wrsp[0])
+        else:
+            ctx.set(net.wacc_rsp.valid, 0)
+        ctx.set(net.idle, idle)
+        trained, ticks, sats = toy.counters()
+        ctx.set(net.samples_trained, trained & 0xFFFFFFFF)
+        ctx.set(net.ticks, ticks & 0xFFFFFFFF)
+        for i, v in enumerate(sats):
+            ctx.set(net.saturations[i], v & 0xFFFFFFFF)
+
+    def sample(self, ctx) -> None:
+        net = self.net
+        self.si_valid = ctx.get(net.sample_in.valid)
+        if self.si_valid and self.si_ready:
+            self.sx = ctx.get(net.sample_in.payload.x)
+            self.slast = ctx.get(net.sample_in.payload.last)
+            self.slabel = ctx.get(net.sample_in.payload.label)
+            self.strain = ctx.get(net.sample_in.payload.train)
+        self.ro_ready = ctx.get(net.result_out.ready)
+        self.ro_valid = ctx.get(net.result_out.valid)
+        self.wc_valid = ctx.get(net.wacc_cmd.valid)
+        if self.wc_valid and self.wc_ready:
+            self.wcmd = ctx.get(net.wacc_cmd.payload)
+        self.wr_valid = ctx.get(net.wacc_rsp.valid)
+        self.wr_ready = ctx.get(net.wacc_rsp.ready)
+        self.flush = ctx.get(net.flush)
+
+    def commit(self) -> None:
+        toy, rng = self.toy, self.rng
+        if self.tick_busy:
+            self.tick_busy -= 1
+        if self.si_valid and self.si_ready:
+            self.beats.append(self.sx)
+            if self.slast:
+                assert len(self.beats) == toy.params.in_features
+                toy.push(self.beats, self.slabel, bool(self.strain))
+                self.beats = []
+                self.tick_busy = rng.randint(0, 4)
+                self.rq.extend(toy.pop_results())
+        elif self.flush and toy.in_flight and self.tick_busy == 0:
+            toy.bubble()
+            self.tick_busy = rng.randint(0, 4)
+            self.rq.extend(toy.pop_results())
+        if self.ro_valid and self.ro_ready:
+            self.rq.popleft()
+            self.ro_hold = False
+        if self.wc_valid and self.wc_ready:
+            w = self.wcmd
+            self.wrsp.append(toy.wacc(bool(w.write), w.stage, w.kind, w.row, w.col, w.data))
+        if self.wr_valid and self.wr_ready:
+            self.wrsp.popleft()
+            self.wr_hold = False
+
+
 class EngineSim:
     """A :class:`~pipetrain.host.transport.ByteDevice` running the RTL engine in Amaranth's
     simulator, with a testbench process that plays the host byte streams and (``toy`` given)
-    NetworkTop's ports, all under random valid/ready gaps.
+    NetworkTop's ports (:class:`ToyPorts`), all under random valid/ready gaps.
 
     ``step(data)`` queues host bytes and runs until every byte was taken and the engine has gone
     quiet (``busy`` low) for 2 cycles; a partial frame is dropped by the engine's own timeout.
@@ -59,16 +147,8 @@ class EngineSim:
 
     async def _bench(self, ctx):
         e, rng = self.engine, self.rng
-        net = e.net
         cur = None
-        # network side
-        toy = self.toy
-        beats: list[int] = []
-        tick_busy = 0
-        rq: deque[Result] = deque()
-        ro_hold = False
-        wrsp: deque[int] = deque()
-        wr_hold = False
+        ports = None if self.toy is None else ToyPorts(e.net, self.toy, rng, self.p_net)
         while True:
             # ---- drive inputs ----
             if cur is None and self.inq and rng.random() < self.p_rx:
@@ -77,54 +157,15 @@ class EngineSim:
             ctx.set(e.rx.payload, 0 if cur is None else cur)
             tx_ready = rng.random() < self.p_tx
             ctx.set(e.tx.ready, tx_ready)
-            if toy is not None:
-                si_ready = tick_busy == 0 and rng.random() < self.p_net
-                ctx.set(net.sample_in.ready, si_ready)
-                if rq and (ro_hold or rng.random() < self.p_net):
-                    ro_hold = True
-                    r = rq[0]
-                    ctx.set(net.result_out.valid, 1)
-                    ctx.set(net.result_out.payload.sample, r.sample)
-                    ctx.set(net.result_out.payload.pred, r.pred)
-                    ctx.set(net.result_out.payload.loss, r.loss)
-                    ctx.set(net.result_out.payload.train, r.train)
-                else:
-                    ctx.set(net.result_out.valid, 0)
-                idle = not toy.in_flight and tick_busy == 0 and not rq
-                wc_ready = idle and not wrsp and rng.random() < self.p_net
-                ctx.set(net.wacc_cmd.ready, wc_ready)
-                if wrsp and (wr_hold or rng.random() < self.p_net):
-                    wr_hold = True
-                    ctx.set(net.wacc_rsp.valid, 1)
-                    ctx.set(net.wacc_rsp.payload.data, wrsp[0])
-                else:
-                    ctx.set(net.wacc_rsp.valid, 0)
-                ctx.set(net.idle, idle)
-                trained, ticks, sats = toy.counters()
-                ctx.set(net.samples_trained, trained & 0xFFFFFFFF)
-                ctx.set(net.ticks, ticks & 0xFFFFFFFF)
-                for i, v in enumerate(sats):
-                    ctx.set(net.saturations[i], v & 0xFFFFFFFF)
+            if ports is not None:
+                ports.drive(ctx)
             # ---- sample outputs (settled) ----
             rx_ready = ctx.get(e.rx.ready)
             tx_valid = ctx.get(e.tx.valid)
             tx_byte = ctx.get(e.tx.payload)
             busy = ctx.get(e.busy)
-            if toy is not None:
-                si_valid = ctx.get(net.sample_in.valid)
-                if si_valid and si_ready:
-                    sx = ctx.get(net.sample_in.payload.x)
-                    slast = ctx.get(net.sample_in.payload.last)
-                    slabel = ctx.get(net.sample_in.payload.label)
-                    strain = ctx.get(net.sample_in.payload.train)
-                ro_ready = ctx.get(net.result_out.ready)
-                ro_valid = ctx.get(net.result_out.valid)
-                wc_valid = ctx.get(net.wacc_cmd.valid)
-                if wc_valid and wc_ready:
-                    wcmd = ctx.get(net.wacc_cmd.payload)
-                wr_valid = ctx.get(net.wacc_rsp.valid)
-                wr_ready = ctx.get(net.wacc_rsp.ready)
-                flush = ctx.get(net.flush)
+            if ports is not None:
+                ports.sample(ctx)
             await ctx.tick()
             self.cycles += 1
             # ---- transfers of this cycle ----
@@ -133,32 +174,8 @@ class EngineSim:
             if tx_valid and tx_ready:
                 self.out.append(tx_byte)
             self.quiet = self.quiet + 1 if (cur is None and not self.inq and not busy) else 0
-            if toy is None:
-                continue
-            if tick_busy:
-                tick_busy -= 1
-            if si_valid and si_ready:
-                beats.append(sx)
-                if slast:
-                    assert len(beats) == toy.params.in_features
-                    toy.push(beats, slabel, bool(strain))
-                    beats = []
-                    tick_busy = rng.randint(0, 4)
-                    rq.extend(toy.pop_results())
-            elif flush and toy.in_flight and tick_busy == 0:
-                toy.bubble()
-                tick_busy = rng.randint(0, 4)
-                rq.extend(toy.pop_results())
-            if ro_valid and ro_ready:
-                rq.popleft()
-                ro_hold = False
-            if wc_valid and wc_ready:
-                wrsp.append(
-                    toy.wacc(bool(wcmd.write), wcmd.stage, wcmd.kind, wcmd.row, wcmd.col, wcmd.data)
-                )
-            if wr_valid and wr_ready:
-                wrsp.popleft()
-                wr_hold = False
+            if ports is not None:
+                ports.commit()
 
     def step(self, data: bytes, max_cycles: int = 200_000) -> bytes:
         """Queue ``data``; run until the engine is quiet; return its output bytes."""
@@ -183,21 +200,6 @@ def make_pair(seed=0, **kw):
     rtl = EngineSim(engine, ToyNetwork(params), seed=seed)
     model = LinkDeviceModel(params, ToyNetwork(params))
     return rtl, model
-
-
-def test_crc_matrix_matches_zlib():
-    rows = crc32_step_matrix()
-
-    def step(c, b):
-        return sum(
-            ((bin(c & cm).count("1") + bin(b & dm).count("1")) & 1) << i
-            for i, (cm, dm) in enumerate(rows)
-        )
-
-    c = 0xFFFFFFFF
-    for b in b"123456789":
-        c = step(c, b)
-    assert c ^ 0xFFFFFFFF == 0xCBF43926 == crc32(b"123456789")
 
 
 def test_engine_signature_and_hash():

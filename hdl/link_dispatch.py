@@ -1,0 +1,420 @@
+"""``LinkDispatcher``: executes received frames and hands their responses to the transmitter
+(docs/protocol.md §2, §3).
+
+For each ``frame`` beat: count it (``frames_ok``, ``bad_crc``, ``bad_header`` or
+``rx_timeouts``); drop a bad frame; answer a retransmission (same seq as the last executed
+command, HELLO excepted) from the response buffer, which is the response cache, without
+executing it; otherwise execute the command, write its response into the response buffer and
+send it. HELLO, FLUSH and the counter commands run here; SAMPLES, READ_RESULTS and the weight
+commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesCommand`,
+:class:`~pipetrain.hdl.link_results.ReadResults`,
+:class:`~pipetrain.hdl.link_weights.WeightsCommand`), through held ``cmd`` requests.
+
+State memory (*derived*: area on the iCE40UP5K, one EBR): one byte memory holds the response
+buffer (0 .. tx_max−1), then two regions of counters, counter c at byte 4c (LE): the offsets
+latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by a 4-cycle
+read-modify-write). The value slots of the network counters are unused; the constant HELLO
+bytes sit there, ending right before ``accepted``, so HELLO is one 26-byte copy (constants,
+``accepted``, ``results_read``). READ_COUNTERS forms ``value − offset`` a byte per cycle (a
+network counter is latched whole first: it may change while it is read). After reset the
+dispatcher zeroes the counters and offsets (a few hundred cycles, ``busy`` high).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..compiler.plan import Plan
+from ..protocol.wire import ENGINE_COUNTERS, HELLO_BYTES, NAK, Cmd, LinkParams, NakReason
+from .link_ports import (
+    FrameStatus,
+    byte_layout,
+    frame_layout,
+    network_signature,
+    response_layout,
+)
+from .link_results import ReadResults
+from .link_samples import SamplesCommand
+from .link_weights import WeightsCommand
+
+__all__ = ["LinkDispatcher"]
+
+# `_PartSelect` and the counter states tell command types apart by single bits; these are
+# the bits they rely on (type bits 0, 2 and 3 of the four types that run in a part)
+_PART_TYPES = (Cmd.SAMPLES, Cmd.READ_RESULTS, Cmd.READ_WEIGHTS, Cmd.WRITE_WEIGHTS)
+assert [t & 0b1101 for t in _PART_TYPES] == [0b0000, 0b0001, 0b0101, 0b1000]
+assert Cmd.READ_COUNTERS & 1 and not Cmd.RESET_COUNTERS & 1
+
+
+class _StateMemory:
+    """The dispatcher's byte memory (response buffer, counter offsets and values, HELLO bytes)
+    and its operations: append to the response, increment a counter, copy bytes.
+
+    ``ra`` is the read address (``rd.data`` is always ``mem[ra]``; assign ``ra_next`` to move
+    it), ``wptr`` the response length so far, ``bi`` a byte index (of a counter's 4 bytes).
+    """
+
+    RET = ("DISPATCH", "IDLE", "DONE", "EXEC")  # where an increment returns to
+
+    def __init__(self, m: Module, params: LinkParams) -> None:
+        P = params
+        self.m = m
+        self.E = P.num_stages + 3  # the first engine counter (`accepted`) in READ_COUNTERS order
+        self.counter = {name: self.E + i for i, name in enumerate(ENGINE_COUNTERS)}
+        self.cb = max(1, (P.num_counters - 1).bit_length())
+        Z = 4 << self.cb  # bytes of a counter region
+        self.OB = -(-P.tx_max // (2 * Z)) * (2 * Z)  # offsets region; values at OB + Z
+        self.HB = self.OB + Z + 4 * self.E - (HELLO_BYTES - 8)  # the HELLO constants
+        self.depth = self.OB + 2 * Z
+        assert self.HB >= self.OB + 4 * P.num_counters  # the constants overlap no used slot
+        init = [0] * self.depth
+        init[self.HB : self.HB + HELLO_BYTES - 8] = P.hello_payload(0, 0)[: HELLO_BYTES - 8]
+        m.submodules.mem = mem = Memory(shape=8, depth=self.depth, init=init)
+        self.wr, self.rd = mem.write_port(), mem.read_port()
+        self.ra = Signal(range(self.depth), init=self.OB)
+        self.ra_next = Signal.like(self.ra)
+        m.d.comb += [self.ra_next.eq(self.ra), self.rd.addr.eq(self.ra_next)]
+        m.d.sync += self.ra.eq(self.ra_next)
+        self.wptr = Signal(range(P.tx_max + 1))
+        self.bi = Signal(2)
+        self.carry = Signal()  # of a counter increment; 0 for copies
+        self.sum = Signal(9)  # mem[ra] + carry
+        self.ret = Signal(2)
+        m.d.comb += self.sum.eq(self.rd.data + self.carry)
+
+    def slot(self, region: int, c) -> Cat:
+        """Address of byte 0 of counter ``c`` (int or Value) in region 0 (offsets) / 1 (values)."""
+        cb = self.cb
+        index = Const(c, cb) if isinstance(c, int) else c[:cb]
+        top = Const(self.OB >> (cb + 3), len(self.ra) - cb - 3)
+        return Cat(Const(0, 2), index, Const(region, 1), top)
+
+    def emit(self, value) -> None:
+        """Append a byte to the response."""
+        self.m.d.comb += [self.wr.addr.eq(self.wptr), self.wr.data.eq(value), self.wr.en.eq(1)]
+        self.m.d.sync += self.wptr.eq(self.wptr + 1)
+
+    def write(self, value) -> None:
+        """Write a byte at the read address (counter updates)."""
+        self.m.d.comb += [self.wr.addr.eq(self.ra), self.wr.data.eq(value), self.wr.en.eq(1)]
+
+    def increment(self, c, ret) -> None:
+        """Go to INC: add 1 to engine counter ``c`` (4 cycles), then to ``ret`` (a :attr:`RET`
+        name, or ``(cond, if_true, if_false)``)."""
+        m = self.m
+        m.d.comb += self.ra_next.eq(self.slot(1, c))
+        if isinstance(ret, str):
+            code = self.RET.index(ret)
+        else:
+            code = Mux(ret[0], self.RET.index(ret[1]), self.RET.index(ret[2]))
+        m.d.sync += [self.carry.eq(1), self.bi.eq(0), self.ret.eq(code)]
+        m.next = "INC"
+
+    def increment_state(self, returns: dict) -> None:
+        """The INC state; ``returns[name]()`` runs in its last cycle when it returns to ``name``."""
+        m = self.m
+        with m.State("INC"):
+            m.d.comb += self.ra_next.eq(self.ra + 1)
+            self.write(self.sum[:8])
+            m.d.sync += [self.carry.eq(self.sum[8]), self.bi.eq(self.bi + 1)]
+            with m.If(self.bi == 3):
+                with m.Switch(self.ret):
+                    for code, name in enumerate(self.RET):
+                        with m.Case(code):
+                            returns.get(name, lambda: None)()
+                            m.next = name
+
+    def copy_state(self, name: str, count: int) -> None:
+        """State ``name``: append ``count`` bytes from ``ra`` on (set by the state before, with
+        ``carry`` 0) to the response, then DONE."""
+        m = self.m
+        with m.State(name):
+            self.emit(self.sum[:8])
+            m.d.comb += self.ra_next.eq(self.ra + 1)
+            with m.If(self.wptr == count - 1):
+                m.next = "DONE"
+
+    def clear_state(self) -> None:
+        """CLEAR, after reset: zero the counters and offsets (not the HELLO bytes), then IDLE."""
+        m, ra = self.m, self.ra
+        with m.State("CLEAR"):
+            with m.If((ra < self.HB) | (ra >= self.HB + HELLO_BYTES - 8)):
+                self.write(0)
+            m.d.comb += self.ra_next.eq(ra + 1)
+            with m.If(ra == self.depth - 1):
+                m.next = "IDLE"
+
+
+class _PartSelect:
+    """Which part runs the frame's command in EXEC, from the type bits that tell SAMPLES
+    (0b0010), READ_RESULTS (0b0011), READ_WEIGHTS (0b0111) and WRITE_WEIGHTS (0b1000) apart
+    (only these types reach EXEC; *derived*: three 1–2-input gates instead of 8-bit compares)."""
+
+    def __init__(self, typ) -> None:
+        self.samples = ~typ[0] & ~typ[3]
+        self.results = typ[0] & ~typ[2]
+        self.weights = typ[2] | typ[3]
+
+
+class LinkDispatcher(wiring.Component):
+    """Executes frames from the receiver, sends responses through the transmitter.
+
+    Parameters
+    ----------
+    plan: the design plan (NetworkTop's ports).
+    params: link sizes.
+
+    Members
+    -------
+    frame: ``In(stream.Signature(frame_layout(params)))`` held request from the receiver; taken
+        when the frame is dropped or its response was sent.
+    args: ``In(stream.Signature(byte_layout()))`` the frame's payload (to the command parts).
+    response: ``Out(stream.Signature(response_layout()))`` held request to the transmitter.
+    data: ``Out(stream.Signature(byte_layout()))`` the response payload, from the response
+        buffer.
+    net: ``In(network_signature(plan))`` NetworkTop's ports, flipped.
+    busy: ``Out(1)`` clearing after reset, or a frame in hand.
+    """
+
+    def __init__(self, plan: Plan, params: LinkParams) -> None:
+        self.plan = plan
+        self.params = params
+        super().__init__(
+            {
+                "frame": In(stream.Signature(frame_layout(params))),
+                "args": In(stream.Signature(byte_layout())),
+                "response": Out(stream.Signature(response_layout())),
+                "data": Out(stream.Signature(byte_layout())),
+                "net": In(network_signature(plan)),
+                "busy": Out(1),
+            }
+        )
+
+    def _parts(self, m: Module, sh: Signal) -> tuple[SamplesCommand, ReadResults, WeightsCommand]:
+        """The command parts, connected to ``net``, ``args`` and the shift register ``sh``."""
+        net, args, f = self.net, self.args, self.frame.payload
+        m.submodules.samples = samples = SamplesCommand(self.plan, self.params)
+        m.submodules.read_results = results = ReadResults(self.params)
+        m.submodules.weights = weights = WeightsCommand(self.params)
+        wiring.connect(m, samples.sample_in, wiring.flipped(net.sample_in))
+        wiring.connect(m, wiring.flipped(net.result_out), results.result_out)
+        wiring.connect(m, weights.wacc_cmd, wiring.flipped(net.wacc_cmd))
+        wiring.connect(m, wiring.flipped(net.wacc_rsp), weights.wacc_rsp)
+        parts = (samples, results, weights)
+        for part in parts:
+            m.d.comb += [part.args.valid.eq(args.valid), part.args.payload.eq(args.payload)]
+        m.d.comb += [
+            args.ready.eq(samples.args.ready | results.args.ready | weights.args.ready),
+            samples.word.eq(sh),
+            weights.word.eq(sh),
+            weights.cmd.payload.write.eq(f.type[3]),  # WRITE_WEIGHTS = 8, READ_WEIGHTS = 7
+            weights.cmd.payload.length.eq(f.length),
+        ]
+        # every byte a part takes from `args` shifts in (features, the word to write)
+        with m.If(args.valid & args.ready):
+            m.d.sync += sh.eq(Cat(sh[8:], args.payload.data))
+        return parts
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        st = _StateMemory(m, self.params)
+        f, net = self.frame.payload, self.net
+        sh = Signal(32)  # shift register: bytes taken from `args`, counter snapshots
+        samples, results, weights = self._parts(m, sh)
+        part = _PartSelect(f.type)
+        last_seq, have_last = Signal(8), Signal()
+        rsp_type = Signal(8)
+        reason = Signal(2)  # NakReason of a NAK
+        outstanding = Signal(range(self.params.result_depth + 1))  # accepted − results_read
+        fwait = Signal(3)
+
+        def dropped() -> None:  # a bad frame was counted
+            m.d.comb += self.frame.ready.eq(1)
+
+        def counted() -> None:  # a part's count is done
+            m.d.comb += [samples.bump.ready.eq(part.samples), results.bump.ready.eq(part.results)]
+            m.d.sync += outstanding.eq(Mux(part.samples, outstanding + 1, outstanding - 1))
+
+        with m.FSM(name="dispatch") as fsm:
+            st.clear_state()
+            with m.State("IDLE"):
+                with m.If(self.frame.valid):
+                    ok = f.status == FrameStatus.OK
+                    counter = st.counter["frames_ok"] + f.status.as_value()
+                    st.increment(counter, (ok, "DISPATCH", "IDLE"))
+            st.increment_state({"IDLE": dropped, "EXEC": counted})
+
+            with m.State("DISPATCH"):
+                with m.If((f.type != Cmd.HELLO) & have_last & (f.seq == last_seq)):
+                    st.increment(st.counter["duplicates"], "DONE")  # from the response cache
+                with m.Else():
+                    m.d.sync += [
+                        st.wptr.eq(0),
+                        rsp_type.eq(f.type | 0x80),
+                        st.carry.eq(0),
+                        st.bi.eq(0),
+                        fwait.eq(0),
+                        reason.eq(NakReason.FULL),
+                    ]
+                    self._dispatch(m, st, outstanding)
+
+            with m.State("EXEC"):
+                self._exec(m, st, part, (samples, results, weights), reason)
+
+            with m.State("NAK0"):
+                st.emit(f.type)
+                m.d.sync += rsp_type.eq(NAK)
+                m.next = "NAK1"
+
+            with m.State("NAK1"):
+                st.emit(reason)
+                m.next = "DONE"
+
+            st.copy_state("HELLO", HELLO_BYTES)
+            st.copy_state("ACK", 4)  # SAMPLES: `accepted`
+
+            with m.State("FLUSH"):
+                m.d.comb += net.flush.eq(1)
+                # hold flush a few cycles before trusting `idle` (it may lag the last beat)
+                with m.If(fwait != 4):
+                    m.d.sync += fwait.eq(fwait + 1)
+                with m.Elif(net.idle):
+                    m.next = "DONE"
+
+            self._counter_states(m, st, sh)
+
+            with m.State("DONE"):
+                m.d.comb += st.ra_next.eq(0)
+                m.d.sync += [last_seq.eq(f.seq), have_last.eq(1)]
+                m.next = "SEND"
+
+            with m.State("SEND"):
+                self._send(m, st, rsp_type, last_seq)
+
+        with m.If(weights.flush):
+            m.d.comb += net.flush.eq(1)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+        return m
+
+    def _dispatch(self, m: Module, st: _StateMemory, outstanding: Signal) -> None:
+        """The first state of each command (in DISPATCH, a new command)."""
+        f = self.frame.payload
+        with m.Switch(f.type):
+            with m.Case(Cmd.HELLO):
+                m.d.comb += st.ra_next.eq(st.HB)
+                m.next = "HELLO"
+            with m.Case(Cmd.SAMPLES):  # NAK FULL unless the result buffer has room for all
+                with m.If(outstanding + f.records > self.params.result_depth):
+                    m.next = "NAK0"
+                with m.Else():
+                    m.next = "EXEC"
+            with m.Case(Cmd.FLUSH):
+                m.next = "FLUSH"
+            with m.Case(Cmd.READ_COUNTERS, Cmd.RESET_COUNTERS):
+                m.next = "C_LATCH"
+            with m.Default():  # READ_RESULTS, READ_WEIGHTS, WRITE_WEIGHTS
+                m.next = "EXEC"
+
+    def _exec(self, m: Module, st: _StateMemory, part: _PartSelect, parts, reason: Signal) -> None:
+        """EXEC: the command runs in its part; the part's bytes go to the response, its counts
+        to the counters; when it is done, its NAK, SAMPLES' ``accepted``, or DONE."""
+        samples, results, weights = parts
+        m.d.comb += [
+            samples.cmd.valid.eq(part.samples),
+            results.cmd.valid.eq(part.results),
+            weights.cmd.valid.eq(part.weights),
+        ]
+        with m.If(results.emit.valid | weights.emit.valid):
+            st.emit(Mux(results.emit.valid, results.emit.payload, weights.emit.payload))
+        with m.If(samples.bump.valid):
+            st.increment(st.counter["accepted"], "EXEC")
+        with m.Elif(results.bump.valid):
+            st.increment(st.counter["results_read"], "EXEC")
+        with m.If(samples.cmd.ready | results.cmd.ready | weights.cmd.ready):
+            nak = results.nak | weights.nak
+            m.d.sync += [reason.eq(nak), st.carry.eq(0)]
+            with m.If(nak != 0):
+                m.next = "NAK0"
+            with m.Elif(part.samples):
+                m.d.comb += st.ra_next.eq(st.slot(1, st.counter["accepted"]))
+                m.next = "ACK"
+            with m.Else():
+                m.next = "DONE"
+
+    def _send(self, m: Module, st: _StateMemory, rsp_type: Signal, last_seq: Signal) -> None:
+        """SEND: offer the response (header and payload from the response buffer) until the
+        transmitter takes it; then the frame is done."""
+        rsp, dat = self.response, self.data
+        m.d.comb += [
+            rsp.valid.eq(1),
+            rsp.payload.type.eq(rsp_type),
+            rsp.payload.seq.eq(last_seq),
+            rsp.payload.length.eq(st.wptr),
+            dat.valid.eq(st.ra != st.wptr),
+            dat.payload.data.eq(st.rd.data),
+            dat.payload.last.eq(st.ra + 1 == st.wptr),
+        ]
+        with m.If(dat.valid & dat.ready):
+            m.d.comb += st.ra_next.eq(st.ra + 1)
+        with m.If(rsp.ready):
+            m.d.comb += self.frame.ready.eq(1)
+            m.next = "IDLE"
+
+    def _counter_states(self, m: Module, st: _StateMemory, sh: Signal) -> None:
+        """READ_COUNTERS and RESET_COUNTERS: for each counter, READ emits ``value − offset`` a
+        byte at a time, RESET writes the value into the offset slot. A network counter is
+        latched whole first (it may change while it is read); an engine counter is loaded from
+        the state memory."""
+        P, net, f = self.params, self.net, self.frame.payload
+        E, K = st.E, P.num_counters
+        bi = st.bi
+        c = Signal(range(K))
+        borrow = Signal()
+        d = Signal(9)
+        is_read = f.type[0]  # READ_COUNTERS = 5, RESET_COUNTERS = 6
+
+        def shift_in(b) -> None:
+            m.d.sync += sh.eq(Cat(sh[8:], b))
+
+        with m.State("C_LATCH"):
+            m.d.sync += [borrow.eq(0), bi.eq(0)]
+            with m.If(c < E):
+                with m.Switch(c):
+                    network = [net.samples_trained, net.ticks, *net.saturations]
+                    for i, v in enumerate(network):
+                        with m.Case(i):
+                            m.d.sync += sh.eq(v)
+                m.d.comb += st.ra_next.eq(st.slot(0, c))
+                m.next = "C_EMIT"
+            with m.Else():
+                m.d.comb += st.ra_next.eq(st.slot(1, c))
+                m.next = "C_LOADV"
+
+        with m.State("C_LOADV"):
+            shift_in(st.rd.data)
+            m.d.comb += st.ra_next.eq(st.ra + 1)
+            m.d.sync += bi.eq(bi + 1)
+            with m.If(bi == 3):
+                m.d.comb += st.ra_next.eq(st.slot(0, c))
+                m.next = "C_EMIT"
+
+        with m.State("C_EMIT"):
+            m.d.comb += [d.eq(sh[0:8] - st.rd.data - borrow), st.ra_next.eq(st.ra + 1)]
+            with m.If(is_read):
+                st.emit(d[:8])
+            with m.Else():
+                st.write(sh[0:8])
+            shift_in(st.rd.data)
+            m.d.sync += [borrow.eq(d[8]), bi.eq(bi + 1)]
+            with m.If(bi == 3):
+                with m.If(c == K - 1):
+                    m.d.sync += c.eq(0)
+                    m.next = "DONE"
+                with m.Else():
+                    m.d.sync += c.eq(c + 1)
+                    m.next = "C_LATCH"

@@ -1,0 +1,183 @@
+"""READ_RESULTS (docs/protocol.md §2): the result buffer and the command that reads it.
+
+:class:`ResultBuffer` keeps the network's results, from ``result_out``, until the host reads
+them; :class:`ReadResults` executes READ_RESULTS: it answers ``n`` and then ``n`` results of
+11 bytes (``Result.to_bytes``), and asks the dispatcher to count each one (``results_read``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..protocol.wire import RESULT_BYTES, LinkParams, NakReason
+from .link_ports import byte_layout, command_signature
+from .top import result_layout
+
+__all__ = ["ResultBuffer", "ReadResults"]
+
+#: Bytes per slot of the result memory: a power of two ≥ RESULT_BYTES (the slot number is the
+#: high address bits).
+SLOT_BYTES = 16
+
+
+def _wrap_inc(sig: Signal, n: int):
+    """``sig + 1`` modulo ``n``."""
+    return sig + 1 if n == 1 << len(sig) else Mux(sig == n - 1, 0, sig + 1)
+
+
+class ResultBuffer(wiring.Component):
+    """A FIFO of ``depth`` results in one byte memory (16-byte slots), read a byte at a time.
+
+    A result is written a byte per cycle straight from ``i`` (held valid by the stream rules)
+    and taken with its last byte, so it costs no word register (*derived*: area on the
+    iCE40UP5K, where the whole FIFO is one EBR).
+
+    Parameters
+    ----------
+    depth: results buffered (``LinkParams.result_depth``), ≥ 1.
+
+    Members
+    -------
+    i: ``In(stream.Signature(result_layout()))`` results from the network (``result_out``);
+        a result is taken ``RESULT_BYTES`` cycles after it is offered, when a slot is free.
+    o: ``Out(stream.Signature(byte_layout()))`` the oldest result's 11 bytes in
+        ``Result.to_bytes`` order, ``last`` on the 11th; taking the last byte frees the slot.
+    level: ``Out(range(depth + 1))`` whole results buffered.
+    """
+
+    def __init__(self, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be ≥ 1 result, got {depth}")
+        self.depth = depth
+        super().__init__(
+            {
+                "i": In(stream.Signature(result_layout())),
+                "o": Out(stream.Signature(byte_layout())),
+                "level": Out(range(depth + 1)),
+            }
+        )
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        D, i, o, level = self.depth, self.i, self.o, self.level
+        m.submodules.mem = mem = Memory(shape=8, depth=D * SLOT_BYTES, init=[])
+        w, r = mem.write_port(), mem.read_port()
+        wslot, rslot = Signal(range(D)), Signal(range(D))
+        wb, rb = Signal(4), Signal(4)
+        push = i.valid & i.ready
+        pop = o.valid & o.ready & o.payload.last
+
+        # write side: byte `wb` of the offered result into the free slot
+        value = i.payload.as_value()
+        rbytes = Cat(value, Const(0, 8 * RESULT_BYTES - len(value)))
+        with m.If(i.valid & (level != D)):
+            m.d.comb += [
+                w.addr.eq(Cat(wb, wslot)),
+                w.data.eq(rbytes.word_select(wb, 8)),
+                w.en.eq(1),
+            ]
+            m.d.sync += wb.eq(wb + 1)
+            with m.If(wb == RESULT_BYTES - 1):
+                m.d.comb += i.ready.eq(1)
+                m.d.sync += [wb.eq(0), wslot.eq(_wrap_inc(wslot, D))]
+
+        # read side: the read port shows byte `rb` of slot `rslot` (addressed a cycle ahead)
+        rb_next, rslot_next = Signal.like(rb), Signal.like(rslot)
+        m.d.comb += [rb_next.eq(rb), rslot_next.eq(rslot)]
+        with m.If(o.valid & o.ready):
+            m.d.comb += rb_next.eq(rb + 1)
+        with m.If(pop):
+            m.d.comb += [rb_next.eq(0), rslot_next.eq(_wrap_inc(rslot, D))]
+        m.d.sync += [rb.eq(rb_next), rslot.eq(rslot_next)]
+        m.d.comb += [
+            r.addr.eq(Cat(rb_next, rslot_next)),
+            o.valid.eq(level != 0),
+            o.payload.data.eq(r.data),
+            o.payload.last.eq(rb == RESULT_BYTES - 1),
+        ]
+
+        with m.If(push & ~pop):
+            m.d.sync += level.eq(level + 1)
+        with m.Elif(pop & ~push):
+            m.d.sync += level.eq(level - 1)
+        return m
+
+
+class ReadResults(wiring.Component):
+    """READ_RESULTS ``max`` (docs/protocol.md §2): answers ``n = min(max, buffered,
+    max_results)`` then ``n`` results; ``max = 0`` is NAKed BAD_ARG.
+
+    Parameters
+    ----------
+    params: link sizes (``result_depth``, ``max_results``).
+
+    Members
+    -------
+    cmd, args, nak, emit: :func:`~pipetrain.hdl.link_ports.command_signature` (``cmd`` without
+        payload; ``nak`` is BAD_ARG or 0).
+    result_out: ``In(stream.Signature(result_layout()))`` results from the network, buffered in
+        a :class:`ResultBuffer` (taken whether or not a command runs).
+    bump: ``Out(stream.Signature(0))`` one beat per result read: the dispatcher counts it
+        (``results_read``, and one sample less in flight) and takes the beat when done.
+    """
+
+    def __init__(self, params: LinkParams) -> None:
+        self.params = params
+        super().__init__(
+            dict(command_signature().members)
+            | {
+                "result_out": In(stream.Signature(result_layout())),
+                "bump": Out(stream.Signature(0)),
+            }
+        )
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        P = self.params
+        D = P.result_depth
+        m.submodules.buffer = buf = ResultBuffer(D)
+        wiring.connect(m, wiring.flipped(self.result_out), buf.i)
+        cmd, args, emit, res = self.cmd, self.args, self.emit, buf.o
+        left = Signal(8)  # results still to emit
+
+        with m.FSM(name="read_results"):
+            with m.State("CHECK"):
+                m.d.comb += args.ready.eq(cmd.valid)
+                with m.If(cmd.valid & args.valid):
+                    want = args.payload.data
+                    with m.If(want == 0):
+                        m.d.comb += [cmd.ready.eq(1), self.nak.eq(NakReason.BAD_ARG)]
+                    with m.Else():
+                        lim = buf.level
+                        if P.max_results < D:
+                            lim = Mux(buf.level < P.max_results, buf.level, P.max_results)
+                        n = Signal(8)
+                        m.d.comb += [n.eq(Mux(want < lim, want, lim)), emit.valid.eq(1)]
+                        m.d.comb += emit.payload.eq(n)
+                        m.d.sync += left.eq(n)
+                        m.next = "EMIT"
+
+            with m.State("EMIT"):
+                with m.If(left == 0):
+                    m.d.comb += cmd.ready.eq(1)
+                    m.next = "CHECK"
+                with m.Else():
+                    m.d.comb += [
+                        res.ready.eq(1),
+                        emit.valid.eq(res.valid),
+                        emit.payload.eq(res.payload.data),
+                    ]
+                    with m.If(res.valid & res.payload.last):
+                        m.d.sync += left.eq(left - 1)
+                        m.next = "BUMP"
+
+            with m.State("BUMP"):
+                m.d.comb += self.bump.valid.eq(1)
+                with m.If(self.bump.ready):
+                    m.next = "EMIT"
+        return m
