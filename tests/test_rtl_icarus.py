@@ -131,3 +131,20 @@ def test_cli_sim_without_icarus_is_a_user_error(monkeypatch, tmp_path):
 def test_cli_sim_unknown_simulator_is_refused():
     res = CliRunner().invoke(cli, ["sim", "mlp-digits", "--simulator", "xsim"])
     assert res.exit_code == 2 and "'xsim' is not one of 'verilator', 'icarus'" in res.output
+
+
+@pytest.mark.icarus
+def test_cli_train_on_the_icarus_sim_target(tmp_path):
+    """``pipetrain train --target sim --simulator icarus``: a 40→4→4 net trained through the
+    link engine in Icarus, bit-exact with its golden shadow, the device's counter = the host's."""
+    from test_host_sim import make_npz
+
+    npz = make_npz(tmp_path / "small.npz", n_train=12, n_test=6)
+    out = tmp_path / "train.json"
+    args = ["train", "mlp", "--data", str(npz), "--hidden", "4", "--formats", "default"]
+    args += ["--epochs", "1", "--target", "sim", "--simulator", "icarus", "--no-progress"]
+    res = CliRunner().invoke(cli, [*args, "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["bit_exact"] is True and data["mismatches"] == []
+    assert data["train_samples"] == data["device_samples"] == 12

@@ -51,6 +51,7 @@ from ...compiler.compile import CompileResult
 from ...compiler.lanes import parse_lanes
 from ...compiler.models import load_model
 from ...data import Dataset, load_data
+from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS, check_toolchain
 from ...sim.trainer import accuracy
 from ...sim.verilator import RTLSimError, ToolchainError
 from ..client import LinkError
@@ -122,13 +123,15 @@ def run_training(
     verify: bool = True,
     save: str | None = None,
     board: str | None = None,
+    simulator: str = DEFAULT_SIMULATOR,
 ) -> tuple[dict[str, Any], Device]:
     """Train ``result``'s model on ``target`` for ``epochs`` epochs of ``ds``; return the report
     (module docstring) and the closed device.
 
     ``verify``: for ``sim``, run the golden model on the same stream and compare
     (``bit_exact``). ``save``: write the trained ``state_dict`` there (``torch.save``).
-    ``board``: the board ``result`` was fitted to (reported only).
+    ``board``: the board ``result`` was fitted to (reported only). ``simulator``: the RTL
+    simulator of the ``sim`` target (:data:`pipetrain.sim.harness.SIMULATORS`).
     Raises :class:`PlanError` for an unknown target or data that does not fit the model,
     :class:`TrainCheckError` when the device's trained-sample counter differs from the host's.
     """
@@ -136,12 +139,20 @@ def run_training(
     _check_sizes(result, ds)
     t_wall = time.perf_counter()
     if target == "sim":
+        check_toolchain(simulator)
         click.echo(
-            "starting the RTL simulation (Verilator; the first run of a design builds it, "
+            f"starting the RTL simulation ({simulator}; the first run of a design builds it, "
             "about a minute)…",
             err=True,
         )
-    dev = open(result, target, shadow=verify and target == "sim", progress=progress)
+    sim_options = {"simulator": simulator} if target == "sim" else None
+    dev = open(
+        result,
+        target,
+        shadow=verify and target == "sim",
+        progress=progress,
+        sim_options=sim_options,
+    )
     with dev:
         rep = dev.train(ds.x_train, ds.y_train, epochs=epochs)
         test_acc = dev.evaluate(ds.x_test, ds.y_test)
@@ -235,6 +246,13 @@ def _file_epochs(model: str) -> int | None:
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
+@click.option(
+    "--simulator",
+    type=click.Choice(SIMULATORS),
+    default=DEFAULT_SIMULATOR,
+    show_default=True,
+    help="RTL simulator of --target sim (icarus: much slower; small models).",
+)
 @train_config_options
 @json_option
 @user_errors
@@ -251,6 +269,7 @@ def train_cmd(
     save: str | None,
     verify: bool,
     progress: bool | None,
+    simulator: str,
     json_out: str | None,
     **options: Any,
 ) -> None:
@@ -291,6 +310,7 @@ def train_cmd(
             verify=verify,
             save=save,
             board=board_name,
+            simulator=simulator,
         )
     except (ToolchainError, RTLSimError, LinkError) as exc:
         raise click.ClickException(str(exc)) from exc
