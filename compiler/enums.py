@@ -34,8 +34,8 @@ class Schedule(StrEnum):
 
 
 class Mitigation(StrEnum):
-    """Delay mitigation: Spike Compensation and/or Linear Weight Prediction (Kosson et al.
-    2021 §4; docs/architecture.md §2.2)."""
+    """Delay mitigation: Spike Compensation and/or Linear Weight Prediction (Kosson et al.,
+    MLSys 2021; docs/architecture.md §2.2)."""
 
     NONE = "none"
     SC = "sc"

@@ -1,6 +1,6 @@
 """Drive ``NetworkTop`` in Amaranth's own Python simulator (no Verilog, no compile).
 
-The first rung of the verification ladder (docs/architecture.md §5): the same port contract the
+Rung 3 of the verification ladder (docs/architecture.md §5), for the whole top: the same port contract the
 RTL benches (:mod:`pipetrain.sim.cocotb_network`) drive in Verilator or Icarus, without leaving
 Python.
 
