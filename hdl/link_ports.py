@@ -3,17 +3,18 @@
 ::
 
     rx ─▶ LinkReceiver ─frame, args─▶ LinkDispatcher ─response, data─▶ LinkTransmitter ─▶ tx
-              │                         │   ▲    └─ SamplesCommand, ReadResults(+ResultBuffer),
-              └──────── LinkCRC ────────┼───┼───── WeightsCommand
-                                       net (NetworkTop)
+              │                        ├─ SamplesCommand ──▶ net.sample_in
+              │                        ├─ ReadResults ◀──── net.result_out
+              │                        └─ WeightsCommand ◀▶ net.wacc_cmd, net.wacc_rsp
+              └─────────────── LinkCRC (shared) ──────────────────────────────┘
 
-Every byte and record moves by a ``lib.stream`` handshake (valid/ready). Two streams carry a
+Every byte and record moves by a ``lib.stream`` handshake (valid/ready). Some streams carry a
 *held request*: the source offers one beat for a whole job and the sink takes it when the job is
-done (``frame``: the receiver holds the frame until its response is sent, which is what stalls
-the receiver during execution, docs/protocol.md §3; ``response``: the transmitter takes it with
-the last CRC byte; ``cmd`` of a command part: taken when the command has executed). Holding
-the request keeps its fields in the source's registers instead of a copy in the sink
-(*derived*: area on the iCE40UP5K).
+done — ``frame`` (the receiver holds it until the response is sent, which is what stalls the
+receiver during execution, docs/protocol.md §3), ``response`` (the transmitter takes it with
+the last CRC byte), a command part's ``cmd`` (taken when the command has executed) and its
+``bump`` (taken when the dispatcher has counted it). Holding the request keeps its fields in
+the source's registers instead of a copy in the sink (*derived*: area on the iCE40UP5K).
 """
 
 from __future__ import annotations
