@@ -49,6 +49,9 @@ __all__ = ["LinkDispatcher"]
 _PART_TYPES = (Cmd.SAMPLES, Cmd.READ_RESULTS, Cmd.READ_WEIGHTS, Cmd.WRITE_WEIGHTS)
 assert [t & 0b1101 for t in _PART_TYPES] == [0b0000, 0b0001, 0b0101, 0b1000]
 assert Cmd.READ_COUNTERS & 1 and not Cmd.RESET_COUNTERS & 1
+# a frame's status is the offset of its counter from `frames_ok`
+_STATUS_COUNTERS = ("frames_ok", "bad_crc", "bad_header", "rx_timeouts")
+assert [ENGINE_COUNTERS.index(n) - 2 for n in _STATUS_COUNTERS] == [s.value for s in FrameStatus]
 
 
 class _StateMemory:
