@@ -69,7 +69,8 @@ HEADER_BYTES = 6
 CRC_BYTES = 4
 #: Response type of a negative acknowledgement (payload: command type, reason).
 NAK = 0xFF
-#: CRC-32 polynomial, reflected form (what the RTL's XOR matrix is built from).
+#: CRC-32 polynomial, reflected form (the shift-right form of zlib's CRC-32; the RTL uses
+#: ``amaranth.lib.crc.catalog.CRC32_ISO_HDLC``, the same CRC).
 CRC_POLY_REFLECTED = 0xEDB88320
 #: Bytes of one result in a READ_RESULTS response: sample u32, pred u16, loss u32, train u8.
 RESULT_BYTES = 11
