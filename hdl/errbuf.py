@@ -49,7 +49,7 @@ class ErrorBuffer(wiring.Component):
     write: ``In(ValidSignature(signed(d.bits)))`` serial error, one value a beat (cannot
         stall).
     halves: ``In(ErrorHalvesSignature())`` half written / read this tick.
-    slots: ``In(pipeline)``.
+    slots: ``In(pipeline.subset(S0, S1; bwd))``.
     mask: ``In(MaskReadSignature(L))`` the stashed ``z > 0`` bits at S1.
     delta: ``Out(DeltaSignature(L, d.bits))`` δ per lane at S2.
 
@@ -79,7 +79,7 @@ class ErrorBuffer(wiring.Component):
             {
                 "write": In(ValidSignature(signed(d_format.bits))),
                 "halves": In(ErrorHalvesSignature()),
-                "slots": In(pipeline),
+                "slots": In(pipeline.subset(stages=(0, 1), flags=("bwd",))),
                 "mask": In(MaskReadSignature(lanes)),
                 "delta": Out(DeltaSignature(lanes, d_format.bits)),
             }

@@ -59,7 +59,7 @@ class ForwardLanes(wiring.Component):
 
     Members
     -------
-    slots: ``In(pipeline)``.
+    slots: ``In(pipeline.subset(S3, S4; fwd))``.
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
@@ -90,7 +90,7 @@ class ForwardLanes(wiring.Component):
         G = pipeline.row_groups
         super().__init__(
             {
-                "slots": In(pipeline),
+                "slots": In(pipeline.subset(stages=(3, 4), flags=("fwd",))),
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
@@ -155,7 +155,7 @@ class InputGradient(wiring.Component):
 
     Members
     -------
-    slots: ``In(pipeline)``.
+    slots: ``In(pipeline.subset(S2, S3; bwd))``.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
     gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4 of the
@@ -188,7 +188,7 @@ class InputGradient(wiring.Component):
         self.fw, self.fd, self.fg = w_format, d_format, gin_format
         super().__init__(
             {
-                "slots": In(pipeline),
+                "slots": In(pipeline.subset(stages=(2, 3), flags=("bwd",))),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "delta": In(DeltaSignature(lanes, d_format.bits)),
                 "gin": Out(ValidSignature(signed(gin_format.bits))),

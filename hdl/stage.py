@@ -49,6 +49,7 @@ from .streams import (
     SlotPipelineSignature,
     ValidSignature,
     WeightAccessSignature,
+    connect_pipeline,
     word_layout,
 )
 from .update import LFSRConfig, UpdateUnit
@@ -203,7 +204,7 @@ class StageUnit(wiring.Component):
         connect(m, flipped(self.ctl.items), seq.items)
         connect(m, flipped(self.ctl.stash), stash.bases)
         connect(m, flipped(self.ctl.error), errbuf.halves)
-        connect(m, seq.slots, *(p.slots for n, p in parts.items() if n != "seq"))
+        connect_pipeline(m, seq.slots, *(p.slots for n, p in parts.items() if n != "seq"))
         # data between the parts, in pipeline order
         connect(m, flipped(self.x_in), stash.write)
         connect(m, flipped(self.g_in), errbuf.write)

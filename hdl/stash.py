@@ -57,7 +57,7 @@ class InputStash(wiring.Component):
     write: ``In(ValidSignature(word_layout(x_words, Lw·x.bits)))`` stash write at
         ``bases.write + word``.
     bases: ``In(StashBasesSignature(entries·x_words, entries·row_groups))``.
-    slots: ``In(pipeline)``.
+    slots: ``In(pipeline.subset(S0, S1; start))``.
     mask_write: ``In(ValidSignature(mask_layout(row_groups, L)))`` the forward item's mask
         bits, at ``bases.fwd_mask + group``.
     operands: ``Out(StashOperandsSignature(x_operand_bits))`` ``x`` operands at S2.
@@ -90,7 +90,7 @@ class InputStash(wiring.Component):
             {
                 "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
                 "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
-                "slots": In(pipeline),
+                "slots": In(pipeline.subset(stages=(0, 1), flags=("start",))),
                 "mask_write": In(ValidSignature(mask_layout(G, lanes))),
                 "operands": Out(StashOperandsSignature(x_operand_bits)),
                 "mask": Out(MaskReadSignature(lanes)),

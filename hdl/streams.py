@@ -48,6 +48,8 @@ __all__ = [
     "PassControlSignature",
     "SlotPipelineSignature",
     "slot_at",
+    "connect_pipeline",
+    "PASS_FLAGS",
     "RamReadSignature",
     "RamWriteSignature",
     "WeightReadSignature",
@@ -250,6 +252,10 @@ class PassControlSignature(_Signature):
         )
 
 
+#: The pass-wide members of :class:`SlotPipelineSignature`.
+PASS_FLAGS = ("start", "busy", "fwd", "fwd_train", "bwd", "read_addr", "write_addr")
+
+
 class SlotPipelineSignature(_Signature):
     """The fused pass as the slot sequencer issues it: the lockstep timing every part of a stage
     follows (sequencer → parts).
@@ -261,12 +267,18 @@ class SlotPipelineSignature(_Signature):
     forward outputs and (without Spike Compensation) has ``w′, u′``; the write stage writes them
     back.
 
+    The sequencer drives the whole pipeline; a part declares the :meth:`subset` it follows (the
+    stages and flags it reads), and :func:`connect_pipeline` connects it — so each part's
+    signature says which stages it works at (*derived*: no unused wires per part).
+
     Parameters
     ----------
     in_features: N (columns 0..N−1, then the bias column N).
     row_groups: G.
     words: slots of a pass = weight-memory words per lane.
     depth: the write stage (pipeline stages S0..S{depth}).
+    stages: the stages present (default all, 0..depth). flags: the pass-wide members present
+        (default all of :data:`PASS_FLAGS`).
 
     Members
     -------
@@ -276,35 +288,93 @@ class SlotPipelineSignature(_Signature):
         (:class:`PassItemsSignature`).
     read_addr: ``Out(range(words))`` weight-memory address of the slot issuing at S0.
     write_addr: ``Out(range(words))`` weight-memory address of the slot at the write stage.
-    s0 … s{depth}: ``Out(ValidSignature(slot_layout(N, G)))`` the slot at that stage
-        (``valid``: a slot is there); use :func:`slot_at`.
+    s0 … s{depth}: ``Out(ValidSignature(slot_layout(N, G)))`` the slot at that stage, a
+        valid-only beat (``valid``: a slot is there; it cannot stall); use :func:`slot_at`.
+
+    Raises ValueError for a stage outside 0..depth or an unknown flag.
     """
 
-    def __init__(self, in_features: int, row_groups: int, words: int, depth: int) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        row_groups: int,
+        words: int,
+        depth: int,
+        *,
+        stages: tuple[int, ...] | None = None,
+        flags: tuple[str, ...] | None = None,
+    ) -> None:
         self.in_features, self.row_groups, self.words, self.depth = (
             in_features,
             row_groups,
             words,
             depth,
         )
-        slot = ValidSignature(slot_layout(in_features, row_groups))
-        members: dict[str, Any] = {
-            "start": Out(1),
-            "busy": Out(1),
-            "fwd": Out(1),
-            "fwd_train": Out(1),
-            "bwd": Out(1),
-            "read_addr": Out(range(words)),
-            "write_addr": Out(range(words)),
+        self.stages = tuple(range(depth + 1)) if stages is None else tuple(sorted(set(stages)))
+        self.flags = PASS_FLAGS if flags is None else tuple(f for f in PASS_FLAGS if f in flags)
+        if any(not 0 <= k <= depth for k in self.stages):
+            raise ValueError(f"pipeline stages {self.stages} outside 0..{depth}")
+        if flags is not None and set(flags) - set(PASS_FLAGS):
+            raise ValueError(f"unknown pass flags {sorted(set(flags) - set(PASS_FLAGS))}")
+        shapes = {
+            "start": 1,
+            "busy": 1,
+            "fwd": 1,
+            "fwd_train": 1,
+            "bwd": 1,
+            "read_addr": range(words),
+            "write_addr": range(words),
         }
-        members.update({f"s{k}": Out(slot) for k in range(depth + 1)})
+        slot = ValidSignature(slot_layout(in_features, row_groups))
+        members: dict[str, Any] = {f: Out(shapes[f]) for f in self.flags}
+        members.update({f"s{k}": Out(slot) for k in self.stages})
         super().__init__(members)
+
+    def subset(
+        self, stages: tuple[int, ...] = (), flags: tuple[str, ...] = ()
+    ) -> SlotPipelineSignature:
+        """The same pipeline with only ``stages`` and ``flags`` (what one part reads)."""
+        return SlotPipelineSignature(
+            self.in_features,
+            self.row_groups,
+            self.words,
+            self.depth,
+            stages=stages,
+            flags=flags,
+        )
 
 
 def slot_at(pipeline: Any, stage: int) -> Any:
     """The valid-only slot stream of ``pipeline`` (an interface of
     :class:`SlotPipelineSignature`) at pipeline stage ``stage``."""
     return getattr(pipeline, f"s{stage}")
+
+
+def connect_pipeline(m: Any, source: Any, *sinks: Any) -> None:
+    """Connect the full slot pipeline ``source`` (the sequencer's ``Out`` member) to the parts'
+    ``In`` subsets ``sinks``: every member a sink declares is driven by the source's member of
+    the same name. Raises ValueError if a sink declares a member the source lacks or with
+    another shape (a sink of a different pass geometry)."""
+    src = source.signature
+    for sink in sinks:
+        sig = sink.signature.flip()
+        for path, member in sig.members.flatten():
+            if not member.is_port:
+                continue
+            try:
+                want = src.members[path[0]]
+                if len(path) > 1:
+                    want = want.signature.members[path[1]]
+            except (KeyError, AttributeError):
+                raise ValueError(f"the pipeline has no member {'.'.join(path)}") from None
+            if want.shape != member.shape:
+                raise ValueError(
+                    f"pipeline member {'.'.join(path)}: {member.shape!r} ≠ {want.shape!r}"
+                )
+            a, b = source, sink
+            for name in path:
+                a, b = getattr(a, name), getattr(b, name)
+            m.d.comb += b.eq(a)
 
 
 class RamReadSignature(_Signature):

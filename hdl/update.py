@@ -78,7 +78,7 @@ class UpdateUnit(wiring.Component):
 
     Members
     -------
-    slots: ``In(pipeline)``.
+    slots: ``In(pipeline.subset(S1…S{depth}; fwd_train, bwd))``.
     read: ``In(WeightReadSignature(L, w.bits, u.bits))`` ``(w, u)`` at S1.
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
@@ -126,7 +126,11 @@ class UpdateUnit(wiring.Component):
         f = formats
         super().__init__(
             {
-                "slots": In(pipeline),
+                "slots": In(
+                    pipeline.subset(
+                        stages=tuple(range(1, pipeline.depth + 1)), flags=("fwd_train", "bwd")
+                    )
+                ),
                 "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits)),
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "delta": In(DeltaSignature(lanes, f.d.bits)),
@@ -155,7 +159,7 @@ class UpdateUnit(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         sp, ws = self.slots, self.pipeline.depth
-        v = [slot_at(sp, s).valid for s in range(ws + 1)]
+        v = [None] + [slot_at(sp, s).valid for s in range(1, ws + 1)]
         flags, lanes_live = [], []
         for lane in range(self.L):
             live = self._live(lane)

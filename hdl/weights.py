@@ -26,8 +26,6 @@ from ..compiler.plan import QFormat
 from .arith import sat
 from .spram import SinglePortRAM
 from .streams import (
-    RamReadSignature,
-    RamWriteSignature,
     SlotPipelineSignature,
     ValidSignature,
     WeightAccessSignature,
@@ -38,49 +36,39 @@ from .streams import (
 __all__ = ["WeightBank", "WeightStore"]
 
 
-class WeightBank(wiring.Component):
-    """One lane's bank of weights (or velocities): a read port and a write port.
+class WeightBank:
+    """One lane's bank of weights (or velocities): a read port and a write port, built into the
+    weight store's module (no hierarchy level of its own: a wrapper module per bank made the
+    Verilog generation of mlp-digits measurably slower; *derived*).
 
     Parameters
     ----------
+    m: the module the memory is added to, as submodule ``name``.
+    name: the bank's name (``w0``, ``u0``, …: ``MemorySpec.bank_names``).
     shape: word shape (``signed(w.bits)`` or ``signed(u.bits)``).
     words: depth (words).
     single_port: one shared address (:class:`~pipetrain.hdl.spram.SinglePortRAM`): a read in
-        a write cycle returns the written word, so the user must not read and write in one
-        cycle; else an ``amaranth.lib.memory`` with separate read and write ports.
+        a write cycle returns the word at the write address, so the user must not read and
+        write in one cycle; else an ``amaranth.lib.memory`` with separate read and write ports.
 
     Members
     -------
-    read: ``Out(RamReadSignature(shape, words))`` synchronous read (data the next cycle).
-    write: ``Out(RamWriteSignature(shape, words))``.
+    read: the read port, ``addr`` (in) and ``data`` (out, the next cycle) — a
+        ``lib.memory.ReadPort`` or :class:`~pipetrain.hdl.streams.RamReadSignature`.
+    write: the write port, ``en``, ``addr``, ``data`` (in) — a ``lib.memory.WritePort`` or
+        :class:`~pipetrain.hdl.streams.RamWriteSignature`.
     """
 
-    def __init__(self, shape: ShapeLike, words: int, *, single_port: bool) -> None:
+    def __init__(
+        self, m: Module, name: str, shape: ShapeLike, words: int, *, single_port: bool
+    ) -> None:
         self.shape, self.words, self.single_port = Shape.cast(shape), words, single_port
-        super().__init__(
-            {
-                "read": Out(RamReadSignature(self.shape, words)),
-                "write": Out(RamWriteSignature(self.shape, words)),
-            }
-        )
-
-    def elaborate(self, platform) -> Module:
-        m = Module()
-        if self.single_port:
-            m.submodules.spram = ram = SinglePortRAM(self.shape, self.words)
-            wiring.connect(m, wiring.flipped(self.read), ram.read)
-            wiring.connect(m, wiring.flipped(self.write), ram.write)
-            return m
-        m.submodules.mem = mem = Memory(shape=self.shape, depth=self.words, init=[])
-        rp, wp = mem.read_port(), mem.write_port()
-        m.d.comb += [
-            rp.addr.eq(self.read.addr),
-            self.read.data.eq(rp.data),
-            wp.en.eq(self.write.en),
-            wp.addr.eq(self.write.addr),
-            wp.data.eq(self.write.data),
-        ]
-        return m
+        if single_port:
+            m.submodules[name] = ram = SinglePortRAM(self.shape, words)
+            self.read, self.write = ram.read, ram.write
+        else:
+            m.submodules[name] = mem = Memory(shape=self.shape, depth=words, init=[])
+            self.read, self.write = mem.read_port(), mem.write_port()
 
 
 class WeightStore(wiring.Component):
@@ -95,7 +83,7 @@ class WeightStore(wiring.Component):
 
     Members
     -------
-    slots: ``In(pipeline)`` (``busy``, read and write-back addresses).
+    slots: ``In(pipeline.subset(busy, read_addr, write_addr))``.
     read: ``Out(WeightReadSignature(L, w.bits, u.bits))`` the slot's words at S1.
     write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits)))`` ``(w′, u′)`` of
         the slot at the write stage (cannot stall).
@@ -116,7 +104,7 @@ class WeightStore(wiring.Component):
         self.single_port = single_port
         super().__init__(
             {
-                "slots": In(pipeline),
+                "slots": In(pipeline.subset(flags=("busy", "read_addr", "write_addr"))),
                 "read": Out(WeightReadSignature(lanes, w_format.bits, u_format.bits)),
                 "write_back": In(
                     ValidSignature(write_back_layout(lanes, w_format.bits, u_format.bits))
@@ -141,8 +129,8 @@ class WeightStore(wiring.Component):
             for kind, (fmt, new, acc_in) in enumerate(
                 ((fw, wb.payload.w[lane], w_in), (fu, wb.payload.u[lane], u_in))
             ):
-                bank = WeightBank(signed(fmt.bits), T, single_port=self.single_port)
-                m.submodules[f"{'wu'[kind]}{lane}"] = bank
+                name = f"{'wu'[kind]}{lane}"
+                bank = WeightBank(m, name, signed(fmt.bits), T, single_port=self.single_port)
                 m.d.comb += [
                     bank.read.addr.eq(read_addr),
                     bank.write.en.eq(live | (acc_w & sel & (acc.kind == kind))),

@@ -48,16 +48,23 @@ async def drive_pass(
     G, N, depth = pipeline.row_groups, pipeline.in_features, pipeline.depth
     todo = list(slots if slots is not None else pass_slots(N, G))
     sp = slots_port
-    ctx.set(sp.fwd, fwd)
-    ctx.set(sp.fwd_train, fwd_train)
-    ctx.set(sp.bwd, bwd)
-    ctx.set(sp.start, 1)
-    for k in range(depth + 1):
+    have = sp.signature.members
+
+    def put(name, value):  # a part declares only the flags and stages it reads
+        if name in have:
+            ctx.set(getattr(sp, name), value)
+
+    stages = [k for k in range(depth + 1) if f"s{k}" in have]
+    put("fwd", fwd)
+    put("fwd_train", fwd_train)
+    put("bwd", bwd)
+    put("start", 1)
+    for k in stages:
         ctx.set(slot_at(sp, k).valid, 0)
     if cycle is not None:
         cycle([None] * (depth + 1))
     await ctx.tick()
-    ctx.set(sp.start, 0)
+    put("start", 0)
     pipe: list[Slot | None] = [None] * (depth + 1)
     written = 0
     cycles = 1
@@ -65,12 +72,12 @@ async def drive_pass(
         blocked = single_port and pipe[depth - 1] is not None
         new = todo.pop(0) if todo and not blocked and rng.random() >= gap else None
         pipe = [new, *pipe[:-1]]
-        ctx.set(sp.busy, bool(todo) or new is not None)
+        put("busy", bool(todo) or new is not None)
         if new is not None:
-            ctx.set(sp.read_addr, new[0])
-        ctx.set(sp.write_addr, written)
-        for k, s in enumerate(pipe):
-            port = slot_at(sp, k)
+            put("read_addr", new[0])
+        put("write_addr", written)
+        for k in stages:
+            s, port = pipe[k], slot_at(sp, k)
             ctx.set(port.valid, s is not None)
             if s is not None:
                 ctx.set(port.payload.col, s[1])
@@ -82,7 +89,7 @@ async def drive_pass(
         cycles += 1
         if pipe[depth] is not None:
             written += 1
-    for k in range(depth + 1):
+    for k in stages:
         ctx.set(slot_at(sp, k).valid, 0)
-    ctx.set(sp.busy, 0)
+    put("busy", 0)
     return cycles

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from amaranth import signed
+from amaranth import Module, signed
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.compiler.plan import QFormat
@@ -25,7 +25,8 @@ from pipetrain.sim import fixed
 @pytest.mark.parametrize("single_port", [False, True])
 def test_weight_bank_reads_what_was_written(single_port):
     words, bits = 11, 9
-    dut = WeightBank(signed(bits), words, single_port=single_port)
+    m = Module()
+    dut = WeightBank(m, "w0", signed(bits), words, single_port=single_port)
     rng = random.Random(int(single_port))
     model = [0] * words
     checks = []
@@ -48,7 +49,7 @@ def test_weight_bank_reads_what_was_written(single_port):
             if we:
                 model[wa] = wd
 
-    sim = Simulator(dut)
+    sim = Simulator(m)
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
