@@ -165,6 +165,7 @@ class StageUnit(wiring.Component):
                 update_stage=st.update_stage,
                 rounding=plan.rounding,
                 lfsr=lfsr,
+                shift_add=plan.shift_add,
             ),
             "fwd": ForwardLanes(
                 pipe,

@@ -26,11 +26,12 @@ pipeline is *derived*.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.build import shift_add
 from ..compiler.plan import StageFormats, UpdateConstants
 from .arith import align, const_mul, round_upd, sat, wire
 from .lfsr import LFSR
@@ -75,6 +76,8 @@ class UpdateUnit(wiring.Component):
     update_stage: stage where ``w′, u′`` are ready (4, 5 with SC; ``Stage.update_stage``).
     rounding: ``stochastic`` or ``nearest_even``.
     lfsr: the LFSR settings (:class:`LFSRConfig`, one seed per lane).
+    shift_add: the plan's rule (``Plan.shift_add``): whether a constant is multiplied with shifts
+        and adders — then the learning-rate products are formed as ``η·(δ·x)``.
 
     Members
     -------
@@ -105,6 +108,7 @@ class UpdateUnit(wiring.Component):
         update_stage: int,
         rounding: str,
         lfsr: LFSRConfig,
+        shift_add: Callable[[int], bool],
     ) -> None:
         if update.lwp_horizon and update.lwp_form != "v":
             raise NotImplementedError(
@@ -123,6 +127,7 @@ class UpdateUnit(wiring.Component):
         self.pipeline, self.L, self.live_last = pipeline, lanes, live_last
         self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
         self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
+        self.shift_add = shift_add
         f = formats
         super().__init__(
             {
@@ -148,7 +153,7 @@ class UpdateUnit(wiring.Component):
         if c_lr.value:
             dx = (
                 const_mul(c_lr.value, d2 * xb2)
-                if shift_add(c_lr.value)
+                if self.shift_add(c_lr.value)
                 else const_mul(c_lr.value, d2) * xb2
             )
             out.append((dx, c_lr.frac + f.d.frac + f.x.frac))

@@ -93,6 +93,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         update_stage=st.update_stage,
         rounding=plan.rounding,
         lfsr=lfsr,
+        shift_add=plan.shift_add,
     )
     rng = random.Random(zlib.crc32(repr((case, s)).encode()))
     passes = [(True, True), (False, False), (True, False), (True, True), (False, True)]
