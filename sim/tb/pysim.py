@@ -1,8 +1,8 @@
 """Drive ``NetworkTop`` in Amaranth's own Python simulator (no Verilog, no compile).
 
-Rung 3 of the verification ladder (docs/architecture.md §5), for the whole top: the same port contract the
-RTL benches (:mod:`pipetrain.sim.cocotb_network`) drive in Verilator or Icarus, without leaving
-Python.
+Rung 3 of the verification ladder (docs/architecture.md §5), for the whole top: the same port
+contract the RTL benches (:mod:`pipetrain.sim.cocotb_network`) drive in Verilator or Icarus,
+without leaving Python.
 
 :func:`simulate_top` loads memories through ``wacc_cmd``, streams samples with optional random
 valid/ready toggling on every stream, flushes, reads the counters and every weight/velocity
