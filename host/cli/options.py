@@ -12,8 +12,15 @@ import click
 from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
+from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
 
-__all__ = ["train_config_options", "plan_format_options", "config_overrides", "parse_memory"]
+__all__ = [
+    "train_config_options",
+    "plan_format_options",
+    "simulator_option",
+    "config_overrides",
+    "parse_memory",
+]
 
 #: (option, TrainConfig field, click type, help) for every training setting.
 _CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
@@ -113,3 +120,15 @@ def parse_memory(text: str) -> int:
             f"--memory-budget {text!r} is not a size in bits (e.g. 589824, 576Kib, 1.5Mib)"
         )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def simulator_option(func: Callable) -> Callable:
+    """Add ``--simulator verilator|icarus`` (:data:`pipetrain.sim.harness.SIMULATORS`), shared
+    by ``sim`` and ``train --target sim``."""
+    return click.option(
+        "--simulator",
+        type=click.Choice(SIMULATORS),
+        default=DEFAULT_SIMULATOR,
+        show_default=True,
+        help="RTL simulator (icarus: Icarus Verilog on PATH, much slower; small models).",
+    )(func)

@@ -24,11 +24,12 @@ import sys
 import click
 
 from ...compiler.lanes import parse_lanes
-from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS, RTLSimError, check_toolchain
+from ...sim.harness import RTLSimError, check_toolchain
 from ...sim.stimulus import plan_samples
 from ...sim.tb.network import check_network
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
+from .options import simulator_option
 
 __all__ = ["sim_command"]
 
@@ -90,13 +91,7 @@ __all__ = ["sim_command"]
 @click.option(
     "--no-localise", is_flag=True, help="Skip the bisection that names the first differing update."
 )
-@click.option(
-    "--simulator",
-    type=click.Choice(SIMULATORS),
-    default=DEFAULT_SIMULATOR,
-    show_default=True,
-    help="RTL simulator (icarus: Icarus Verilog on PATH, much slower; small models).",
-)
+@simulator_option
 @json_option
 @user_errors
 def sim_command(

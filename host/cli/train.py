@@ -51,14 +51,19 @@ from ...compiler.compile import CompileResult
 from ...compiler.lanes import parse_lanes
 from ...compiler.models import load_model
 from ...data import Dataset, load_data
-from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS, check_toolchain
+from ...sim.harness import DEFAULT_SIMULATOR, check_toolchain
 from ...sim.trainer import accuracy
 from ...sim.verilator import RTLSimError, ToolchainError
 from ..client import LinkError
 from ..device import LINK_SCHEMES, LOCAL_TARGETS, Device, open
 from ..flow import DEFAULT_HIDDEN, compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import config_overrides, plan_format_options, train_config_options
+from .options import (
+    config_overrides,
+    plan_format_options,
+    simulator_option,
+    train_config_options,
+)
 
 __all__ = [
     "DEFAULT_EPOCHS",
@@ -246,13 +251,7 @@ def _file_epochs(model: str) -> int | None:
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
-@click.option(
-    "--simulator",
-    type=click.Choice(SIMULATORS),
-    default=DEFAULT_SIMULATOR,
-    show_default=True,
-    help="RTL simulator of --target sim (icarus: much slower; small models).",
-)
+@simulator_option
 @train_config_options
 @json_option
 @user_errors
