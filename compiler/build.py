@@ -94,7 +94,7 @@ SLOPE_FRAC = 16
 BLOCK_RAM_BITS = 18 * 1024
 #: Bits of one iCE40 EBR (SB_RAM40_4K).
 ICE40_BLOCK_RAM_BITS = 4 * 1024
-#: Result records the network top buffers (``hdl/top.py`` ``RESULT_FIFO_DEPTH``: 3 keep
+#: Result records the network top buffers (``Plan.result_fifo_depth``, read by hdl/top.py: 3 keep
 #: back-to-back ticks at full rate) and the bits of one (pred 16 + loss 32 + train 1;
 #: docs/ports.md ``result_out`` without the sample number, which is the pop count).
 RESULT_FIFO_DEPTH = 3

@@ -13,6 +13,7 @@ Source: docs/numerics.md §2 (forward), §5 (backward); the expressions are the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from amaranth import Mux, Value
@@ -35,6 +36,9 @@ class Activation:
     name: ``identity``, ``relu`` or ``leaky_relu``.
     slope: the LeakyReLU slope (``leaky_relu`` only, else ``None``).
     stage: 1-based stage index (for error messages).
+    shift_add: the plan's constant-multiplier rule (:meth:`~pipetrain.compiler.plan.Plan.
+        shift_add`) for the LeakyReLU slope; needed to build ``leaky_relu`` (``None`` is enough
+        to check a stage).
 
     Raises NotImplementedError, naming the stage, the activation and the supported set, for any
     other name (or a ``leaky_relu`` without a slope).
@@ -43,6 +47,7 @@ class Activation:
     name: str
     slope: Const | None = None
     stage: int = 0
+    shift_add: Callable[[int], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SUPPORTED_ACTIVATIONS:
@@ -60,7 +65,7 @@ class Activation:
             return z
         if self.name == "relu":
             return Mux(z > 0, z, 0)
-        return Mux(z > 0, z, rhu(const_mul(self.slope.value, z), self.slope.frac))
+        return Mux(z > 0, z, rhu(const_mul(self.slope.value, z, self.shift_add), self.slope.frac))
 
     def derivative(self, positive: Value, g: Value) -> Value:
         """``δ = f′(z)·g`` from ``positive`` = the stashed bit ``z > 0`` and the error ``g``."""
@@ -68,11 +73,14 @@ class Activation:
             return g
         if self.name == "relu":
             return Mux(positive, g, 0)
-        return Mux(positive, g, rhu(const_mul(self.slope.value, g), self.slope.frac))
+        return Mux(
+            positive, g, rhu(const_mul(self.slope.value, g, self.shift_add), self.slope.frac)
+        )
 
 
-def activation_of(stage: Stage) -> Activation:
-    """The :class:`Activation` of a plan stage (raises NotImplementedError, see there)."""
+def activation_of(stage: Stage, shift_add: Callable[[int], bool] | None = None) -> Activation:
+    """The :class:`Activation` of a plan stage, with the plan's constant-multiplier rule
+    ``shift_add`` (raises NotImplementedError, see there)."""
     name = str(stage.activation)  # the plan's StrEnum member, or a plain name
     slope = stage.negative_slope if name == "leaky_relu" else None
-    return Activation(name, slope, stage.index)
+    return Activation(name, slope, stage.index, shift_add)

@@ -11,11 +11,12 @@ Source: docs/numerics.md §1 (the contract); the expressions are the literal def
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from amaranth import Const, Module, Mux, Signal, Value, signed
 from amaranth.hdl import ValueCastable
 
-from ..compiler.build import csd, shift_add
-from ..compiler.plan import QFormat
+from ..compiler.plan import QFormat, csd
 
 __all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul", "wire", "ushape"]
 
@@ -82,12 +83,13 @@ def align(v: Value, f_from: int, f_to: int) -> Value:
     return v << (f_to - f_from)
 
 
-def const_mul(value: int, v: Value | ValueCastable) -> Value:
-    """``value · v`` for an integer constant, exactly: shifts and adders when the constant has
-    at most ``compiler.build.SHIFT_ADD_MAX_TERMS`` signed digits (its canonical signed-digit
-    form, ``compiler.build.csd``), else one product with a signed constant operand of minimal
-    width (a DSP block after synthesis). The plan's multiplier estimate follows the same rule
-    (``compiler.build.shift_add``)."""
+def const_mul(value: int, v: Value | ValueCastable, shift_add: Callable[[int], bool]) -> Value:
+    """``value · v`` for an integer constant, exactly: shifts and adders over the constant's
+    canonical signed digits (:func:`pipetrain.compiler.plan.csd`) when the plan's rule
+    ``shift_add(value)`` says so (:meth:`pipetrain.compiler.plan.Plan.shift_add`: at most
+    ``Plan.shift_add_max_terms`` digits), else one product with a signed constant operand of
+    minimal width (a DSP block after synthesis). The plan's multiplier estimate follows the
+    same rule."""
     if value == 0:
         return Const(0, signed(1))
     if value == 1:

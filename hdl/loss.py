@@ -22,6 +22,8 @@ cycle). Cycles: :func:`loss_unit_cycles`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -56,6 +58,8 @@ class LossUnit(wiring.Component):
     ----------
     loss: the plan's loss unit (formats, LUT, constants).
     z_lanes: logits per word of the input buffer (= the last stage's lanes).
+    shift_add: the plan's constant-multiplier rule (:meth:`~pipetrain.compiler.plan.Plan.
+        shift_add`), for the MSE scale.
 
     Members
     -------
@@ -71,10 +75,11 @@ class LossUnit(wiring.Component):
     saturations: ``Out(32)`` δ clamps (saturating counter).
     """
 
-    def __init__(self, loss: LossPlan, z_lanes: int) -> None:
+    def __init__(self, loss: LossPlan, z_lanes: int, shift_add: Callable[[int], bool]) -> None:
         if loss.kind not in ("cross_entropy", "mse"):
             raise NotImplementedError(f"loss {loss.kind!r} has no hardware loss unit")
         self.lp, self.zl = loss, z_lanes
+        self.shift_add = shift_add
         C = loss.classes
         self.words = -(-C // z_lanes)
         super().__init__(
@@ -156,7 +161,9 @@ class LossUnit(wiring.Component):
         label = self.ctl.label
         sc = lp.mse_scale
         diff = c.z1 - Mux(c.j1 == label, 1 << fz.frac, 0)
-        dv, dc = sat(rhu(const_mul(sc.value, diff), fz.frac + sc.frac - fd.frac), fd)
+        dv, dc = sat(
+            rhu(const_mul(sc.value, diff, self.shift_add), fz.frac + sc.frac - fd.frac), fd
+        )
         acc = Signal(2 * (fz.bits + 1) + max(1, C.bit_length()))
         with m.If(c.v1):
             m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]

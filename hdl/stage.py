@@ -106,7 +106,7 @@ class StageUnit(wiring.Component):
     def __init__(self, plan: Plan, stage: Stage) -> None:
         check_stage(stage)
         self.plan, self.stage = plan, stage
-        self.activation = activation_of(stage)
+        self.activation = activation_of(stage, plan.shift_add)
         st, f = stage, stage.formats
         P = st.stash_entries
         sig = {

@@ -53,11 +53,7 @@ __all__ = [
     "result_layout",
     "wacc_cmd_layout",
     "wacc_rsp_layout",
-    "RESULT_FIFO_DEPTH",
 ]
-
-#: Result records buffered in the top (each ``result_layout().size`` = 81 bits).
-RESULT_FIFO_DEPTH = 3
 
 
 def check_supported(plan: Plan) -> None:
@@ -144,9 +140,9 @@ class ResultQueue(wiring.Component):
     """The result records on their way to ``result_out``, numbered as they leave.
 
     Records leave in order, so the sample number is not stored: it is the count of records
-    delivered. A :data:`RESULT_FIFO_DEPTH`-deep FIFO (3 entries keep back-to-back ticks at full
-    rate; 2 cost a cycle per tick; *derived*). ``push`` cannot stall: the tick controller starts
-    a tick only with ``room``.
+    delivered. A ``depth``-deep FIFO (the plan's ``result_fifo_depth``: 3 entries keep
+    back-to-back ticks at full rate, 2 cost a cycle per tick; *derived*). ``push`` cannot stall:
+    the tick controller starts a tick only with ``room``.
 
     Members
     -------
@@ -155,7 +151,8 @@ class ResultQueue(wiring.Component):
     out: ``Out(stream.Signature(result_layout()))`` the host's ``result_out``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
         super().__init__(
             {
                 "push": In(ValidSignature(_rest_layout())),
@@ -167,7 +164,7 @@ class ResultQueue(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         rest = _rest_layout()
-        m.submodules.results = fifo = SyncFIFOBuffered(width=rest.size, depth=RESULT_FIFO_DEPTH)
+        m.submodules.results = fifo = SyncFIFOBuffered(width=rest.size, depth=self.depth)
         popped = Signal(32)  # records delivered = the sample number of the next one
         ro = self.out
         out = data.View(rest, fifo.r_data)
@@ -239,7 +236,7 @@ class NetworkTop(wiring.Component):
         units = [StageUnit(plan, st) for st in stages]
         for n, u in enumerate(units):
             m.submodules[f"stage{n + 1}"] = u
-        m.submodules.loss = loss = LossUnit(plan.loss, stages[-1].lanes)
+        m.submodules.loss = loss = LossUnit(plan.loss, stages[-1].lanes, plan.shift_add)
         m.submodules.ctrl = ctrl = TickController(
             plan.schedule,
             [s.stash_entries for s in stages],
@@ -247,12 +244,13 @@ class NetworkTop(wiring.Component):
             [s.row_groups for s in stages],
         )
         m.submodules.samples = samples = SampleWriter(plan)
-        m.submodules.results = results = ResultQueue()
+        m.submodules.results = results = ResultQueue(plan.result_fifo_depth)
         m.submodules.wacc = wacc = WeightAccess(
             [
                 AccessGeometry(s.lanes, s.in_features, s.out_features, s.cycles_per_tick)
                 for s in stages
-            ]
+            ],
+            plan.shift_add,
         )
 
         # samples in, through the stages' stashes and error buffers, to the loss unit

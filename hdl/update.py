@@ -152,13 +152,13 @@ class UpdateUnit(wiring.Component):
         out = [first] if first is not None else []
         if c_lr.value:
             dx = (
-                const_mul(c_lr.value, d2 * xb2)
+                const_mul(c_lr.value, d2 * xb2, self.shift_add)
                 if self.shift_add(c_lr.value)
-                else const_mul(c_lr.value, d2) * xb2
+                else const_mul(c_lr.value, d2, self.shift_add) * xb2
             )
             out.append((dx, c_lr.frac + f.d.frac + f.x.frac))
         if c_wd.value:
-            out.append((const_mul(c_wd.value, w2), c_wd.frac + f.w.frac))
+            out.append((const_mul(c_wd.value, w2, self.shift_add), c_wd.frac + f.w.frac))
         return out
 
     def elaborate(self, platform) -> Module:
@@ -210,7 +210,7 @@ class UpdateUnit(wiring.Component):
         wh2 = w2  # without LWP the forward weight is w itself: one register, not two
         if up.lwp_horizon:
             wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
-            what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1), w1)
+            what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1, self.shift_add), w1)
             with m.If(v[1]):
                 m.d.sync += wh2.eq(what1)
         m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]
@@ -224,7 +224,7 @@ class UpdateUnit(wiring.Component):
         w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)
-        mom = (const_mul(up.momentum.value, u2), up.momentum.frac + f.w.frac)
+        mom = (const_mul(up.momentum.value, u2, self.shift_add), up.momentum.frac + f.w.frac)
         u_terms, v_terms = [], []
         for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom)):
             r = Signal(expr.shape(), name=f"ut{n}_{lane}")
@@ -277,7 +277,7 @@ class UpdateUnit(wiring.Component):
         us4 = Signal(name=f"us4_{lane}")
         with m.If(v[3]):
             m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(u_clamp)]
-        V = align(const_mul(up.sc_a.value, u4), up.sc_a.frac + f.w.frac, up.frac_v)
+        V = align(const_mul(up.sc_a.value, u4, self.shift_add), up.sc_a.frac + f.w.frac, up.frac_v)
         for r, frac in v_terms:
             r4 = Signal(r.shape(), name=f"{r.name}_4")
             with m.If(v[3]):

@@ -15,7 +15,7 @@ Source: docs/ports.md (``wacc`` contract); the state machine and the constant di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from amaranth import Module, Mux, Signal, Value
@@ -28,14 +28,15 @@ from .streams import WeightAccessSignature, wacc_cmd_layout, wacc_rsp_layout
 __all__ = ["AccessGeometry", "WeightAccess", "div_const"]
 
 
-def div_const(v: Value, d: int) -> Value:
+def div_const(v: Value, d: int, shift_add: Callable[[int], bool]) -> Value:
     """``v // d`` for an unsigned ``v`` of at most 16 bits and a constant ``d`` ≥ 1: a shift for
     powers of two, else ``(v·⌈2^K/d⌉) >> K`` with ``K = 16 + bitlen(d)`` (exact for every
-    16-bit ``v``: the reciprocal's error times ``v`` stays below ``2^K``; Granlund–Montgomery)."""
+    16-bit ``v``: the reciprocal's error times ``v`` stays below ``2^K``; Granlund–Montgomery).
+    ``shift_add``: the plan's constant-multiplier rule (:func:`~pipetrain.hdl.arith.const_mul`)."""
     if d & (d - 1) == 0:
         return v >> (d.bit_length() - 1)
     k = 16 + d.bit_length()
-    return const_mul(-(-(1 << k) // d), v) >> k
+    return const_mul(-(-(1 << k) // d), v, shift_add) >> k
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class WeightAccess(wiring.Component):
     Parameters
     ----------
     stages: one :class:`AccessGeometry` per stage.
+    shift_add: the plan's constant-multiplier rule (``Plan.shift_add``) for the address
+        arithmetic (row → lane and row group).
 
     Members
     -------
@@ -67,8 +70,8 @@ class WeightAccess(wiring.Component):
     stage1 … stageS: ``Out(WeightAccessSignature(L, words))`` per stage.
     """
 
-    def __init__(self, stages: Sequence[AccessGeometry]) -> None:
-        self.geo = tuple(stages)
+    def __init__(self, stages: Sequence[AccessGeometry], shift_add: Callable[[int], bool]) -> None:
+        self.geo, self.shift_add = tuple(stages), shift_add
         members = {
             "cmd": In(stream.Signature(wacc_cmd_layout())),
             "rsp": Out(stream.Signature(wacc_rsp_layout())),
@@ -118,7 +121,7 @@ class WeightAccess(wiring.Component):
                 with m.Switch(cmd.stage):
                     for n, g in enumerate(geo):
                         with m.Case(n):
-                            grp = div_const(cmd.row, g.lanes)
+                            grp = div_const(cmd.row, g.lanes, self.shift_add)
                             m.d.sync += [
                                 okr.eq(
                                     (cmd.kind <= g.kinds - 1)
@@ -126,8 +129,10 @@ class WeightAccess(wiring.Component):
                                     & (cmd.col <= g.in_features)
                                 ),
                                 # constant products: shifts and adders where cheap
-                                lane.eq(cmd.row - const_mul(g.lanes, grp)),
-                                addr.eq(const_mul(g.in_features + 1, grp) + cmd.col),
+                                lane.eq(cmd.row - const_mul(g.lanes, grp, self.shift_add)),
+                                addr.eq(
+                                    const_mul(g.in_features + 1, grp, self.shift_add) + cmd.col
+                                ),
                             ]
                 m.next = "ACC"
             with m.State("ACC"):

@@ -30,7 +30,7 @@ def _golden_act(name, slope, z):
 def test_forward_and_derivative_equal_the_golden_model(s):
     plan, _, _ = tiny()
     st = plan.stages[s]
-    act = activation_of(st)
+    act = activation_of(st, plan.shift_add)
     assert act.name == st.activation
     bits = 10
     z, g, pos = Signal(signed(bits)), Signal(signed(bits)), Signal()

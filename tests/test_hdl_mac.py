@@ -65,7 +65,7 @@ def test_forward_lanes_equal_the_reference(case, s):
         y_format=f.y,
         what_bits=st.what_bits,
         x_operand_bits=st.x_operand_bits,
-        activation=activation_of(st),
+        activation=activation_of(st, plan.shift_add),
     )
     rng = random.Random(s * 17 + len(case))
     log = []

@@ -81,7 +81,7 @@ def test_sample_writer_under_random_gaps_and_backpressure():
 
 
 def test_result_queue_delivers_in_order_under_backpressure():
-    dut = ResultQueue()
+    dut = ResultQueue(3)
     rng = random.Random(2)
     records = [
         (rng.randrange(1 << 16), rng.randrange(1 << 32), rng.random() < 0.5) for _ in range(25)
@@ -122,7 +122,7 @@ def test_weight_access_addresses_and_answers():
         AccessGeometry(3, 5, 4, 2 * 6),
         AccessGeometry(1, 4, 3, 15),
     ]
-    dut = WeightAccess(geo)
+    dut = WeightAccess(geo, tiny()[0].shift_add)  # the plan's constant-multiplier rule
     rng = random.Random(4)
     lay = wacc_cmd_layout()
     cmds = []

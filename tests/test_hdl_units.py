@@ -146,7 +146,7 @@ def _run_loss(plan, cases):
     """Run the loss unit on (logits, label, train) cases; return per case (pred, loss, δ list,
     saturation counter after the case, cycles from start to done)."""
     Lz = plan.stages[-1].lanes
-    dut = LossUnit(plan.loss, Lz)
+    dut = LossUnit(plan.loss, Lz, plan.shift_add)
     zb = plan.loss.z.bits
     out = []
 
