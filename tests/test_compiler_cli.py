@@ -244,3 +244,34 @@ def test_model_file_config_and_cli_override(tmp_path):
     out = _json(res)
     assert [s["delay"] for s in out["stages"]] == [3, 1]
     assert [s["lanes"] for s in out["stages"]] == [2, 2]
+
+
+def test_compile_board_shows_the_fitted_plan(tmp_path):
+    """``compile --board icebreaker`` writes and reports the plan ``build --board`` puts in the
+    bitstream (the compiler's fitting pass, once): one lane per stage, the board clock, SPRAM
+    weights, and the board's needed / available resources."""
+    from pipetrain.host.flow import compile_design
+
+    res = _run(["compile", "mlp-digits", "--board", "icebreaker", "--json", "-"], tmp_path)
+    out = _json(res)
+    fitted = compile_design("mlp-digits", board="icebreaker", writers=()).plan
+    assert out["plan_hash"] == fitted.hash and out["board"] == "icebreaker"
+    assert [s["lanes"] for s in out["stages"]] == [1, 1] and fitted.clock_hz == 12e6
+    # 16×16 SB_MAC16 blocks: forward ŵ·x and δ·x per stage (+ w·δ in stage 2), the loss unit's
+    # e·r; the weights and velocities of both stages in the UP5K's four SPRAMs
+    assert out["fit"]["multipliers"] == {"needed": 6, "available": 8}
+    assert out["fit"]["spram"] == {"needed": 4, "available": 4}
+    folder = tmp_path / "build" / "mlp-digits-icebreaker"
+    assert sorted(os.listdir(folder)) == ["mlp_digits.v", "plan.json", "report.md"]
+    assert Plan.from_json((folder / "plan.json").read_text()).hash == fitted.hash
+    assert "DSP blocks 6/8" in res.stderr or "DSP blocks 6/8" in res.stdout
+
+
+def test_compile_board_refuses_what_does_not_fit_and_a_second_clock(tmp_path):
+    res = _run(["compile", "mlp-digits-deep", "--board", "icebreaker", "--json", "-"], tmp_path)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    err = json.loads(res.stdout)
+    assert err["error_type"] == "FitError" and err["fit"]["multipliers"]["needed"] == 12
+    assert not (tmp_path / "build").exists()  # nothing half-written
+    res = _run(["compile", "mlp-digits", "--board", "icebreaker", "--clock-mhz", "20"], tmp_path)
+    assert res.exit_code == 2 and "--clock-mhz and --board" in res.output

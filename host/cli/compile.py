@@ -38,7 +38,8 @@ __all__ = ["compile_cmd"]
     "out_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Output folder for plan.json and report.md [default: build/<name>].",
+    help="Output folder for plan.json, report.md and <name>.v [default: build/<name>, or "
+    "build/<name>-<board> with --board].",
 )
 @click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
 @plan_format_options
@@ -137,7 +138,19 @@ def compile_cmd(
     )
 
 
+#: How the board's resources read in the fit line (the plan counts datapath multipliers; the
+#: board counts its DSP blocks, and the stage memories mapped onto its own block RAMs).
+_FIT_LABELS = {
+    "multipliers": "DSP blocks",
+    "spram": "SPRAM",
+    "memory_bits": "memory bits",
+    "memory_block_bits": "block-RAM bits as mapped",
+}
+
+
 def _fit_text(board: str, fit: dict[str, dict[str, int]]) -> str:
     """One line per board resource: ``needed / available``."""
-    rows = ", ".join(f"{k} {v['needed']}/{v['available']}" for k, v in fit.items())
+    rows = ", ".join(
+        f"{_FIT_LABELS.get(k, k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items()
+    )
     return f"\nfitted to {board} (needed/available): {rows}"

@@ -147,7 +147,7 @@ def run_training(
         check_toolchain(simulator)
         click.echo(
             f"starting the RTL simulation ({simulator}; the first run of a design builds it, "
-            "about a minute)…",
+            "20–60 s)…",
             err=True,
         )
     sim_options = {"simulator": simulator} if target == "sim" else None
