@@ -10,7 +10,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
-from pipetrain.compiler.plan import Const, QFormat
+from pipetrain.compiler.plan import Const, QFormat, csd
 from pipetrain.hdl.activation import Activation
 from pipetrain.hdl.errbuf import ErrorBuffer
 from pipetrain.hdl.streams import SlotPipelineSignature
@@ -18,6 +18,11 @@ from pipetrain.sim import fixed
 
 FD = QFormat(16, 12)
 SLOPE = Const(6554, 16, 0.1)
+
+
+def SHIFT_ADD(value: int) -> bool:  # noqa: N802 - the plan's rule, as Plan.shift_add has it
+    """The plan's constant-multiplier rule (``Plan.shift_add``: at most 3 signed digits)."""
+    return len(csd(value)) <= 3
 
 
 def _derivative(act: str, positive: bool, g: int) -> int:
@@ -37,7 +42,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
     N = 3
     rng = random.Random(M * 10 + L)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
-    activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2)
+    activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2, SHIFT_ADD)
     dut = ErrorBuffer(pipe, lanes=L, out_features=M, d_format=FD, activation=activation)
     errors = [[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)] for _ in range(4)]
     results = []
