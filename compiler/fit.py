@@ -7,8 +7,9 @@ returns the fitted plan or raises :class:`FitError` with needed vs available num
 (each step only when the board asks for it):
 
 1. constants with ``board.const_bits`` significant bits (iCE40: 5 — lr 0.002 becomes the
-   shift 2^-9, m 0.9 becomes 29/32, a three-digit shift-add; no SB_MAC16 for them), and the
-   board's clock;
+   shift 2^-9, m 0.9 becomes 29/32, a three-digit shift-add; no SB_MAC16 for them), the
+   board's clock and its block-RAM family (``board.ram_family``: the plan's memory kinds and
+   block counts are the board's);
 2. formats narrowed to the board's widths (iCE40: 16-bit weights and velocities, 12-bit
    activations and errors), keeping their calibrated integer bits (:func:`narrow_formats`);
 3. lanes: the request's if the user gave them; otherwise the compiler's default balance and,
@@ -88,6 +89,7 @@ class PlanRequest:
     memory_budget_bits: 0 = no budget.
     const_bits: significant bits of the update constants.
     single_port: 1-based stages with single-port (SPRAM) weight memories.
+    ram_family: the block-RAM family the memories are placed on (``RAM_FAMILIES``).
     """
 
     ir: NetworkIR
@@ -99,6 +101,7 @@ class PlanRequest:
     memory_budget_bits: int = 0
     const_bits: int = CONST_MANTISSA_BITS
     single_port: tuple[int, ...] = ()
+    ram_family: str = "bram18"
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -115,6 +118,7 @@ class PlanRequest:
             self.memory_budget_bits,
             self.const_bits,
             self.single_port,
+            self.ram_family,
         )
 
 
@@ -269,7 +273,12 @@ def fit_plan(request: PlanRequest, board: Board) -> tuple[Plan, PlanRequest]:
     :class:`~pipetrain.compiler.build.PlanError` for a design that is invalid at the board's
     settings.
     """
-    req = request.replace(clock_hz=board.clock_hz, const_bits=board.const_bits, single_port=())
+    req = request.replace(
+        clock_hz=board.clock_hz,
+        const_bits=board.const_bits,
+        single_port=(),
+        ram_family=board.ram_family,
+    )
     over = narrow_formats(req.build(), board.format_bits())
     if over:
         spec = apply_overrides(req.formats, parse_format_overrides(over), req.ir, req.config)

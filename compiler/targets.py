@@ -77,6 +77,9 @@ class Board:
     const_bits: significant bits of the update constants on this board (18: the compiler's
         default; iCE40: 5, so that lr and momentum are shifts and short shift-add chains
         instead of SB_MAC16s — :func:`pipetrain.compiler.build.build_plan`).
+    ram_family: the block-RAM family the plan's memories are placed on
+        (``compiler.build.RAM_FAMILIES``: ``bram18`` = 18 Kib RAMB18/DP16KD, ``ice40`` = 4 Kib
+        EBR), so the plan's kinds and block counts are the board's.
     """
 
     name: str
@@ -101,6 +104,7 @@ class Board:
     weight_bits: int = 0
     activation_bits: int = 0
     const_bits: int = 18
+    ram_family: str = "bram18"
 
     def format_bits(self) -> dict[str, int]:
         """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
@@ -180,6 +184,7 @@ BOARDS: dict[str, Board] = {
             weight_bits=16,
             activation_bits=12,
             const_bits=5,
+            ram_family="ice40",
         ),
     )
 }
