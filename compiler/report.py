@@ -128,16 +128,16 @@ def stage_table(plan: Plan) -> str:
 
 def totals_text(plan: Plan) -> str:
     """Return the tick, throughput and memory totals as a few lines of text."""
-    slowest = max(plan.stages, key=lambda s: s.cycles_per_tick)
+    slowest = max(plan.stages, key=lambda s: s.pass_cycles)
     losses = [plan.loss, *plan.head_losses]
     loss_cycles = max(lu.cycles for lu in losses)
     last = plan.main_stages[-1]
     stage_bits = sum(s.memory_bits for s in plan.stages)
     lines = [
         f"tick: {plan.tick_cycles} cycles, the longer of the slowest stage's pass "
-        f"(stage {slowest.index}: {slowest.cycles_per_tick} cycles) and the last stage's pass "
-        f"followed by the loss unit ({last.cycles_per_tick} + {loss_cycles} cycles), plus the "
-        "pass latency and tick control",
+        f"(stage {slowest.index}: {slowest.cycles_per_tick} slots, {slowest.pass_cycles} cycles) "
+        f"and the last stage's pass followed by the loss unit ({last.pass_cycles} + "
+        f"{loss_cycles} cycles), plus tick control",
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
         f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) as built — "
