@@ -23,9 +23,8 @@ from amaranth import unsigned
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.plan import Plan
 from ..protocol.wire import LinkParams
-from .top import result_layout, sample_layout, wacc_cmd_layout, wacc_rsp_layout
+from .streams import network_signature
 
 __all__ = [
     "FrameStatus",
@@ -71,24 +70,6 @@ def response_layout() -> data.StructLayout:
     """A response frame's header (docs/protocol.md §1): ``type``, ``seq`` (u8), ``length``
     (u16, payload bytes; the payload follows on a :func:`byte_layout` stream)."""
     return data.StructLayout({"type": unsigned(8), "seq": unsigned(8), "length": unsigned(16)})
-
-
-def network_signature(plan: Plan) -> wiring.Signature:
-    """``NetworkTop(plan)``'s signature (docs/ports.md), seen from the network top."""
-    S = len(plan.stages)
-    return wiring.Signature(
-        {
-            "sample_in": In(stream.Signature(sample_layout(plan))),
-            "result_out": Out(stream.Signature(result_layout())),
-            "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
-            "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
-            "flush": In(1),
-            "idle": Out(1),
-            "samples_trained": Out(32),
-            "ticks": Out(32),
-            "saturations": Out(32).array(S + 1),
-        }
-    )
 
 
 def command_signature(cmd_shape=0, *, emits: bool = True) -> wiring.Signature:

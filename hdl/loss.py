@@ -56,8 +56,9 @@ class LossUnit(wiring.Component):
 
     Parameters
     ----------
-    loss: the plan's loss unit (formats, LUT, constants).
-    z_lanes: logits per word of the input buffer (= the last stage's lanes).
+    loss: the plan's loss unit (formats, LUT, constants) and the logit buffer's geometry:
+        ``loss.z_lanes`` logits per word (the last stage's lanes), ``loss.z_words`` words of
+        ``loss.z_word_bits`` bits.
     shift_add: the plan's constant-multiplier rule (:meth:`~pipetrain.compiler.plan.Plan.
         shift_add`), for the MSE scale.
 
@@ -75,16 +76,15 @@ class LossUnit(wiring.Component):
     saturations: ``Out(32)`` δ clamps (saturating counter).
     """
 
-    def __init__(self, loss: LossPlan, z_lanes: int, shift_add: Callable[[int], bool]) -> None:
+    def __init__(self, loss: LossPlan, shift_add: Callable[[int], bool]) -> None:
         if loss.kind not in ("cross_entropy", "mse"):
             raise NotImplementedError(f"loss {loss.kind!r} has no hardware loss unit")
-        self.lp, self.zl = loss, z_lanes
+        self.lp, self.zl = loss, loss.z_lanes
         self.shift_add = shift_add
-        C = loss.classes
-        self.words = -(-C // z_lanes)
+        self.words = loss.z_words
         super().__init__(
             {
-                "z_in": In(ValidSignature(word_layout(self.words, z_lanes * loss.z.bits))),
+                "z_in": In(ValidSignature(word_layout(self.words, loss.z_word_bits))),
                 "ctl": In(LossControlSignature()),
                 "delta": Out(ValidSignature(signed(loss.d.bits))),
                 "pred": Out(16),
@@ -97,7 +97,7 @@ class LossUnit(wiring.Component):
         m = Module()
         lp, Lz = self.lp, self.zl
         C, fz, fd = lp.classes, lp.z, lp.d
-        zm = Memory(shape=Lz * fz.bits, depth=self.words, init=[])
+        zm = Memory(shape=lp.z_word_bits, depth=self.words, init=[])
         m.submodules.zbuf = zm
         zr, zwp = zm.read_port(), zm.write_port()
         zi = self.z_in

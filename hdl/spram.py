@@ -27,7 +27,6 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import Out
 
-from ..compiler.build import SPRAM_CONFIG
 from .streams import RamReadSignature, RamWriteSignature
 
 __all__ = ["SinglePortRAM", "is_ice40"]
@@ -51,8 +50,10 @@ class SinglePortRAM(wiring.Component):
 
     Parameters
     ----------
-    shape: word shape (at most 16 bits per SPRAM; wider words use several side by side).
-    depth: words (at most 16 384 per SPRAM; deeper memories are not supported).
+    shape: word shape (wider words than one SPRAM's use several side by side).
+    depth: words (at most one SPRAM's; deeper memories are not supported).
+    config: one SB_SPRAM256KA's (words, bits), 16 384 × 16: the plan's ``MemorySpec.
+        config_depth``/``config_width`` of the memory (the compiler decided the mapping).
 
     Members
     -------
@@ -60,15 +61,16 @@ class SinglePortRAM(wiring.Component):
         previous cycle's address; on a write cycle that is the written address.
     write: ``Out(RamWriteSignature(shape, depth))``: write ``data`` at ``addr`` when ``en``.
 
-    Raises ``ValueError`` for a depth above 16 384.
+    Raises ``ValueError`` for a depth above ``config``'s words.
     """
 
-    def __init__(self, shape: Any, depth: int) -> None:
+    def __init__(self, shape: Any, depth: int, config: tuple[int, int]) -> None:
         self.shape = Shape.cast(shape)
         self.depth = int(depth)
-        if self.depth > SPRAM_CONFIG[0]:
+        self.config = (int(config[0]), int(config[1]))
+        if self.depth > self.config[0]:
             self._MustUse__silence = True  # not built: no "created but never used" warning
-            raise ValueError(f"SinglePortRAM depth {depth} > {SPRAM_CONFIG[0]} words")
+            raise ValueError(f"SinglePortRAM depth {depth} > {self.config[0]} words")
         super().__init__(
             {
                 "read": Out(RamReadSignature(self.shape, self.depth)),
@@ -81,7 +83,7 @@ class SinglePortRAM(wiring.Component):
         addr = Mux(self.write.en, self.write.addr, self.read.addr)
         width = self.shape.width
         if is_ice40(platform):
-            sw = SPRAM_CONFIG[1]
+            sw = self.config[1]
             n = -(-width // sw)
             wdata = Signal(n * sw)
             rdata = Signal(n * sw)

@@ -133,11 +133,11 @@ class StageUnit(wiring.Component):
         lfsr = LFSRConfig(
             plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap, plan.round_bits, st.lfsr_seeds
         )
+        wmem = st.memory("w")  # the compiler's mapping: SPRAM (single-port) or block RAM
+        spram = (wmem.config_depth, wmem.config_width) if wmem.kind == "spram" else None
         parts = {
             "seq": SlotSequencer(pipe, st.slot_cycles),
-            "store": WeightStore(
-                pipe, lanes=L, w_format=f.w, u_format=f.u, single_port=st.slot_cycles == 2
-            ),
+            "store": WeightStore(pipe, lanes=L, w_format=f.w, u_format=f.u, spram=spram),
             "stash": InputStash(
                 pipe,
                 lanes=L,

@@ -29,12 +29,13 @@ from __future__ import annotations
 from typing import Any
 
 from amaranth import Shape, ShapeLike, signed, unsigned
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import Plan
 
 __all__ = [
+    "network_signature",
     "ValidSignature",
     "index_shape",
     "word_layout",
@@ -563,3 +564,22 @@ def wacc_cmd_layout() -> data.StructLayout:
 def wacc_rsp_layout() -> data.StructLayout:
     """``{data: signed(32)}``."""
     return data.StructLayout({"data": signed(32)})
+
+
+def network_signature(plan: Plan) -> wiring.Signature:
+    """``NetworkTop(plan)``'s signature (docs/ports.md), seen from the network top; the link
+    engine holds it flipped (one definition for both)."""
+    S = len(plan.stages)
+    return wiring.Signature(
+        {
+            "sample_in": In(stream.Signature(sample_layout(plan))),
+            "result_out": Out(stream.Signature(result_layout())),
+            "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
+            "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
+            "flush": In(1),
+            "idle": Out(1),
+            "samples_trained": Out(32),
+            "ticks": Out(32),
+            "saturations": Out(32).array(S + 1),
+        }
+    )

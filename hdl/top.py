@@ -34,6 +34,7 @@ from .loss import LossUnit
 from .stage import StageUnit, check_stage
 from .streams import (
     ValidSignature,
+    network_signature,
     pending_sample_layout,
     result_layout,
     sample_layout,
@@ -213,20 +214,7 @@ class NetworkTop(wiring.Component):
             self._MustUse__silence = True  # not built: no "created but never used" warning
             raise
         self.plan = plan
-        S = len(plan.stages)
-        super().__init__(
-            {
-                "sample_in": In(stream.Signature(sample_layout(plan))),
-                "result_out": Out(stream.Signature(result_layout())),
-                "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
-                "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
-                "flush": In(1),
-                "idle": Out(1),
-                "samples_trained": Out(32),
-                "ticks": Out(32),
-                "saturations": Out(32).array(S + 1),
-            }
-        )
+        super().__init__(network_signature(plan))
 
     def elaborate(self, platform) -> Module:
         m = Module()
@@ -236,7 +224,7 @@ class NetworkTop(wiring.Component):
         units = [StageUnit(plan, st) for st in stages]
         for n, u in enumerate(units):
             m.submodules[f"stage{n + 1}"] = u
-        m.submodules.loss = loss = LossUnit(plan.loss, stages[-1].lanes, plan.shift_add)
+        m.submodules.loss = loss = LossUnit(plan.loss, plan.shift_add)
         m.submodules.ctrl = ctrl = TickController(
             plan.schedule,
             [s.stash_entries for s in stages],

@@ -47,9 +47,10 @@ class WeightBank:
     name: the bank's name (``w0``, ``u0``, …: ``MemorySpec.bank_names``).
     shape: word shape (``signed(w.bits)`` or ``signed(u.bits)``).
     words: depth (words).
-    single_port: one shared address (:class:`~pipetrain.hdl.spram.SinglePortRAM`): a read in
-        a write cycle returns the word at the write address, so the user must not read and
-        write in one cycle; else an ``amaranth.lib.memory`` with separate read and write ports.
+    spram: one SPRAM's (words, bits) for a single-port bank — one shared address
+        (:class:`~pipetrain.hdl.spram.SinglePortRAM`): a read in a write cycle returns the word
+        at the write address, so the user must not read and write in one cycle; ``None``: an
+        ``amaranth.lib.memory`` with separate read and write ports.
 
     Members
     -------
@@ -60,11 +61,17 @@ class WeightBank:
     """
 
     def __init__(
-        self, m: Module, name: str, shape: ShapeLike, words: int, *, single_port: bool
+        self,
+        m: Module,
+        name: str,
+        shape: ShapeLike,
+        words: int,
+        *,
+        spram: tuple[int, int] | None,
     ) -> None:
-        self.shape, self.words, self.single_port = Shape.cast(shape), words, single_port
-        if single_port:
-            m.submodules[name] = ram = SinglePortRAM(self.shape, words)
+        self.shape, self.words, self.single_port = Shape.cast(shape), words, spram is not None
+        if spram is not None:
+            m.submodules[name] = ram = SinglePortRAM(self.shape, words, spram)
             self.read, self.write = ram.read, ram.write
         else:
             m.submodules[name] = mem = Memory(shape=self.shape, depth=words, init=[])
@@ -79,7 +86,8 @@ class WeightStore(wiring.Component):
     pipeline: the pass's slot pipeline (words).
     lanes: L.
     w_format, u_format: Q-formats of ``w`` and ``u``.
-    single_port: single-port banks (``Stage.slot_cycles`` = 2).
+    spram: one SPRAM's (words, bits) when the banks are single-port SPRAM (the plan's ``w``
+        memory of kind ``spram``: ``Stage.slot_cycles`` = 2), else ``None`` (dual-port).
 
     Members
     -------
@@ -98,10 +106,10 @@ class WeightStore(wiring.Component):
         lanes: int,
         w_format: QFormat,
         u_format: QFormat,
-        single_port: bool,
+        spram: tuple[int, int] | None,
     ) -> None:
         self.pipeline, self.L, self.fw, self.fu = pipeline, lanes, w_format, u_format
-        self.single_port = single_port
+        self.spram, self.single_port = spram, spram is not None
         super().__init__(
             {
                 "slots": In(pipeline.subset(flags=("busy", "read_addr", "write_addr"))),
@@ -130,7 +138,7 @@ class WeightStore(wiring.Component):
                 ((fw, wb.payload.w[lane], w_in), (fu, wb.payload.u[lane], u_in))
             ):
                 name = f"{'wu'[kind]}{lane}"
-                bank = WeightBank(m, name, signed(fmt.bits), T, single_port=self.single_port)
+                bank = WeightBank(m, name, signed(fmt.bits), T, spram=self.spram)
                 m.d.comb += [
                     bank.read.addr.eq(read_addr),
                     bank.write.en.eq(live | (acc_w & sel & (acc.kind == kind))),

@@ -146,7 +146,8 @@ def _run_loss(plan, cases):
     """Run the loss unit on (logits, label, train) cases; return per case (pred, loss, δ list,
     saturation counter after the case, cycles from start to done)."""
     Lz = plan.stages[-1].lanes
-    dut = LossUnit(plan.loss, Lz, plan.shift_add)
+    assert plan.loss.z_lanes == Lz  # the plan's logit-buffer geometry
+    dut = LossUnit(plan.loss, plan.shift_add)
     zb = plan.loss.z.bits
     out = []
 

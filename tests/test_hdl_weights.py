@@ -26,7 +26,8 @@ from pipetrain.sim import fixed
 def test_weight_bank_reads_what_was_written(single_port):
     words, bits = 11, 9
     m = Module()
-    dut = WeightBank(m, "w0", signed(bits), words, single_port=single_port)
+    spram = (16384, 16) if single_port else None  # one SB_SPRAM256KA
+    dut = WeightBank(m, "w0", signed(bits), words, spram=spram)
     rng = random.Random(int(single_port))
     model = [0] * words
     checks = []
@@ -71,7 +72,8 @@ def _sat(v, fmt):
 def test_weight_store_access_and_pass(single_port, L, N, G, depth):
     T = G * (N + 1)
     pipe = SlotPipelineSignature(N, G, T, depth)
-    dut = WeightStore(pipe, lanes=L, w_format=FW, u_format=FU, single_port=single_port)
+    spram = (16384, 16) if single_port else None  # one SB_SPRAM256KA
+    dut = WeightStore(pipe, lanes=L, w_format=FW, u_format=FU, spram=spram)
     rng = random.Random(L * 10 + N)
     mem = {(kind, lane, a): 0 for kind in (0, 1) for lane in range(L) for a in range(T)}
     echoes, reads, passes = [], [], []
