@@ -15,6 +15,7 @@ end, so a failed compile leaves nothing behind (and an earlier output folder int
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -28,7 +29,13 @@ from torch import nn
 from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
 from .config import TrainConfig
 from .fit import PlanRequest, fit_plan
-from .formats import Ranges, apply_overrides, formats_from_ranges, parse_format_overrides
+from .formats import (
+    Ranges,
+    apply_overrides,
+    formats_from_ranges,
+    parse_format_overrides,
+    static_formats,
+)
 from .frontend import trace
 from .ir import NetworkIR
 from .lanes import choose_lanes
@@ -124,6 +131,16 @@ def _load(
     return load_model(model_spec, seed=seed)
 
 
+def _weight_max(model: nn.Module, ir: NetworkIR) -> dict[int, float]:
+    """``{stage (1-based): max|w|}`` over each traced Linear layer's weight and bias (real
+    values), for :func:`~pipetrain.compiler.formats.static_formats`."""
+    out = {}
+    for s, layer in enumerate(ir.layers, start=1):
+        params = [p for p in model.get_submodule(layer.name).parameters(recurse=False)]
+        out[s] = max((float(p.detach().abs().max()) for p in params if p.numel()), default=0.0)
+    return out
+
+
 def compile_result(
     model_spec: str | nn.Module,
     config: TrainConfig | None = None,
@@ -144,6 +161,7 @@ def compile_result(
     writers: Sequence[ArtifactWriter] | None = None,
     name: str | None = None,
     seed: int | None = None,
+    notes: Sequence[str] = (),
 ) -> CompileResult:
     """Compile ``model_spec`` and return the :class:`CompileResult`; see :func:`compile_model`."""
     overrides = dict(config_overrides or {})
@@ -173,17 +191,23 @@ def compile_result(
             spec = apply_overrides(formats, fmt_over, ir, config)
         elif formats == "default":
             spec = apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
+        elif formats == "static":
+            spec = static_formats(_weight_max(model, ir), config, ir, fmt_over)
         elif formats == "auto":
             if calibrate is None:
                 raise PlanError(
                     "formats 'auto' need a calibration run: compile through "
                     "pipetrain.host.flow.compile_design (it calibrates on --data), pass "
                     "calibrate=pipetrain.sim.calibrate.Calibrator(dataset), or use "
-                    "formats='default'"
+                    "formats='static' or 'default'"
                 )
             spec = formats_from_ranges(calibrate(model, ir, config), config, ir, fmt_over)
         else:
-            raise PlanError(f"formats must be 'auto', 'default' or a FormatSpec, got {formats!r}")
+            raise PlanError(
+                f"formats must be 'auto', 'static', 'default' or a FormatSpec, got {formats!r}"
+            )
+        if notes:
+            spec = dataclasses.replace(spec, notes=(*notes, *spec.notes))
         request = PlanRequest(
             ir,
             config,
@@ -221,7 +245,9 @@ def compile_model(
     TrainConfig fields, ``None`` values ignored) are applied on top.
 
     Options: ``formats`` (``"auto"``: formats from the ranges that ``calibrate(model, ir,
-    config)`` returns, :func:`~pipetrain.compiler.formats.formats_from_ranges`; ``"default"``:
+    config)`` returns, :func:`~pipetrain.compiler.formats.formats_from_ranges`; ``"static"``:
+    no calibration data, the defaults widened for the initial weights,
+    :func:`~pipetrain.compiler.formats.static_formats`; ``"default"``:
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
@@ -229,7 +255,8 @@ def compile_model(
     build_plan`: constant precision, SPRAM stages), ``board`` (fit the plan to it,
     :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, formats, lanes and SPRAM
     replace those options), ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed``
-    (shorthand for ``config_overrides={"seed": …}``).
+    (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
+    notes of the report, e.g. which data calibrated the formats).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing

@@ -52,6 +52,7 @@ __all__ = [
     "format_for_range",
     "Ranges",
     "formats_from_ranges",
+    "static_formats",
     "apply_overrides",
 ]
 
@@ -203,6 +204,60 @@ def formats_from_ranges(
         head_u=(us[-1],) * len(head_slots),
         source="auto",
         notes=tuple(notes),
+    )
+    return apply_overrides(fs, overrides or {}, ir, config)
+
+
+#: What the report and the CLI say about formats chosen without calibration data.
+UNCALIBRATED_NOTE = (
+    "formats not calibrated: static defaults (x/y Q5.10, d Q1.14, "
+    "w/u Q3.20){widened}; calibrate on data of the model's width with --data FILE.npz "
+    "(data= in pipetrain.host.open / compile_design)"
+)
+
+
+def static_formats(
+    weight_max: Mapping[int, float],
+    config: TrainConfig,
+    ir: NetworkIR,
+    overrides: Mapping[str, QFormat] | None = None,
+    headroom: float = HEADROOM,
+) -> FormatSpec:
+    """Formats for a compile without calibration data: :meth:`FormatSpec.default`, with a
+    stage's ``w``/``u`` given fewer fraction bits where ``headroom`` × its initial max|w|
+    (``weight_max``: ``{stage (1-based): max|w|}``, real value) exceeds Q3.20; then
+    ``overrides``. Never narrower than the defaults. ``source`` is ``"static"`` and a note says
+    the formats are not calibrated and how to calibrate (:data:`UNCALIBRATED_NOTE`).
+
+    Source: *derived* — without data only the initial weights are known; activations and
+    errors keep the static formats (docs/architecture.md §4). Raises :class:`PlanError` for a
+    non-finite weight and :class:`FormatError` for bad overrides.
+    """
+    S = len(ir.layers)
+    fs = FormatSpec.default(S)
+    w, u = list(fs.w), list(fs.u)
+    widened = []
+    for s in range(1, S + 1):
+        fmt = format_for_range(float(weight_max.get(s, 0.0)), WEIGHT_BITS, headroom)
+        if fmt.frac < w[s - 1].frac:
+            w[s - 1] = fmt
+            u[s - 1] = QFormat(WEIGHT_BITS, fmt.frac)
+            widened.append(f"s{s}.w={fmt}")
+    S_all = len(stage_slots(ir, config))
+    fs = dataclasses.replace(
+        fs,
+        w=tuple(w),
+        u=tuple(u),
+        head_w=(w[-1],) * (S_all - S),
+        head_u=(u[-1],) * (S_all - S),
+        source="static",
+        notes=(
+            UNCALIBRATED_NOTE.format(
+                widened=f", widened for the initial weights: {', '.join(widened)}"
+                if widened
+                else ""
+            ),
+        ),
     )
     return apply_overrides(fs, overrides or {}, ir, config)
 

@@ -227,7 +227,12 @@ def render_report(
         f"- η = {t['lr']}, m = {t['momentum']}, λ = {t['weight_decay']} at batch "
         f"{t['batch_ref']} → batch 1: η₁ = {t['lr1']:.6g}, m₁ = {t['momentum1']:.6g}",
         f"- loss `{plan.loss.kind}` over {plan.loss.classes} classes; rounding "
-        f"`{plan.rounding}`; formats: {formats_source or 'given'}",
+        f"`{plan.rounding}`; formats: {formats_source or 'given'}"
+        + (
+            " — not calibrated (no data given); `--data FILE.npz` calibrates them (see Notes)"
+            if formats_source.startswith("static")
+            else ""
+        ),
         f"- input: {plan.in_features} features",
         "",
         "## Stages",

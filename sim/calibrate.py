@@ -129,8 +129,8 @@ class Calibrator:
         if ds.features != ir.in_features:
             raise PlanError(
                 f"data {ds.name!r} has {ds.features} features but model {ir.name!r} takes "
-                f"{ir.in_features} inputs; calibrate on data of the model's width "
-                "(--data FILE.npz) or use the data-sized model 'mlp'"
+                f"{ir.in_features} inputs; give data of the model's width (--data FILE.npz; "
+                "data= in the API) or use the data-sized model 'mlp'"
             )
         if ds.classes > ir.classes:
             raise PlanError(

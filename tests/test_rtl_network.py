@@ -29,7 +29,7 @@ config = {"lr": 0.05, "momentum": 0.9}
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny_digits.py"
     path.write_text(TINY_MODEL)
-    result = compile_design(str(path), seed=0, writers=())
+    result = compile_design(str(path), seed=0, data="digits", writers=())
     plan, model = result.plan, result.model
     design = build_network(plan)
     return path, plan, model, design

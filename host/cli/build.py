@@ -23,9 +23,15 @@ from ...compiler.fit import check_fit, plan_totals
 from ...compiler.lanes import parse_lanes
 from ...compiler.targets import BOARDS, BoardError, get_board
 from ..bitstream import build_design, deploy_bitstream
-from ..flow import DEFAULT_HIDDEN, compile_design
+from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import config_overrides, plan_format_options, train_config_options
+from .options import (
+    config_overrides,
+    data_option,
+    hidden_option,
+    plan_format_options,
+    train_config_options,
+)
 
 __all__ = ["build_cmd", "deploy_cmd", "list_boards_cmd"]
 
@@ -48,10 +54,8 @@ def _board_option(func: Any) -> Any:
 @click.option("--loopback", is_flag=True, help="Build the UART loopback design instead (no MODEL).")
 @click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
-@click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
-@click.option(
-    "--hidden", default=DEFAULT_HIDDEN, show_default=True, help="Hidden layer sizes of model 'mlp'."
-)
+@data_option
+@hidden_option
 @plan_format_options
 @train_config_options
 @json_option
@@ -64,7 +68,7 @@ def build_cmd(
     loopback: bool,
     force: bool,
     timeout_s: float | None,
-    data: str,
+    data: str | None,
     hidden: str,
     formats: str,
     format_items: tuple[str, ...],

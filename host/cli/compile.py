@@ -8,6 +8,11 @@ the plan to the board (:mod:`pipetrain.compiler.fit`: the plan ``build --board``
 bitstream) and prints the board's needed vs available resources. ``--json FILE`` gets
 :func:`pipetrain.compiler.report.plan_summary` (plus ``board`` and ``fit``).
 
+Formats: calibrated on ``--data`` (``digits`` or a ``FILE.npz``); without it a built-in model
+(and ``mlp``, sized from that data) calibrates on its default data set, digits, and a model
+file compiles uncalibrated with static formats (:func:`pipetrain.compiler.formats.
+static_formats`), which the printed note and ``report.md`` say, with the ``--data`` hint.
+
 Every :class:`~pipetrain.compiler.config.TrainConfig` field has an option here
 (:func:`train_config_options`); they override the model file's ``config``.
 """
@@ -26,7 +31,14 @@ from ...compiler.report import plan_summary, stage_table, totals_text
 from ...compiler.targets import BOARDS, get_board
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import config_overrides, parse_memory, plan_format_options, train_config_options
+from .options import (
+    config_overrides,
+    data_option,
+    hidden_option,
+    parse_memory,
+    plan_format_options,
+    train_config_options,
+)
 
 __all__ = ["compile_cmd"]
 
@@ -41,7 +53,8 @@ __all__ = ["compile_cmd"]
     help="Output folder for plan.json, report.md and <name>.v [default: build/<name>, or "
     "build/<name>-<board> with --board].",
 )
-@click.option("--data", default="digits", show_default=True, help="Calibration data (.npz).")
+@data_option
+@hidden_option
 @plan_format_options
 @click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
 @click.option("--max-multipliers", type=int, default=None, help="Fastest design with ≤ M mults.")
@@ -62,7 +75,8 @@ def compile_cmd(
     out_dir: str | None,
     formats: str,
     format_items: tuple[str, ...],
-    data: str,
+    data: str | None,
+    hidden: str,
     calib_samples: int | None,
     lanes_text: str | None,
     target_cycles: int | None,
@@ -100,6 +114,7 @@ def compile_cmd(
         formats=formats,
         format_overrides=list(format_items),
         data=data,
+        hidden=hidden,
         calib_samples=calib_samples,
         lanes=lanes,
         target_cycles=target_cycles,

@@ -13,11 +13,14 @@ from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
+from ..flow import DEFAULT_HIDDEN
 
 __all__ = [
     "train_config_options",
     "plan_format_options",
     "simulator_option",
+    "data_option",
+    "hidden_option",
     "config_overrides",
     "parse_memory",
 ]
@@ -57,11 +60,12 @@ def plan_format_options(func: Callable) -> Callable:
         click.option(
             "--formats",
             "formats",
-            type=click.Choice(["auto", "default"]),
+            type=click.Choice(["auto", "static", "default"]),
             default="auto",
             show_default=True,
-            help="auto: calibrate on --data with the float reference trainer; "
-            "default: static formats.",
+            help="auto: calibrate on --data with the float reference trainer (a model file "
+            "without --data: static); static: uncalibrated defaults, w widened for the initial "
+            "weights; default: the static defaults as they are.",
         ),
         click.option(
             "--format",
@@ -120,6 +124,29 @@ def parse_memory(text: str) -> int:
             f"--memory-budget {text!r} is not a size in bits (e.g. 589824, 576Kib, 1.5Mib)"
         )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def data_option(func: Callable) -> Callable:
+    """Add ``--data`` to a command that compiles (``compile``, ``build``): calibration data,
+    default none (:func:`pipetrain.host.flow.compile_design`: a built-in model's own data set,
+    static formats for a model file)."""
+    return click.option(
+        "--data",
+        default=None,
+        help="Calibration data: digits or a FILE.npz [default: digits for the built-in models "
+        "and mlp; none for a model file: static, uncalibrated formats].",
+    )(func)
+
+
+def hidden_option(func: Callable) -> Callable:
+    """Add ``--hidden`` (the hidden layer sizes of the data-sized model ``mlp``,
+    :func:`pipetrain.host.flow.data_mlp`), shared by every command that takes a MODEL."""
+    return click.option(
+        "--hidden",
+        default=DEFAULT_HIDDEN,
+        show_default=True,
+        help="Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32.",
+    )(func)
 
 
 def simulator_option(func: Callable) -> Callable:

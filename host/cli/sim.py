@@ -29,7 +29,7 @@ from ...sim.stimulus import plan_samples
 from ...sim.tb.network import check_network
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import simulator_option
+from .options import hidden_option, simulator_option
 
 __all__ = ["sim_command"]
 
@@ -49,6 +49,7 @@ __all__ = ["sim_command"]
     show_default=True,
     help="'digits' or a .npz file (x_train, y_train, x_test, y_test).",
 )
+@hidden_option
 @click.option(
     "--seed",
     type=int,
@@ -98,6 +99,7 @@ def sim_command(
     model: str,
     samples: int,
     data: str,
+    hidden: str,
     seed: int,
     waves: str | None,
     backpressure: float,
@@ -115,7 +117,13 @@ def sim_command(
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
     lane_list = parse_lanes(lanes) if lanes else None
     result = compile_design(
-        model, seed=seed, data=data, config_overrides=overrides, lanes=lane_list, writers=()
+        model,
+        seed=seed,
+        data=data,
+        hidden=hidden,
+        config_overrides=overrides,
+        lanes=lane_list,
+        writers=(),
     )
     plan, module = result.plan, result.model
     x, y = plan_samples(plan, samples, data, seed)

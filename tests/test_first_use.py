@@ -1,0 +1,103 @@
+"""First use without data: ``pipetrain compile`` of a model file with no ``--data`` (static,
+uncalibrated formats, said in the report), built-ins calibrating on their default data set,
+clear errors naming ``--data FILE.npz`` where data must fit, and ``mlp`` sized from the data in
+every command."""
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+from pipetrain.compiler.build import FormatSpec, PlanError
+from pipetrain.compiler.compile import compile_result
+from pipetrain.compiler.plan import Plan, QFormat
+from pipetrain.host.cli import cli
+from torch import nn
+
+#: A 20-input model: the default data set (digits, 64 features) does not fit it.
+M20 = (
+    "from torch import nn\nmodel = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+)
+
+
+def _run(args, cwd):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(cli, args, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+def test_compile_model_file_without_data_writes_static_formats(tmp_path):
+    (tmp_path / "m20.py").write_text(M20)
+    res = _run(["compile", "m20.py", "--out", "o", "--json", "-"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["formats_source"] == "static"
+    assert sorted(os.listdir(tmp_path / "o")) == ["m20.v", "plan.json", "report.md"]
+    plan = Plan.from_json((tmp_path / "o" / "plan.json").read_text())
+    assert plan.in_features == 20 and plan.hash == out["plan_hash"]
+    default = FormatSpec.default(2)  # PyTorch's init (|w| ≤ 1/√20) fits Q3.20: nothing widened
+    assert [(s.formats.x, s.formats.w, s.formats.u) for s in plan.stages] == [
+        (default.x[i], default.w[i], default.u[i]) for i in range(2)
+    ]
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "formats: static — not calibrated" in report
+    assert "formats not calibrated" in report and "--data FILE.npz" in report
+    assert "formats not calibrated" in res.stderr and "--data FILE.npz" in res.stderr
+    assert "module m20" in (tmp_path / "o" / "m20.v").read_text()
+
+
+def test_static_formats_widen_w_for_large_initial_weights():
+    model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[2].weight[1, 3] = -10.0  # × headroom 2 = 20: needs 5 integer bits of 24
+    res = compile_result(model, formats="static")
+    fs = res.formats
+    assert fs.source == "static"
+    assert fs.w == (QFormat(24, 20), QFormat(24, 18)) and fs.u == fs.w  # Q3.20, Q5.18
+    assert "widened for the initial weights: s2.w=Q5.18" in fs.notes[0]
+    assert res.plan.stages[1].formats.w == QFormat(24, 18)
+
+
+def test_builtin_without_data_calibrates_on_digits_and_says_so(tmp_path):
+    res = _run(
+        ["compile", "mlp-digits", "--calib-samples", "300", "--out", "a", "--json", "-"], tmp_path
+    )
+    out = json.loads(res.stdout)
+    assert out["formats_source"] == "auto"
+    assert any("calibrated on 'digits'" in n for n in out["notes"])
+    assert "calibrated on 'digits'" in (tmp_path / "a" / "report.md").read_text()
+    args = ["compile", "mlp-digits", "--data", "digits", "--calib-samples", "300", "--out", "b"]
+    given = json.loads(_run([*args, "--json", "-"], tmp_path).stdout)
+    assert given["plan_hash"] == out["plan_hash"]  # the same calibration
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compile", "m20.py", "--data", "digits"],
+        ["train", "m20.py", "--target", "golden"],
+        ["train", "m20.py", "--target", "golden", "--formats", "default"],
+        ["sim", "m20.py", "--samples", "2"],
+    ],
+)
+def test_data_of_another_width_names_the_fix(tmp_path, args):
+    (tmp_path / "m20.py").write_text(M20)
+    res = _run([*args, "--json", "err.json"], tmp_path)
+    assert res.exit_code == 2
+    line = res.stderr.strip()
+    assert "\n" not in line and line.startswith("Error: data 'digits' has 64 features")
+    assert "--data FILE.npz" in line
+    assert json.loads((tmp_path / "err.json").read_text())["error_type"] == "PlanError"
+    assert not (tmp_path / "build").exists()  # nothing half-written
+
+
+def test_mlp_takes_hidden_in_compile_and_sim(tmp_path):
+    res = _run(["compile", "mlp", "--hidden", "8", "--out", "o", "--json", "-"], tmp_path)
+    out = json.loads(res.stdout)
+    assert [(s["in_features"], s["out_features"]) for s in out["stages"]] == [(64, 8), (8, 10)]
+    bad = _run(["sim", "mlp", "--hidden", "8,x"], tmp_path)  # fails before any RTL build
+    assert bad.exit_code == 2 and "--hidden '8,x' must be layer sizes" in bad.stderr
