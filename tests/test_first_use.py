@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
-from pipetrain.compiler.build import FormatSpec, PlanError
+from pipetrain.compiler.build import FormatSpec
 from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.plan import Plan, QFormat
 from pipetrain.host.cli import cli
