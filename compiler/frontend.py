@@ -1,55 +1,176 @@
 """The torch.fx front end: a user's ``nn.Module`` → :class:`~pipetrain.compiler.ir.NetworkIR`.
 
 The hardware trains a chain of weight stages (docs/architecture.md §1, §3): ``Linear`` layers, each
-followed
-by at most one activation. :func:`trace` runs :func:`torch.fx` symbolic tracing and accepts
-exactly that shape of graph; everything else is a :class:`CompileError` that names the module
-path, its type and the supported set, so the user knows what to change.
+followed by at most one activation. :func:`trace` runs :func:`torch.fx` symbolic tracing and
+accepts exactly that shape of graph, written with modules or with the functional and tensor-method
+forms people write (``F.relu(x)``, ``x.relu_()``, ``torch.flatten(x, 1)``,
+``x.view(x.size(0), -1)``, …): each form is an entry of :data:`FUNCTION_FORMS` /
+:data:`METHOD_FORMS` that lowers exactly like its module (same IR, same plan hash). Everything
+else is a :class:`CompileError` that names the module path or source line, the cause and a fix
+that compiles.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 import traceback
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
+from torch.fx.proxy import TraceError
 
 from .ir import LayerIR, NetworkIR
 from .models import ModelError
 
-__all__ = ["CompileError", "SUPPORTED_MODULES", "trace"]
+__all__ = [
+    "CompileError",
+    "FUNCTION_FORMS",
+    "METHOD_FORMS",
+    "Form",
+    "SUPPORTED_MODULES",
+    "trace",
+]
 
 #: Module types the front end accepts, by role.
 WEIGHT_MODULES: tuple[type[nn.Module], ...] = (nn.Linear,)
-ACTIVATION_MODULES: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu"}
+ACTIVATION_MODULES: dict[type[nn.Module], str] = {
+    nn.ReLU: "relu",
+    nn.LeakyReLU: "leaky_relu",
+    nn.Tanh: "tanh",  # tanh / sigmoid: the plan's LUT (docs/numerics.md §3.4)
+    nn.Sigmoid: "sigmoid",
+}
 PASS_MODULES: tuple[type[nn.Module], ...] = (nn.Flatten, nn.Identity, nn.Dropout)
-SUPPORTED_MODULES: tuple[str, ...] = (
-    "Linear",
-    "ReLU",
-    "LeakyReLU",
-    "Flatten",
-    "Identity",
-    "Dropout",
+#: Parameters an activation carries into the IR: ``{module type: (name, default)}``; the module's
+#: attribute and the functional argument share the name (``nn.LeakyReLU.negative_slope``,
+#: ``F.leaky_relu(x, negative_slope=0.01)``).
+ACTIVATION_PARAMS: dict[type[nn.Module], tuple[str, float]] = {
+    nn.LeakyReLU: ("negative_slope", 0.01)
+}
+
+
+@dataclass(frozen=True)
+class Form:
+    """One functional or tensor-method spelling of a chain step.
+
+    Members
+    -------
+    text: how it is written, for messages (``"F.relu(x)"``).
+    step: ``"activation"`` (lowers like ``module``), ``"flatten"``, ``"reshape"`` (view /
+        reshape: the new shape is checked to keep the batch dimension) or ``"pass"`` (a no-op
+        on the values, e.g. ``x.contiguous()``).
+    params: names of the positional arguments after the tensor (keywords are accepted too).
+    defaults: ``((name, value), …)`` for the arguments not given.
+    module: the module type an activation lowers like (its kind is
+        ``ACTIVATION_MODULES[module]``; a form whose module is not there is refused by name).
+    inplace: ``True`` for the ``_`` forms, ``False`` for a form that returns a new tensor,
+        ``None`` when the ``inplace`` argument decides.
+    """
+
+    text: str
+    step: str
+    params: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
+    module: type[nn.Module] | None = None
+    inplace: bool | None = False
+
+
+_INPLACE = (("inplace", False),)
+_FLATTEN = ("start_dim", "end_dim")
+_FLATTEN_DEFAULTS = (("start_dim", 0), ("end_dim", -1))  # torch.flatten's and Tensor.flatten's
+
+#: ``call_function`` targets the front end lowers, by the function object fx records.
+FUNCTION_FORMS: dict[Callable[..., Any], Form] = {
+    F.relu: Form("F.relu(x)", "activation", ("inplace",), _INPLACE, nn.ReLU, None),
+    torch.relu: Form("torch.relu(x)", "activation", (), (), nn.ReLU),
+    torch.relu_: Form("torch.relu_(x)", "activation", (), (), nn.ReLU, True),  # = F.relu_
+    F.leaky_relu: Form(
+        "F.leaky_relu(x, negative_slope)",
+        "activation",
+        ("negative_slope", "inplace"),
+        _INPLACE,
+        nn.LeakyReLU,
+        None,
+    ),
+    F.leaky_relu_: Form(
+        "F.leaky_relu_(x, negative_slope)",
+        "activation",
+        ("negative_slope",),
+        (),
+        nn.LeakyReLU,
+        True,
+    ),
+    torch.tanh: Form("torch.tanh(x)", "activation", (), (), nn.Tanh),
+    torch.tanh_: Form("torch.tanh_(x)", "activation", (), (), nn.Tanh, True),
+    torch.sigmoid: Form("torch.sigmoid(x)", "activation", (), (), nn.Sigmoid),
+    torch.sigmoid_: Form("torch.sigmoid_(x)", "activation", (), (), nn.Sigmoid, True),
+    torch.flatten: Form("torch.flatten", "flatten", _FLATTEN, _FLATTEN_DEFAULTS),
+    torch.reshape: Form("torch.reshape", "reshape", ("shape",)),
+}
+
+#: ``call_method`` names the front end lowers (``F.tanh`` / ``F.sigmoid`` trace as methods).
+METHOD_FORMS: dict[str, Form] = {
+    "relu": Form("x.relu()", "activation", (), (), nn.ReLU),
+    "relu_": Form("x.relu_()", "activation", (), (), nn.ReLU, True),
+    "tanh": Form("x.tanh() / F.tanh(x)", "activation", (), (), nn.Tanh),
+    "tanh_": Form("x.tanh_()", "activation", (), (), nn.Tanh, True),
+    "sigmoid": Form("x.sigmoid() / F.sigmoid(x)", "activation", (), (), nn.Sigmoid),
+    "sigmoid_": Form("x.sigmoid_()", "activation", (), (), nn.Sigmoid, True),
+    "flatten": Form("x.flatten", "flatten", _FLATTEN, _FLATTEN_DEFAULTS),
+    "view": Form("x.view", "reshape"),
+    "reshape": Form("x.reshape", "reshape"),
+    "contiguous": Form("x.contiguous()", "pass"),
+}
+
+#: Functions with a module twin the front end accepts: the fix a refusal names.
+_MODULE_HINTS: dict[Callable[..., Any], str] = {
+    F.dropout: "use an nn.Dropout module (compiled as identity)",
+    F.linear: "use an nn.Linear module",
+}
+
+
+def _forms_of(module: type[nn.Module]) -> list[str]:
+    texts = [f.text for f in (*FUNCTION_FORMS.values(), *METHOD_FORMS.values())]
+    kinds = [f.module for f in (*FUNCTION_FORMS.values(), *METHOD_FORMS.values())]
+    return [t for t, m in zip(texts, kinds, strict=True) if m is module]
+
+
+def _supported_text() -> str:
+    acts = ", ".join(
+        f"nn.{m.__name__} (or {', '.join(_forms_of(m))}; in place or not)"
+        for m in ACTIVATION_MODULES
+    )
+    return (
+        f"supported: nn.Linear (with bias), each followed by at most one activation: {acts}; "
+        "anywhere in the chain nn.Flatten(), torch.flatten(x, 1), x.flatten(1), and "
+        "x.view / x.reshape / torch.reshape that keep the batch dimension first "
+        "(x.view(x.size(0), -1), x.view(-1, features)), x.contiguous(), nn.Identity, "
+        "nn.Dropout (compiled as identity); each step applied to the previous one's output"
+    )
+
+
+SUPPORTED_MODULES: tuple[str, ...] = tuple(
+    m.__name__ for m in (*WEIGHT_MODULES, *ACTIVATION_MODULES, *PASS_MODULES)
 )
-SUPPORTED_TEXT = (
-    "supported: nn.Linear (with bias), nn.ReLU, nn.LeakyReLU, nn.Flatten, nn.Identity, "
-    "nn.Dropout (treated as identity), chained one after another"
-)
+SUPPORTED_TEXT = _supported_text()
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 class CompileError(ModelError):
-    """The model cannot be compiled to hardware; the message names the module path, its type and
-    what is supported. A :class:`~pipetrain.compiler.models.ModelError`, so the CLI reports it as
-    a user error (exit status 2)."""
+    """The model cannot be compiled to hardware; the message names the module path or source
+    line, the cause and a fix. A :class:`~pipetrain.compiler.models.ModelError`, so the CLI
+    reports it as a user error (exit status 2)."""
 
 
 def _user_frame(frames: Iterable[tuple[str, int, str, str | None]]) -> str:
-    """Return ``file:line: code`` of the innermost frame outside torch (or '')."""
+    """Return ``file:line (`code`)`` of the innermost frame outside torch (or '')."""
     last = ""
     for filename, lineno, _func, line in frames:
         if filename.startswith(_TORCH_DIR) or os.sep + "torch" + os.sep in filename:
@@ -96,152 +217,408 @@ def _describe_call(node: fx.Node) -> str:
         return f"the function {mod + '.' if mod else ''}{name}"
     if node.op == "call_method":
         return f"the tensor method .{node.target}()"
-    if node.op == "get_attr":
-        return f"a direct use of the parameter/buffer {node.target!r}"
     return f"{node.op} {node.target!r}"
+
+
+def _form_of(node: fx.Node) -> Form | None:
+    if node.op == "call_function":
+        try:
+            return FUNCTION_FORMS.get(node.target)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable target
+            return None
+    if node.op == "call_method":
+        return METHOD_FORMS.get(str(node.target))
+    return None
+
+
+def _bind(node: fx.Node, form: Form) -> dict[str, Any]:
+    """The arguments after the tensor, by name (positional ones named by ``form.params``)."""
+    bound = dict(form.defaults)
+    if form.step == "reshape" and node.op == "call_method":  # x.view(*shape) or x.view(shape)
+        rest = node.args[1:]
+        shape = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+        bound["shape"] = node.kwargs.get("size", node.kwargs.get("shape", shape))
+        return bound
+    bound.update(zip(form.params, node.args[1:], strict=False))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _nodes_in(value: Any) -> list[fx.Node]:
+    if isinstance(value, fx.Node):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [n for v in value for n in _nodes_in(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _nodes_in(v)]
+    return []
+
+
+class _Chain:
+    """The walk over the traced graph: the chain's current value and what is known of it."""
+
+    def __init__(self, model: nn.Module, name: str, first: fx.Node) -> None:
+        self.model, self.name = model, name
+        self.head: set[fx.Node] = {first}  # nodes holding the current value (in-place aliases)
+        self.seen: set[fx.Node] = {first}  # every value the chain held (batch dimension first)
+        self.sizes: dict[fx.Node, int | None] = {}  # x.size(d) / x.shape[d] → d; x.size() → None
+        self.last: fx.Node = first
+        self.last_desc = "the input"
+        self.last_kind = "input"  # input | linear | activation
+        self.last_inplace = False
+        self.rank: int | None = None  # None: the input's (not known)
+        self.features: int | None = None  # values per sample; known from the first Linear on
+        self.pending: list[tuple[str, int, str]] = []  # reshape claims before the first Linear
+        self.layers: list[dict] = []
+        self.called: dict[int, str] = {}  # id(module with parameters) → path
+        self.params: dict[int, str] = {}  # id(Parameter) → "path.weight"
+        self.storages: dict[int, str] = {}  # data_ptr → "path.weight"
+
+    def not_chained(self, what: str) -> CompileError:
+        if not self.last.users and not self.last_inplace and self.last_kind != "input":
+            return CompileError(
+                f"the result of {self.last_desc} is never used: {what} takes an earlier value "
+                "(the step is not in place); assign the result (`h = step(h)`) so the next step "
+                "uses it, or remove the step"
+            )
+        return CompileError(
+            f"{what} does not take the previous step's output ({self.last_desc}) as its only "
+            "tensor argument; the network must be a plain chain (no skip connections, branches "
+            "or extra tensor arguments): apply each step to the previous step's output"
+        )
+
+    # ---- steps ----
+    def advance(self, node: fx.Node, desc: str, inplace: bool) -> None:
+        self.head = (self.head | {node}) if inplace else {node}
+        self.seen.add(node)
+        self.last, self.last_desc, self.last_inplace = node, desc, inplace
+
+    def size_query(self, node: fx.Node) -> bool:
+        """Record ``x.size(d)``, ``x.size()``, ``x.shape``, ``x.shape[d]`` of a chain value."""
+        args = node.args
+        if node.op == "call_method" and node.target == "size" and args[0] in self.seen:
+            dim = node.kwargs.get("dim", args[1] if len(args) > 1 else None)
+            self.sizes[node] = dim if isinstance(dim, int) or dim is None else -999
+            return True
+        if (
+            node.op == "call_function"
+            and node.target is getattr
+            and args[0] in self.seen
+            and args[1] == "shape"
+        ):
+            self.sizes[node] = None
+            return True
+        if node.op == "call_function" and node.target is operator.getitem:
+            obj = args[0]
+            if isinstance(obj, fx.Node) and obj in self.sizes and self.sizes[obj] is None:
+                self.sizes[node] = args[1] if isinstance(args[1], int) else -999
+                return True
+        return False
+
+    def linear(self, node: fx.Node, path: str, mod: nn.Linear) -> None:
+        if mod.bias is None:
+            raise CompileError(
+                f"module {path!r} (Linear) has no bias; every hardware stage has a bias "
+                "column: use nn.Linear(..., bias=True)"
+            )
+        for pname in ("weight", "bias"):
+            p = getattr(mod, pname)
+            key = f"{path}.{pname}"
+            if id(p) in self.params:
+                raise CompileError(
+                    f"the {pname} of module {path!r} (Linear) is the same Parameter as "
+                    f"{self.params[id(p)]!r} (tied weights); each hardware stage keeps its own "
+                    "weights in its own memories and updates them alone: give each Linear its "
+                    f"own Parameter (remove the assignment that ties {key!r})"
+                )
+            ptr = p.untyped_storage().data_ptr() if p.numel() else 0
+            if ptr and ptr in self.storages:
+                raise CompileError(
+                    f"the {pname} of module {path!r} (Linear) shares its storage with "
+                    f"{self.storages[ptr]!r} (tied weights); each hardware stage keeps its own "
+                    "weights: give each Linear its own Parameter (e.g. clone the tensor)"
+                )
+            self.params[id(p)] = key
+            if ptr:
+                self.storages[ptr] = key
+        if self.rank is not None and self.rank != 2:
+            raise CompileError(
+                f"module {path!r} (Linear) gets a {self.rank}-D tensor from {self.last_desc}; "
+                "a stage takes (batch, features): flatten it first (x.flatten(1))"
+            )
+        if self.layers and self.layers[-1]["out"] != mod.in_features:
+            raise CompileError(
+                f"module {path!r} (Linear) expects {mod.in_features} inputs but the "
+                f"previous Linear {self.layers[-1]['name']!r} produces {self.layers[-1]['out']}: "
+                f"make them equal (nn.Linear({self.layers[-1]['out']}, {mod.out_features}))"
+            )
+        if self.features is None:  # the first Linear: a sample is its in_features values
+            for desc, count, how in self.pending:
+                self.check_count(desc, count, how, mod.in_features)
+        elif self.features != mod.in_features:
+            raise CompileError(
+                f"module {path!r} (Linear) expects {mod.in_features} inputs but a sample has "
+                f"{self.features} values after {self.last_desc}: make them equal"
+            )
+        self.layers.append(
+            {"name": path, "in": mod.in_features, "out": mod.out_features, "act": "identity"}
+        )
+        self.layers[-1]["slope"] = 0.0
+        self.features, self.rank, self.last_kind = mod.out_features, 2, "linear"
+
+    def activation(self, desc: str, typ: type[nn.Module], slope: Any) -> None:
+        if typ not in ACTIVATION_MODULES:
+            raise CompileError(
+                f"{desc} is the functional form of nn.{typ.__name__}, which the hardware does "
+                f"not implement: use a supported activation or remove it; {SUPPORTED_TEXT}"
+            )
+        act = ACTIVATION_MODULES[typ]
+        if self.last_kind == "input":
+            raise CompileError(
+                f"{desc} comes before the first Linear; an activation must follow a Linear "
+                f"layer: move it after one or remove it; {SUPPORTED_TEXT}"
+            )
+        if self.last_kind == "activation":
+            raise CompileError(
+                f"{desc} follows another activation ({self.last_desc}); each Linear layer takes "
+                f"at most one activation: remove one of them; {SUPPORTED_TEXT}"
+            )
+        value = 0.0
+        if typ in ACTIVATION_PARAMS:
+            pname = ACTIVATION_PARAMS[typ][0]
+            if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+                raise CompileError(
+                    f"{desc} has {pname}={slope!r}; the hardware needs a number fixed when the "
+                    f"model is built: pass a constant ({pname}=0.01)"
+                )
+            value = float(slope)
+            if not 0.0 <= value < 1.0:
+                raise CompileError(
+                    f"{desc} has {pname}={value}; the hardware supports 0 ≤ {pname} < 1: use a "
+                    "slope in that range"
+                )
+        self.layers[-1]["act"], self.layers[-1]["slope"] = act, value
+        self.last_kind = "activation"
+
+    def flatten(self, desc: str, start: Any, end: Any, module: bool) -> None:
+        fix = "nn.Flatten()" if module else "torch.flatten(x, 1) or x.flatten(1)"
+        if start == 0:
+            raise CompileError(
+                f"{desc} has start_dim=0, which flattens the batch dimension into the features "
+                f"(start_dim=0 is the default of torch.flatten and x.flatten()); keep the batch "
+                f"dimension: {fix}"
+            )
+        if start != 1 or end not in (-1, *(() if self.rank is None else (self.rank - 1,))):
+            raise CompileError(
+                f"{desc} has start_dim={start}, end_dim={end}; only the flatten of every "
+                f"dimension after the batch (start_dim=1, end_dim=-1) is supported: {fix}"
+            )
+        self.rank = 2
+
+    def check_count(self, desc: str, count: int, how: str, features: int) -> None:
+        if count == features:
+            return
+        if how == "-1":
+            if features % count == 0:
+                effect = f"-1 would make {features // count} rows of {count} per sample"
+            elif count % features == 0:
+                effect = f"-1 would merge {count // features} samples into one row"
+            else:
+                effect = f"rows of {count} would mix the values of neighbouring samples"
+            raise CompileError(
+                f"{desc} changes the batch dimension: a sample has {features} values here, so "
+                f"{effect}; keep the batch dimension first: x.view(x.size(0), -1) (or "
+                f"x.view(-1, {features}))"
+            )
+        raise CompileError(
+            f"{desc} asks for {count} values per sample, but a sample has {features} values "
+            f"here: use x.view(x.size(0), -1)"
+        )
+
+    def reshape(self, desc: str, shape: Any) -> None:
+        if isinstance(shape, (int, fx.Node)):
+            shape = (shape,)
+        entries = list(shape) if isinstance(shape, (tuple, list)) else [shape]
+        keep = (
+            "keep the batch dimension first: x.view(x.size(0), -1)"
+            + (f" or x.view(-1, {self.features})" if self.features else "")
+            + " (or x.flatten(1))"
+        )
+        if len(entries) < 2:
+            raise CompileError(
+                f"{desc} makes a 1-D tensor, which merges the batch dimension into the "
+                f"features; {keep}"
+            )
+        d0, rest = entries[0], entries[1:]
+        for d in rest:
+            if isinstance(d, fx.Node):
+                raise CompileError(
+                    f"{desc} takes a computed size after the batch dimension; only the first "
+                    "entry may be the batch size (x.size(0) or x.shape[0]); give the others as "
+                    "numbers or -1, e.g. x.view(x.size(0), -1)"
+                )
+            if isinstance(d, bool) or not isinstance(d, int) or (d < 1 and d != -1):
+                raise CompileError(
+                    f"{desc} has the size entry {d!r}; give positive numbers or one -1, e.g. "
+                    "x.view(x.size(0), -1)"
+                )
+        if rest.count(-1) + (d0 == -1) > 1:
+            raise CompileError(f"{desc} has more than one -1; {keep}")
+        count = math.prod(rest)
+        if isinstance(d0, fx.Node):
+            if self.sizes.get(d0, -999) != 0:
+                raise CompileError(
+                    f"{desc} has a first entry that is not the batch size; the first entry "
+                    f"must be x.size(0) or x.shape[0] (or -1); {keep}"
+                )
+            claim = None if -1 in rest else (count, "batch")
+        elif d0 == -1:
+            claim = (count, "-1")
+        else:
+            raise CompileError(
+                f"{desc} fixes the batch dimension to the number {d0!r}. The model is traced "
+                "with a batch dimension (the chip trains one sample at a time, but the module "
+                f"runs on whole batches in PyTorch, where view({d0}, ...) would mix the "
+                f"samples of a batch); {keep}"
+            )
+        if claim is not None:
+            if self.features is None:
+                self.pending.append((desc, *claim))
+            else:
+                self.check_count(desc, claim[0], claim[1], self.features)
+        self.rank = len(entries)
+
+
+def _trace_graph(model: nn.Module, name: str) -> fx.Graph:
+    try:
+        return _Tracer().trace(model)
+    except Exception as exc:
+        frames = [
+            (f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)
+        ]
+        loc = _user_frame(frames)
+        at = f" at {loc}" if loc else ""
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        if isinstance(exc, TraceError) and "control flow" in str(exc):
+            raise CompileError(
+                f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx: it has "
+                f"data-dependent control flow{at}: "
+                "torch.fx traces forward once with symbolic tensors, so an if/while on a "
+                "tensor's value cannot be compiled; make forward run the same chain of layers "
+                f"for every input (remove the branch); {SUPPORTED_TEXT}"
+            ) from exc
+        raise CompileError(
+            f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx{at}: "
+            f"{type(exc).__name__}: {first_line}. The forward pass must be a fixed chain of "
+            f"layers without data-dependent control flow; {SUPPORTED_TEXT}"
+        ) from exc
+
+
+def _check_output(graph: fx.Graph, model: nn.Module, name: str) -> fx.Node:
+    out = next(n for n in graph.nodes if n.op == "output")
+    ret = out.args[0]
+    if isinstance(ret, fx.Node):
+        return ret
+    cls = type(model).__name__
+    if isinstance(ret, (tuple, list, dict)):
+        kind = {tuple: "a tuple", list: "a list", dict: "a dict"}[type(ret)]
+        raise CompileError(
+            f"model {name!r} ({cls}) returns {len(ret)} values ({kind}); the hardware has one "
+            "output, the last Linear's, which feeds the loss unit: return one tensor (e.g. "
+            "`return self.out(h)`)"
+        )
+    raise CompileError(
+        f"model {name!r} ({cls}) returns {ret!r}, not a tensor; return the last Linear's "
+        "output (one tensor)"
+    )
 
 
 def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR:
     """Trace ``model`` with torch.fx and return its :class:`NetworkIR`.
 
-    Accepted graphs: one input, then a chain of ``nn.Linear`` layers (with bias), each followed
-    by at most one ``nn.ReLU``/``nn.LeakyReLU``; ``nn.Flatten``, ``nn.Identity`` and
-    ``nn.Dropout`` may appear anywhere in the chain and are dropped (Dropout with a
-    ``warnings.warn``: the hardware trains without it). Containers (``nn.Sequential``, custom
-    modules) are traced through. Input shape: (batch, in_features); the IR's ``in_features`` is
-    the first Linear's.
+    Accepted graphs: one input (batch, features…), then a chain of ``nn.Linear`` layers (with
+    bias), each followed by at most one activation — ``nn.ReLU`` / ``nn.LeakyReLU`` or a
+    functional / method form of :data:`FUNCTION_FORMS` / :data:`METHOD_FORMS` (``F.relu``,
+    ``torch.relu``, ``x.relu()``, ``F.leaky_relu(x, negative_slope)``, and the in-place ones:
+    ``inplace=True``, ``x.relu_()``, ``torch.relu_``, ``F.leaky_relu_``; an in-place step's
+    input and result are the same value, so the next step may take either). Anywhere in the
+    chain, dropped: ``nn.Flatten()`` / ``torch.flatten(x, 1)`` / ``x.flatten(1)``,
+    ``x.view`` / ``x.reshape`` / ``torch.reshape`` that keep the batch dimension,
+    ``x.contiguous()``, ``nn.Identity``, ``nn.Dropout`` (with a ``warnings.warn``: the hardware
+    trains without it). Containers are traced through; a parameter-free module may be called
+    more than once. Every form lowers exactly like its module form (same IR, same plan hash).
 
-    Raises :class:`CompileError` for a non-Module ``model``; a graph fx cannot trace (e.g.
-    data-dependent control flow); an unsupported module (``nn.LSTM``, ``nn.Conv2d``,
-    ``nn.Tanh``, …); a functional call or operator (``torch.relu``, ``F.relu``, ``x + 1``); a
-    graph that is not a chain; an activation before the first Linear or two in a row; a Linear
-    without bias; Linear sizes that do not match; a network without Linear layers.
+    **The batch dimension** (docs/architecture.md §1.5). The model is traced with a batch
+    dimension first, although the chip trains one sample at a time. A sample is the first
+    Linear's ``in_features`` values (what the hardware streams per sample); after a Linear,
+    its ``out_features``. A reshape keeps the batch dimension when its first entry is
+    ``x.size(0)`` / ``x.shape[0]`` (of any value in the chain; the rest numbers or one -1 whose
+    product is a sample's values), or -1 with the rest numbers whose product is a sample's
+    values (``x.view(-1, 64)`` on 64-value samples). Refused as changing the batch dimension:
+    a 1-D result (``x.view(-1)``), -1 first with another product (``x.view(-1, 32)`` on 64
+    values), a number first (``x.view(1, -1)``: literal 1 included — in PyTorch it would merge
+    a batch into one row), ``flatten`` with ``start_dim=0`` (``torch.flatten(x)``,
+    ``x.flatten()``). A Linear must get a 2-D (batch, features) tensor.
+
+    Raises :class:`CompileError` (one line, naming the module path or source line and a fix)
+    for a non-Module ``model``; a graph fx cannot trace (data-dependent control flow, a
+    ``TraceError``); several inputs or outputs; an unsupported module, function, method or
+    operator (``nn.LSTM``, ``nn.Conv2d``, ``nn.Tanh``, ``torch.sin``, ``x + 1``); a direct use of
+    a parameter (``F.linear(x, self.fc.weight)``); a graph that is not a chain (skip
+    connections, a step whose result is never used); a module with parameters called twice; a
+    Parameter shared by two Linear layers (tied weights, found by identity and by storage — not
+    by ``named_parameters()``, which hides them); an activation before the first Linear or two
+    in a row; a LeakyReLU slope outside [0, 1); a Linear without bias; Linear sizes that do not
+    match; a reshape that changes the batch dimension; a network without Linear layers.
     Source: *derived* from the stage model of docs/architecture.md §1/§3.
     """
     if not isinstance(model, nn.Module):
         raise CompileError(
             f"model {name!r} is a {type(model).__name__}, not a torch.nn.Module; {SUPPORTED_TEXT}"
         )
-    try:
-        graph = _Tracer().trace(model)
-    except Exception as exc:
-        frames = [
-            (f.filename, f.lineno, f.name, f.line) for f in traceback.extract_tb(exc.__traceback__)
-        ]
-        loc = _user_frame(frames)
-        raise CompileError(
-            f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx"
-            + (f" at {loc}" if loc else "")
-            + f": {type(exc).__name__}: {exc}. The forward pass must be a fixed chain of "
-            f"modules without data-dependent control flow; {SUPPORTED_TEXT}"
-        ) from exc
-
+    graph = _trace_graph(model, name)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         raise CompileError(
             f"model {name!r} ({type(model).__name__}) takes {len(placeholders)} inputs; the "
-            "hardware streams one input tensor (batch, features)"
+            "hardware streams one input tensor (batch, features): give forward one argument"
         )
-    current: fx.Node = placeholders[0]
-    layers: list[dict] = []
-    last_kind = "input"  # input | linear | activation
-    last_desc = "the input"
+    ret = _check_output(graph, model, name)
+    chain = _Chain(model, name, placeholders[0])
     for node in graph.nodes:
-        if node.op in ("placeholder",):
+        if node.op in ("placeholder", "output") or chain.size_query(node):
             continue
-        if node.op == "output":
-            out = node.args[0]
-            if out is not current:
-                raise CompileError(
-                    f"model {name!r} returns {out!r}, not the output of its last module; "
-                    "the network must return the last layer's output (one tensor)"
-                )
+        if node.op == "call_module":
+            _module_step(chain, node)
             continue
-        if node.op != "call_module":
-            raise CompileError(
-                f"model {name!r} uses {_describe_call(node)}{_where(node)}; the hardware "
-                "only "
-                f"implements modules: replace it with the nn.Module equivalent "
-                f"(e.g. nn.ReLU() instead of torch.relu/F.relu); {SUPPORTED_TEXT}"
-            )
-        path = str(node.target)
-        mod = model.get_submodule(path)
-        typ = type(mod).__name__
-        ins = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
-        if ins != [current] or len(node.args) != 1 or node.kwargs:
-            raise CompileError(
-                f"module {path!r} ({typ}) does not take exactly the previous output "
-                f"({last_desc}) as its only argument; the network must be a plain chain "
-                f"(no skip connections or extra arguments); {SUPPORTED_TEXT}"
-            )
-        if len(current.users) != 1:
-            raise CompileError(
-                f"the output of {last_desc} is used {len(current.users)} times (by "
-                f"{', '.join(repr(str(u.target)) for u in current.users)}); the network must be "
-                f"a plain chain; {SUPPORTED_TEXT}"
-            )
-        if isinstance(mod, WEIGHT_MODULES):
-            if mod.bias is None:
-                raise CompileError(
-                    f"module {path!r} (Linear) has no bias; every hardware stage has a bias "
-                    "column: use nn.Linear(..., bias=True)"
-                )
-            if layers and layers[-1]["out"] != mod.in_features:
-                raise CompileError(
-                    f"module {path!r} (Linear) expects {mod.in_features} inputs but the "
-                    f"previous Linear {layers[-1]['name']!r} produces {layers[-1]['out']}"
-                )
-            layers.append(
-                {
-                    "name": path,
-                    "in": mod.in_features,
-                    "out": mod.out_features,
-                    "act": "identity",
-                    "slope": 0.0,
-                }
-            )
-            last_kind = "linear"
-        elif type(mod) in ACTIVATION_MODULES:
-            act = ACTIVATION_MODULES[type(mod)]
-            if last_kind == "input":
-                raise CompileError(
-                    f"module {path!r} ({typ}) comes before the first Linear; an activation "
-                    f"must follow a Linear layer; {SUPPORTED_TEXT}"
-                )
-            if last_kind == "activation":
-                raise CompileError(
-                    f"module {path!r} ({typ}) follows another activation ({last_desc}); each "
-                    f"Linear layer takes at most one activation; {SUPPORTED_TEXT}"
-                )
-            slope = float(mod.negative_slope) if act == "leaky_relu" else 0.0
-            if act == "leaky_relu" and not 0.0 <= slope < 1.0:
-                raise CompileError(
-                    f"module {path!r} (LeakyReLU) has negative_slope={slope}; the hardware "
-                    "supports 0 ≤ slope < 1"
-                )
-            layers[-1]["act"], layers[-1]["slope"] = act, slope
-            last_kind = "activation"
-        elif isinstance(mod, PASS_MODULES):
-            if isinstance(mod, nn.Dropout):
-                warnings.warn(
-                    f"module {path!r} (Dropout, p={mod.p}) is compiled as identity: the "
-                    "hardware trains without dropout",
-                    stacklevel=2,
-                )
-            if isinstance(mod, nn.Flatten) and (mod.start_dim, mod.end_dim) != (1, -1):
-                raise CompileError(
-                    f"module {path!r} (Flatten) has start_dim={mod.start_dim}, "
-                    f"end_dim={mod.end_dim}; only the default Flatten(1, -1) is supported"
-                )
-        else:
-            raise CompileError(
-                f"module {path!r} ({typ}) is not supported by the hardware; {SUPPORTED_TEXT}"
-            )
-        current = node
-        last_desc = f"module {path!r} ({typ})"
+        form = _form_of(node)
+        if form is None:
+            raise CompileError(_unsupported(node, name, model))
+        desc = f"{form.text}{_where(node)}"
+        src = node.args[0] if node.args else None
+        others = [n for n in _nodes_in((node.args[1:], node.kwargs)) if n not in chain.sizes]
+        if not isinstance(src, fx.Node) or src not in chain.head or others:
+            raise chain.not_chained(desc)
+        bound = _bind(node, form)
+        if form.step == "activation":
+            assert form.module is not None
+            pname = ACTIVATION_PARAMS.get(form.module, ("", 0.0))
+            chain.activation(desc, form.module, bound.get(pname[0], pname[1]))
+            inplace = form.inplace if form.inplace is not None else bool(bound.get("inplace"))
+            chain.advance(node, desc, inplace)
+            continue
+        if form.step == "flatten":
+            chain.flatten(desc, bound["start_dim"], bound["end_dim"], module=False)
+        elif form.step == "reshape":
+            chain.reshape(desc, bound.get("shape", ()))
+        chain.advance(node, desc, False)
+    if ret not in chain.head:
+        raise chain.not_chained(f"the model's return value ({ret.name})")
+    layers = chain.layers
     if not layers:
         raise CompileError(
-            f"model {name!r} ({type(model).__name__}) has no nn.Linear layer; {SUPPORTED_TEXT}"
+            f"model {name!r} ({type(model).__name__}) has no nn.Linear layer: add one; "
+            f"{SUPPORTED_TEXT}"
         )
     return NetworkIR(
         name=name,
@@ -258,3 +635,72 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
         ),
         loss=loss,
     )
+
+
+def _unsupported(node: fx.Node, name: str, model: nn.Module) -> str:
+    if node.op == "get_attr":
+        target = str(node.target)
+        owner = target.rpartition(".")[0]
+        try:
+            is_linear = isinstance(model.get_submodule(owner), nn.Linear) if owner else False
+        except AttributeError:
+            is_linear = False
+        fix = (
+            f"call the module instead, self.{owner}(x)"
+            if is_linear
+            else "make it the weight of an nn.Linear layer called as a module, or remove it"
+        )
+        return (
+            f"model {name!r} reads the parameter/buffer {target!r} directly{_where(node)} (e.g. "
+            "F.linear(x, self.fc.weight, self.fc.bias)); the hardware trains nn.Linear modules "
+            f"called as modules: {fix}"
+        )
+    hint = None
+    if node.op == "call_function":
+        try:
+            hint = _MODULE_HINTS.get(node.target)  # type: ignore[arg-type]
+        except TypeError:
+            hint = None
+    return (
+        f"model {name!r} uses {_describe_call(node)}{_where(node)}; the hardware has no such "
+        f"step: {hint or 'remove it or use a supported step'}; {SUPPORTED_TEXT}"
+    )
+
+
+def _module_step(chain: _Chain, node: fx.Node) -> None:
+    path = str(node.target)
+    mod = chain.model.get_submodule(path)
+    typ = type(mod).__name__
+    desc = f"module {path!r} ({typ})"
+    if any(True for _ in mod.parameters()):
+        if id(mod) in chain.called:
+            raise CompileError(
+                f"{desc} is called more than once in forward (a shared layer); each hardware "
+                "stage owns one Linear's weights: create a separate module for each use"
+            )
+        chain.called[id(mod)] = path
+    ins = _nodes_in((node.args, node.kwargs))
+    if len(ins) != 1 or ins[0] not in chain.head or len(node.args) != 1 or node.kwargs:
+        raise chain.not_chained(desc)
+    inplace = bool(getattr(mod, "inplace", False)) or isinstance(mod, nn.Identity)
+    if isinstance(mod, WEIGHT_MODULES):
+        chain.linear(node, path, mod)
+        inplace = False
+    elif type(mod) in ACTIVATION_MODULES:
+        pname, default = ACTIVATION_PARAMS.get(type(mod), ("", 0.0))
+        chain.activation(desc, type(mod), getattr(mod, pname, default) if pname else default)
+    elif isinstance(mod, PASS_MODULES):
+        if isinstance(mod, nn.Dropout):
+            warnings.warn(
+                f"module {path!r} (Dropout, p={mod.p}) is compiled as identity: the "
+                "hardware trains without dropout",
+                stacklevel=3,
+            )
+        if isinstance(mod, nn.Flatten):
+            chain.flatten(desc, mod.start_dim, mod.end_dim, module=True)
+    else:
+        raise CompileError(
+            f"{desc} is not supported by the hardware: replace it by a supported layer or "
+            f"remove it; {SUPPORTED_TEXT}"
+        )
+    chain.advance(node, desc, inplace)

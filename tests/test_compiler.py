@@ -125,11 +125,9 @@ BAD_MODELS = {
     "lstm": (nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)), ["'1'", "LSTM", "supported"]),
     "conv": (_Conv(), ["'conv'", "Conv2d", "supported"]),
     "tanh": (nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)), ["'1'", "Tanh"]),
-    "torch.relu": (_Func("torch.relu"), ["torch", "relu", "nn.ReLU()", "test_compiler.py"]),
-    "F.relu": (_Func("F.relu"), ["torch.nn.functional.relu", "test_compiler.py"]),
     "add": (_Func("add"), ["operator 'add'", "supported"]),
     "control": (_Func("control"), ["cannot be traced", "control flow", "test_compiler.py"]),
-    "skip": (_Func("skip"), ["plain chain"]),
+    "skip": (_Func("skip"), ["module 'fc' (Linear) is called more than once"]),
     "act-first": (nn.Sequential(nn.ReLU(), nn.Linear(4, 2)), ["'0'", "ReLU", "before the first"]),
     "two-acts": (
         nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.LeakyReLU(), nn.Linear(4, 2)),

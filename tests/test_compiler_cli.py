@@ -129,10 +129,10 @@ BAD_FILES = {
                 super().__init__()
                 self.fc, self.out = nn.Linear(64, 32), nn.Linear(32, 10)
             def forward(self, x):
-                return self.out(torch.relu(self.fc(x)))
+                return self.out(torch.sin(self.fc(x)))
         model = Net()
         """,
-        ["torch", "relu", "functional.py:9", "nn.ReLU()"],
+        ["the function torch.sin", "functional.py:9", "remove it"],
     ),
     "control.py": (
         """
