@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -568,6 +569,13 @@ def _resolve(
         raise DeviceError("model= is only used with a Plan (the model is compiled otherwise)")
     cfg = TrainConfig.from_dict(config) if isinstance(config, dict) else config
     r = compile_design(plan_or_model, cfg, board=board, writers=(), **compile_options)
+    if r.formats.source.startswith("static") and "formats" not in compile_options:
+        warnings.warn(
+            f"{r.name}: no data= given, so the formats are not calibrated (static formats); "
+            "pass data= (a Dataset or FILE.npz of the model's width) to calibrate them",
+            UserWarning,
+            stacklevel=3,
+        )
     return r.plan, r.model, r.config, r
 
 
@@ -589,7 +597,9 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
 
     ``plan_or_model``: a built-in model name, a ``.py`` model file or an ``nn.Module`` (compiled
     here with ``config`` and ``compile_options`` of
-    :func:`~pipetrain.host.flow.compile_design`, e.g. ``formats``, ``data``, ``lanes``);
+    :func:`~pipetrain.host.flow.compile_design`, e.g. ``formats``, ``data``, ``lanes``;
+    without ``data`` a built-in model calibrates on digits and a model file or module compiles
+    with static, uncalibrated formats, with a ``UserWarning`` naming ``data=``);
     a :class:`CompileResult`; or a :class:`Plan` together with ``model=`` (the module whose
     weights start the device and receive :meth:`Device.state_dict`; optional for link targets,
     which then keep the weights they hold).

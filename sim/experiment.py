@@ -35,6 +35,8 @@ __all__ = [
     "make_mlp",
     "run_experiment",
     "format_table",
+    "LR_STYLES",
+    "plot_styles",
     "plot_rows",
 ]
 
@@ -139,8 +141,27 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Line styles of the learning rates in a plot (cycled), in increasing lr order.
+LR_STYLES = ("-", "--", ":", "-.")
+
+
+def plot_styles(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, float], tuple[str, str]]:
+    """``{(method, lr): (colour, line style)}`` of :func:`plot_rows`: one colour per method
+    (matplotlib's cycle ``C0``, ``C1``, … in the rows' method order) and one line style per
+    learning rate (:data:`LR_STYLES`, in increasing lr order), so a method keeps its colour
+    across learning rates."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lrs = sorted({r["lr"] for r in rows})
+    return {
+        (m, lr): (f"C{i % 10}", LR_STYLES[j % len(LR_STYLES)])
+        for i, m in enumerate(methods)
+        for j, lr in enumerate(lrs)
+    }
+
+
 def plot_rows(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> None:
-    """Save a plot of test accuracy vs depth, one line (with ±std bars) per method and lr."""
+    """Save a plot of test accuracy vs depth, one line (with ±std bars) per method and lr:
+    colour = method, line style = lr (:func:`plot_styles`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,6 +169,7 @@ def plot_rows(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> Non
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     lrs = sorted({r["lr"] for r in rows})
+    styles = plot_styles(rows)
     for method in dict.fromkeys(r["method"] for r in rows):
         for lr in lrs:
             pts = sorted(
@@ -165,6 +187,8 @@ def plot_rows(rows: Sequence[dict[str, Any]], path: str, title: str = "") -> Non
                 marker="o",
                 capsize=3,
                 label=label,
+                color=styles[method, lr][0],
+                linestyle=styles[method, lr][1],
             )
     ax.set_xlabel("depth (Linear layers)")
     ax.set_ylabel("test accuracy")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 from pipetrain.host.cli import cli
-from pipetrain.sim.experiment import format_table, make_mlp
+from pipetrain.sim.experiment import format_table, make_mlp, plot_styles
 
 
 def test_experiment_json_shape_and_plot(tmp_path: Path) -> None:
@@ -20,7 +20,23 @@ def test_experiment_json_shape_and_plot(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     rows = json.loads(out.read_text())
-    assert list(rows) == ["rows"]
+    assert list(rows) == ["settings", "rows"]
+    assert rows["settings"] == {
+        "data": "digits",
+        "train_samples": 1437,
+        "test_samples": 360,
+        "depths": [2],
+        "methods": ["sgd", "pb"],
+        "lrs": [0.002, 0.004],
+        "seeds": 2,
+        "epochs": 1,
+        "width": 32,
+        "init": "kaiming",
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "batch_ref": 1,
+        "lwp_form": "v",
+    }
     assert [(r["depth"], r["method"], r["lr"]) for r in rows["rows"]] == [
         (2, "sgd", 0.002),
         (2, "sgd", 0.004),
@@ -90,3 +106,22 @@ def test_kaiming_init_option() -> None:
     assert float(w.abs().max()) > 0.9 * bound  # 2048 draws reach the edge
     r = CliRunner().invoke(cli, ["experiment", "--init", "xavier", "--no-progress"])
     assert r.exit_code == 2 and "xavier" in r.output
+
+
+def test_plot_styles_colour_is_method_and_line_style_is_lr() -> None:
+    rows = [{"method": m, "lr": lr} for m in ("sgd", "pb", "pb+sc") for lr in (0.004, 0.002)]
+    styles = plot_styles(rows)
+    assert styles[("sgd", 0.002)] == ("C0", "-") and styles[("sgd", 0.004)] == ("C0", "--")
+    assert styles[("pb+sc", 0.002)] == ("C2", "-") and styles[("pb+sc", 0.004)] == ("C2", "--")
+    assert len({c for c, _ in styles.values()}) == 3 and len({ls for _, ls in styles.values()}) == 2
+
+
+def test_plot_title_says_epoch_in_the_singular(tmp_path: Path, monkeypatch) -> None:
+    import pipetrain.host.cli.experiment as exp_cli
+
+    titles: list[str] = []
+    monkeypatch.setattr(exp_cli, "plot_rows", lambda rows, path, title: titles.append(title))
+    args = ["experiment", "--epochs", "1", "--depths", "1", "--seeds", "1", "--methods", "pb"]
+    result = CliRunner().invoke(cli, [*args, "--no-progress", "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 0, result.output
+    assert titles == ["digits: test accuracy vs depth (1 epoch)"]

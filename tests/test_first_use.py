@@ -5,11 +5,12 @@ every command."""
 
 import json
 import os
+import warnings
 
 import pytest
 import torch
 from click.testing import CliRunner
-from pipetrain.compiler.build import FormatSpec
+from pipetrain.compiler.build import FormatSpec, PlanError
 from pipetrain.compiler.compile import compile_result
 from pipetrain.compiler.plan import Plan, QFormat
 from pipetrain.host.cli import cli
@@ -95,9 +96,68 @@ def test_data_of_another_width_names_the_fix(tmp_path, args):
     assert not (tmp_path / "build").exists()  # nothing half-written
 
 
+def test_open_without_data_compiles_uncalibrated_and_names_data():
+    from pipetrain.host import open
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(13, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.rand(12, 13)
+    y = torch.arange(12) % 3
+    with pytest.warns(UserWarning, match="pass data="):
+        dev = open(net, "golden")
+    with dev:
+        assert dev.plan.in_features == 13
+        assert dev.train(x, y, epochs=1).samples == 12
+    with pytest.raises(PlanError, match="data= in the API"):
+        open(net, "golden", data="digits")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # formats chosen explicitly: no warning
+        open(net, "golden", formats="default").close()
+
+
 def test_mlp_takes_hidden_in_compile_and_sim(tmp_path):
     res = _run(["compile", "mlp", "--hidden", "8", "--out", "o", "--json", "-"], tmp_path)
     out = json.loads(res.stdout)
     assert [(s["in_features"], s["out_features"]) for s in out["stages"]] == [(64, 8), (8, 10)]
     bad = _run(["sim", "mlp", "--hidden", "8,x"], tmp_path)  # fails before any RTL build
     assert bad.exit_code == 2 and "--hidden '8,x' must be layer sizes" in bad.stderr
+
+
+@pytest.mark.parametrize("target", ["golden", "reference"])
+def test_local_targets_print_no_link_fields(tmp_path, target):
+    from test_host_sim import make_npz
+
+    npz = str(make_npz(tmp_path / "bands.npz"))
+    args = ["train", "mlp", "--hidden", "8", "--data", npz, "--target", target, "--epochs", "1"]
+    res = _run([*args, "--formats", "default", "--json", "-"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["bit_exact"] is None and rep["retransmits"] is None and rep["mismatches"] == []
+    text = res.stderr
+    assert f"mlp on {target}: 1 epoch, 80 samples, " in text
+    for link_field in ("bit_exact", "retransmits", "trained by the device", "epoch(s)"):
+        assert link_field not in text
+    assert ("saturations: " in text) == (target == "golden")
+
+
+def test_help_shows_training_defaults_and_describes_every_experiment_option():
+    import click
+    from pipetrain.host.cli.train import train_cmd
+
+    ctx = click.Context(train_cmd)
+    lines = {
+        p.opts[0]: p.get_help_record(ctx)[1] for p in train_cmd.params if p.opts[0][:2] == "--"
+    }
+    for opt, default in [
+        ("--lr", "0.002"),
+        ("--momentum", "0.9"),
+        ("--mitigation", "none"),
+        ("--schedule", "pb"),
+        ("--epochs", "the model file's config, else 4 for train"),
+        ("--hidden", "32"),
+    ]:
+        assert f"[default: {default}" in lines[opt], lines[opt]
+    from pipetrain.host.cli.experiment import experiment
+
+    for p in experiment.params:
+        assert getattr(p, "help", None), f"experiment {p.opts} has no description"

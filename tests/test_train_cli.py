@@ -48,7 +48,7 @@ def test_data_sized_mlp_trains_on_40_features_and_saves(npz40, tmp_path):
     rep = report_of(res)
     assert rep["model"] == "mlp" and rep["epochs"] == DEFAULT_EPOCHS
     assert rep["train_samples"] == rep["device_samples"] == 80 * DEFAULT_EPOCHS
-    assert rep["bit_exact"] is None and rep["retransmits"] == 0
+    assert rep["bit_exact"] is None and rep["retransmits"] is None  # no link, no RTL check
     assert rep["test_accuracy"] >= 0.9  # easy problem, chance 0.25
     model = build_mlp([40, 8, 4])
     model.load_state_dict(torch.load(out, weights_only=True))  # strict, weights only

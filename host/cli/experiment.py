@@ -14,7 +14,11 @@ weights and the same order for a given seed.
 
 Output: a table (mean ± sample standard deviation over seeds), optionally a plot of accuracy
 vs depth (one line per method and learning rate) and ``--json``:
-``{"rows": [{"depth", "method", "lr", "test_accuracy_mean", "test_accuracy_std", "seeds"}]}``.
+``{"settings": {...}, "rows": [{"depth", "method", "lr", "test_accuracy_mean",
+"test_accuracy_std", "seeds"}]}``; ``settings`` records the run: ``data`` (name),
+``train_samples``, ``test_samples``, ``depths``, ``methods``, ``lrs``, ``seeds`` (the count),
+``epochs``, ``width``, ``init``, ``momentum``, ``weight_decay``, ``batch_ref``, ``lwp_form``.
+The plot: colour = method, line style = learning rate.
 """
 
 from __future__ import annotations
@@ -70,11 +74,41 @@ def _methods(text: str) -> list[str]:
 
 
 @cli.command("experiment")
-@click.option("--data", "data_spec", default="digits", show_default=True, metavar="digits|FILE")
-@click.option("--depths", default="2,4,8", show_default=True, help="Linear layers per net.")
-@click.option("--methods", default=",".join(METHODS), show_default=True)
-@click.option("--seeds", default=3, show_default=True, type=int, help="Seeds 0..N−1.")
-@click.option("--epochs", default=DEFAULT_EPOCHS, show_default=True, type=int)
+@click.option(
+    "--data",
+    "data_spec",
+    default="digits",
+    show_default=True,
+    metavar="digits|FILE",
+    help="Data set: digits or a FILE.npz (x_train, y_train, x_test, y_test).",
+)
+@click.option(
+    "--depths",
+    default="2,4,8",
+    show_default=True,
+    help="Linear layers per net (comma-separated); one net per depth.",
+)
+@click.option(
+    "--methods",
+    default=",".join(METHODS),
+    show_default=True,
+    help="Methods to compare (comma-separated): sgd = sequential batch-1 SGD, pb = Pipelined "
+    "Backpropagation, +sc = Spike Compensation, +lwp = Linear Weight Prediction.",
+)
+@click.option(
+    "--seeds",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Runs per setting, with seeds 0..N−1 (init and sample order); mean ± std over them.",
+)
+@click.option(
+    "--epochs",
+    default=DEFAULT_EPOCHS,
+    show_default=True,
+    type=int,
+    help="Passes over the training set per run.",
+)
 @click.option(
     "--lrs",
     default=str(TrainConfig().lr),
@@ -82,9 +116,25 @@ def _methods(text: str) -> list[str]:
     help="Reference learning rates (comma-separated).",
 )
 @click.option("--width", default=32, show_default=True, type=int, help="Hidden layer width.")
-@click.option("--momentum", default=None, type=float, help="Reference momentum (config default).")
-@click.option("--weight-decay", default=None, type=float, help="L2 weight decay λ.")
-@click.option("--lwp-form", type=click.Choice(["v", "w"]), default=None, help="LWP form.")
+@click.option(
+    "--momentum",
+    default=None,
+    type=float,
+    help=f"Reference momentum m [default: {TrainConfig().momentum}].",
+)
+@click.option(
+    "--weight-decay",
+    default=None,
+    type=float,
+    help=f"L2 weight decay λ [default: {TrainConfig().weight_decay}].",
+)
+@click.option(
+    "--lwp-form",
+    type=click.Choice(["v", "w"]),
+    default=None,
+    help="Linear Weight Prediction form of the +lwp methods: v (ŵ = w − η·D·v) or w "
+    f"(ŵ = w + D·(w_t − w_{{t−1}})) [default: {TrainConfig().lwp_form.value}].",
+)
 @click.option(
     "--init",
     type=click.Choice(INITS),
@@ -93,8 +143,19 @@ def _methods(text: str) -> list[str]:
     help="Weight init: He (Kaiming) uniform with zero biases, or PyTorch's default (which "
     "leaves 8-layer 32-wide ReLU nets near chance at batch 1).",
 )
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png", help="Save a plot.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    metavar="FILE.png",
+    help="Save a plot of test accuracy vs depth (colour = method, line style = lr).",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Progress bar over the runs (on stderr).",
+)
 @json_option
 @user_errors
 def experiment(
@@ -144,6 +205,26 @@ def experiment(
     info(format_table(rows), json_out)
     info(f"{len(rows) * seeds} runs in {elapsed:.1f} s", json_out)
     if plot_path:
-        plot_rows(rows, plot_path, f"{data.name}: test accuracy vs depth ({epochs} epochs)")
+        plot_rows(
+            rows,
+            plot_path,
+            f"{data.name}: test accuracy vs depth ({epochs} epoch{'s' if epochs != 1 else ''})",
+        )
         info(f"plot written to {plot_path}", json_out)
-    emit_json(json_out, {"rows": rows})
+    settings = {
+        "data": data.name,
+        "train_samples": len(data.x_train),
+        "test_samples": len(data.x_test),
+        "depths": depth_list,
+        "methods": method_list,
+        "lrs": lr_list,
+        "seeds": seeds,
+        "epochs": epochs,
+        "width": width,
+        "init": init,
+        "momentum": base.momentum,
+        "weight_decay": base.weight_decay,
+        "batch_ref": base.batch_ref,
+        "lwp_form": base.lwp_form.value,
+    }
+    emit_json(json_out, {"settings": settings, "rows": rows})
