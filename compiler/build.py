@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from .act_lut import LUTFormatError, activation_lut
 from .config import TrainConfig
+from .enums import Activation
 from .ir import NetworkIR
 from .plan import (
     PLAN_VERSION,
@@ -454,12 +456,15 @@ def _ceil_log2(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
-def multipliers_per_lane(input_gradient: bool, sc: bool) -> int:
+def multipliers_per_lane(input_gradient: bool, sc: bool, activation: str = "identity") -> int:
     """Multipliers in the datapath of one lane, each counted once whatever its operand widths
     (:func:`hard_multipliers` estimates the DSP blocks they take): forward MAC and update
     product (2), input-gradient MAC (+1), momentum and learning-rate scaling (+1, +1 more for
-    the Spike Compensation sum)."""
-    return (3 if input_gradient else 2) + (2 if sc else 1)
+    the Spike Compensation sum); a ``tanh``/``sigmoid`` activation +3 (the LUT interpolation
+    slope × |z| low bits, and in the derivative y·y or y·(1 − y), then g × it;
+    docs/numerics.md §3.4, §5)."""
+    lut = 3 if Activation(activation).lut else 0
+    return (3 if input_gradient else 2) + (2 if sc else 1) + lut
 
 
 def shift_add(value: int) -> bool:
@@ -511,6 +516,10 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     - forward MAC ``ŵ · x``: (:func:`forward_weight_bits`, :func:`x_operand_bits`);
     - input-gradient MAC ``w · d`` (stages with ``input_gradient``): (w bits, d bits);
     - LWP ``H · u``; leaky-ReLU slope × error and × output (constants);
+    - ``tanh``/``sigmoid``: the LUT interpolation slope × the low ``y.frac − index_frac`` bits
+      of |z| (unsigned, one more bit each as signed; none when that is 0 bits); the derivative
+      factor y·y (tanh) or y·(2^f − y) (sigmoid): (y bits, y bits + 1); g × the factor
+      (f + 1 bits unsigned): (d bits, y.frac + 2);
     - update: momentum × u, (lr × d) × x, lr·wd × w; with Spike Compensation also a × u,
       (b·lr × d) × x, b·lr·wd × w — zero constants drop their term, constants of few signed
       digits are shifts and adders (:func:`shift_add`, ``hdl.arith.const_mul``), and then the
@@ -533,6 +542,13 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     if stage.activation == "leaky_relu":
         const(stage.negative_slope.value, f.d.bits)
         const(stage.negative_slope.value, f.y.bits)
+    lut = stage.activation_lut
+    if lut is not None:  # hdl/activation.py: interpolation, derivative factor, g × factor
+        k = f.y.frac - lut.index_frac
+        if k:
+            out.append((lut.slope_bits + 1, k + 1))
+        out.append((f.y.bits, f.y.bits + 1))
+        out.append((f.d.bits, f.y.frac + 2))
     const(up.momentum.value, f.u.bits)
     if up.lr.value:
         if shift_add(up.lr.value):  # (d · x) first, then shifts: hdl/stage.py
@@ -764,9 +780,17 @@ def _stage_memories(
         place_memory(
             "xstash", 1, P * geo.x_words, geo.x_word_bits, read_ports=2, entries=P, family=family
         ),
-        place_memory("mask", 1, P * groups, L, entries=P, family=family),
+        place_memory(
+            "mask", 1, P * groups, L * _mask_bits(sl.activation, f), entries=P, family=family
+        ),
         place_memory("gbuf", 1, 2 * groups, geo.d_word_bits, entries=2, family=family),
     )
+
+
+def _mask_bits(activation: str, f: StageFormats) -> int:
+    """Bits stashed per output for the derivative (``Stage.mask_bits``): 1, or y.bits for a
+    LUT activation (the stashed output y)."""
+    return f.y.bits if Activation(activation).lut else 1
 
 
 @dataclass(frozen=True)
@@ -1105,6 +1129,20 @@ def build_plan(
             )
         if sl.gin_losses and groups > 1:  # the input-gradient partial sums (hdl/stage.py)
             memories += (place_memory("gacc", 1, N, acc_bwd, family=family),)
+        lut = None
+        if Activation(sl.activation).lut:  # the activation ROM, one read port per lane
+            try:
+                lut = activation_lut(sl.activation, f.y)
+            except LUTFormatError as exc:
+                raise PlanError(
+                    f"{where}: {exc}; set it with --format s{sl.index}.y=Qi.f"
+                ) from None
+            memories += (
+                place_memory(
+                    "act_lut", 1, len(lut.entries), lut.word_bits, read_ports=L, write_ports=0,
+                    family=family,
+                ),
+            )  # fmt: skip
         by_name = {m.name: m for m in memories}
         stages.append(
             Stage(
@@ -1129,7 +1167,7 @@ def build_plan(
                 velocity_bits=by_name["u"].bits,
                 memory_bits=sum(m.bits for m in memories),
                 memory_blocks=sum(m.blocks for m in memories if m.kind == "bram"),
-                multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc),
+                multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc, sl.activation),
                 formats=f,
                 update=upd,
                 lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
@@ -1153,6 +1191,7 @@ def build_plan(
                 memories=memories,
                 calibrated={k: float(v) for k, v in sorted(observed.items())},
                 slot_cycles=2 if spram else 1,
+                activation_lut=lut,
             )
         )
     classes = layers[-1].out_features

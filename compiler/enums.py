@@ -90,11 +90,20 @@ class Rounding(StrEnum):
 
 
 class Activation(StrEnum):
-    """Activation after a weight layer."""
+    """Activation after a weight layer (``tanh`` and ``sigmoid`` through a LUT,
+    docs/numerics.md §3)."""
 
     RELU = "relu"
     LEAKY_RELU = "leaky_relu"
     IDENTITY = "identity"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+
+    @property
+    def lut(self) -> bool:
+        """Computed by a look-up table with interpolation (``tanh``, ``sigmoid``); its
+        derivative comes from the stashed output y, not from a mask bit."""
+        return self in (Activation.TANH, Activation.SIGMOID)
 
 
 E = TypeVar("E", bound=StrEnum)

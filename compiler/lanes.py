@@ -78,7 +78,7 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
 def _multipliers(ir: NetworkIR, config: TrainConfig, lanes: Sequence[int]) -> int:
     sc = config.mitigation.sc
     return sum(
-        L * multipliers_per_lane(bool(sl.gin_losses), sc)
+        L * multipliers_per_lane(bool(sl.gin_losses), sc, sl.activation)
         for sl, L in zip(stage_slots(ir, config), lanes, strict=True)
     )
 

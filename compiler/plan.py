@@ -25,6 +25,7 @@ __all__ = [
     "QFormat",
     "Const",
     "StageFormats",
+    "ActivationLUT",
     "UpdateConstants",
     "MemorySpec",
     "Stage",
@@ -214,8 +215,9 @@ class MemorySpec:
     name: the HDL submodule name (per-lane: the prefix). Stage: ``w``, ``u`` (weights,
         velocities; ``w_prev`` for the LWP ``w`` form, which the HDL does not build yet),
         ``xstash`` (input stash), ``mask`` (activation-derivative bits), ``gbuf`` (error
-        buffer), ``gacc`` (input-gradient partial sums). Loss unit: ``zbuf`` (logits), ``lut``
-        (exp ROM), ``ebuf`` (exp values). Top: ``results`` (result FIFO storage).
+        buffer), ``gacc`` (input-gradient partial sums), ``act_lut`` (tanh/sigmoid ROM).
+        Loss unit: ``zbuf`` (logits), ``lut`` (exp ROM), ``ebuf`` (exp values). Top:
+        ``results`` (result FIFO storage).
     per_lane: one bank per lane, named ``name0`` … (weights and velocities).
     banks: identical banks (the lanes for per-lane memories, else 1).
     entries: logical entries it holds (stash / mask: sample entries, ``Stage.stash_entries``;
@@ -262,6 +264,54 @@ class MemorySpec:
         if self.per_lane:
             return tuple(f"{self.name}{b}" for b in range(self.banks))
         return (self.name,)
+@dataclass(frozen=True)
+class ActivationLUT:
+    """The interpolated look-up table of a ``tanh`` / ``sigmoid`` stage (docs/numerics.md §3.4).
+
+    For the saturated pre-activation ``z`` (format ``y`` = Q(b, f)), ``a = |z|``,
+    ``i = min(a >> k, len(entries) − 1)`` with ``k = f − index_frac``, ``r = a mod 2^k``:
+    ``mag = rhu((entries[i] << k) + slopes[i]·r, entry_frac − index_frac)``; ``tanh``:
+    ``y = −mag`` if ``z < 0`` else ``mag``; ``sigmoid``: ``y = 2^f − mag`` if ``z < 0`` else
+    ``mag``. Max abs error vs the exact function: :attr:`error_bound_lsb` LSBs of ``y``.
+
+    Members
+    -------
+    function: ``tanh`` or ``sigmoid``.
+    index_frac: fl, the table's step 2^−fl on |z| (real units); chosen so that linear
+        interpolation is within ¼ LSB of the function (|f″| ≤ 0.770 for tanh, 0.0962 for
+        sigmoid), at most ``y.frac``.
+    entry_frac: fe = ``y.frac`` + 4 guard bits: entries are ``⌊f(k·2^−fl)·2^fe + ½⌋``.
+    entries: the table, k = 0 … K−1 (unsigned, |z| ≥ 0; the last one where the function is
+        within ¼ LSB of its limit, or the largest |z| of the format).
+    slopes: ``entries[k+1] − entries[k]`` (unsigned), 0 for the last entry.
+    entry_bits, slope_bits: widths of one ROM word's fields (entry in the low bits).
+    error_bound_lsb: ½ (final rounding) + ¼ (interpolation or tail) + 2^−5 (entry rounding) =
+        0.78125 LSBs of ``y`` (*derived*; ``tests/test_activation_lut.py`` enumerates every
+        ``z``).
+    """
+
+    function: str
+    index_frac: int
+    entry_frac: int
+    entries: tuple[int, ...]
+    slopes: tuple[int, ...]
+    entry_bits: int
+    slope_bits: int
+    error_bound_lsb: float
+
+    @property
+    def word_bits(self) -> int:
+        """Bits of one ROM word: entry_bits + slope_bits."""
+        return self.entry_bits + self.slope_bits
+
+    @property
+    def words(self) -> tuple[int, ...]:
+        """The ROM words: ``entry | slope << entry_bits``."""
+        return tuple(
+            e | (d << self.entry_bits) for e, d in zip(self.entries, self.slopes, strict=True)
+        )
+
+
 
 
 @dataclass(frozen=True)
@@ -276,14 +326,14 @@ class Stage:
     block: 1-based block (local/interlocking learning).
     losses: losses that update this stage (1-based; K is the true loss).
     in_features, out_features: N and M (elements).
-    activation: ``relu``, ``leaky_relu`` or ``identity``.
+    activation: ``relu``, ``leaky_relu``, ``identity``, ``tanh`` or ``sigmoid``.
     negative_slope: LeakyReLU slope as a constant (frac 16).
     delay: D_s in updates (samples).
     delay_derivation: how D_s follows from the schedule (text).
     input_gradient: whether the stage computes ∂L/∂x (False for stage 1).
     stash_depth: stashed samples in use, D_s + 1 (docs/architecture.md §2.1).
     stash_bits: bits of the input stash and the activation-derivative mask as built
-        (``xstash`` + ``mask`` of ``memories``).
+        (``xstash`` + ``mask`` of ``memories``; the mask keeps :attr:`mask_bits` per output).
     lanes: parallel MAC lanes L; lane l owns rows j ≡ l (mod L).
     row_groups: ⌈M / L⌉ passes of the lanes over the columns.
     cycles_per_tick: memory-bandwidth-bound cycles of the fused pass: row_groups·(N+1).
@@ -306,15 +356,18 @@ class Stage:
         ``input_gradient`` is False).
     memories: every memory the stage's HDL builds (:class:`MemorySpec`), in this order: ``w``,
         ``u`` (per lane), ``xstash``, ``mask``, ``gbuf``, then ``gacc`` (only with an input
-        gradient and row_groups > 1). Their geometry, from the fields below:
+        gradient and row_groups > 1), then ``act_lut`` (``tanh``/``sigmoid`` only). Their
+        geometry, from the fields below:
 
         - ``w``/``u``: L banks × ``cycles_per_tick`` words of w.bits / u.bits; address
           g·(N+1)+i; ``spram`` when ``slot_cycles`` = 2;
         - ``xstash``: ``stash_entries`` × ``x_words`` words of ``x_word_bits``, 2 read ports
           (forward and backward item), 1 write port;
-        - ``mask``: ``stash_entries`` × row_groups words of L bits;
+        - ``mask``: ``stash_entries`` × row_groups words of L·``mask_bits`` bits;
         - ``gbuf``: 2 halves × row_groups words of ``d_word_bits`` (written d.bits at a time);
-        - ``gacc``: N words of ``acc_bwd_bits``.
+        - ``gacc``: N words of ``acc_bwd_bits``;
+        - ``act_lut`` (``tanh``/``sigmoid`` only, last): the activation ROM, ``len(entries)``
+          words of ``activation_lut.word_bits``, one read port per lane, no write port.
     slot_cycles: cycles per slot of the fused pass: 1, or 2 with single-port weight and
         velocity memories (iCE40 SPRAM: a read, then the write-back of an earlier slot).
     x_lanes: Lw, input values per stash word = the lanes of the stage that writes the stash
@@ -338,6 +391,8 @@ class Stage:
         single-port memories when it is even (the write must fall between reads; *derived*).
     pass_cycles: cycles of one fused pass from the start pulse to done:
         slot_cycles·(cycles_per_tick − 1) + 2 + write_stage (``build.pass_cycles``).
+    activation_lut: the :class:`ActivationLUT` of a ``tanh``/``sigmoid`` stage (None otherwise,
+        and then absent from the JSON, so plans without one keep their hash).
     calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     """
@@ -385,10 +440,17 @@ class Stage:
     attach: int = 0
     grad_losses: tuple[int, ...] = ()
     gin_losses: tuple[int, ...] = ()
+    activation_lut: ActivationLUT | None = None
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
     slot_cycles: int = 1
 
     def __post_init__(self) -> None:
+    @property
+    def mask_bits(self) -> int:
+        """Bits the stash keeps per output for the activation derivative (docs/numerics.md §2):
+        1 (the bit ``z > 0``), or ``y.bits`` for ``tanh``/``sigmoid`` (the output ``y``)."""
+        return self.formats.y.bits if self.activation.lut else 1
+
         _coerce(self, activation=Activation)
 
     def memory(self, name: str) -> MemorySpec:
@@ -615,7 +677,13 @@ def _coerce(obj: Any, **kinds: type[Enum]) -> None:
 
 def _to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        # an optional field left at its default None is omitted (from_dict restores it), so
+        # adding one keeps the JSON and hash of every plan that does not use it
+        return {
+            f.name: _to_jsonable(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.default is None and getattr(obj, f.name) is None)
+        }
     if isinstance(obj, (tuple, list)):
         return [_to_jsonable(v) for v in obj]
     if isinstance(obj, dict):

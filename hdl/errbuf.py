@@ -5,8 +5,8 @@ stage's input gradient (or the loss unit's δ) arrives serially, one value a bea
 beat since the half was last filled is ``g_k``, stored in lane ``k mod L`` of word ``k div L`` of
 the half the tick controller names; ``M`` beats fill it. The pass reads the other half, the
 word of the slot's row group at S0. At S1 each lane forms ``δ = f′(z)·g`` from the stashed mask
-bit (docs/numerics.md §5) — 0 in padding lanes of the last row group and in passes without a
-backward item — registered at S2.
+bit (``tanh``/``sigmoid``: the stashed output y; docs/numerics.md §5) — 0 in padding lanes of
+the last row group and in passes without a backward item — registered at S2.
 
 Source: docs/architecture.md §3 (double-buffered error buffer), docs/numerics.md §5 (δ); the
 serial write order and the pipeline are *derived*.
@@ -50,7 +50,8 @@ class ErrorBuffer(wiring.Component):
         stall).
     halves: ``In(ErrorHalvesSignature())`` half written / read this tick.
     slots: ``In(pipeline.subset(S0, S1; bwd))``.
-    mask: ``In(MaskReadSignature(L))`` the stashed ``z > 0`` bits at S1.
+    mask: ``In(MaskReadSignature(L·stash_bits))`` the stashed ``z > 0`` bits at S1
+        (``tanh``/``sigmoid``: the outputs y, ``activation.stash_bits`` = y.bits per lane).
     delta: ``Out(DeltaSignature(L, d.bits))`` δ per lane at S2.
 
     Raises ValueError unless ``(G−1)·L < M ≤ G·L``.
@@ -80,7 +81,7 @@ class ErrorBuffer(wiring.Component):
                 "write": In(ValidSignature(signed(d_format.bits))),
                 "halves": In(ErrorHalvesSignature()),
                 "slots": In(pipeline.subset(stages=(0, 1), flags=("bwd",))),
-                "mask": In(MaskReadSignature(lanes)),
+                "mask": In(MaskReadSignature(lanes * activation.stash_bits)),
                 "delta": Out(DeltaSignature(lanes, d_format.bits)),
             }
         )
@@ -117,7 +118,9 @@ class ErrorBuffer(wiring.Component):
         live_last = M - (G - 1) * L  # lanes ≥ this are padding in the last row group
         for lane in range(L):
             g = grd.data.word_select(lane, fd.bits).as_signed()
-            dl = self.act.derivative(self.mask.bits[lane], g)
+            mb = self.act.stash_bits
+            stashed = self.mask.bits[lane] if mb == 1 else self.mask.bits.word_select(lane, mb)
+            dl = self.act.derivative(stashed, g)
             live = sp.bwd
             if lane >= live_last:
                 live = live & ~s1.payload.last_group

@@ -4,7 +4,9 @@
 ``Σ_i ŵ_ji·x_i`` over the columns of its row ``j = g·L + l`` (the bias column N last, with the
 bias input), lane-local; after column N, ``z_j = sat(rhu(acc, w.frac + x.frac − y.frac), y)``,
 the activation gives ``a_j``, and the row group's ``L`` activations leave as one word at S4
-(with the ``z > 0`` bits for the stash's mask).
+(with the ``z > 0`` bits for the stash's mask; ``tanh``/``sigmoid``: the ROM of
+:class:`~pipetrain.hdl.activation.LUTActivation` is read with ``z`` at S3, and the mask is the
+output ``y`` itself).
 
 **Input gradient** (:class:`InputGradient`, docs/numerics.md §5): in slot ``(g, i)`` the lanes'
 products ``w_ji·δ_j`` are summed across lanes (an adder chain); with several row groups the
@@ -28,7 +30,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
-from .activation import Activation
+from .activation import Activation, LUTActivation
 from .arith import rhu, sat, wire
 from .streams import (
     DeltaSignature,
@@ -65,8 +67,8 @@ class ForwardLanes(wiring.Component):
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
         ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4 of the group's bias slot in
         forward passes (cannot stall).
-    mask_write: ``Out(ValidSignature(mask_layout(row_groups, L)))`` the ``z > 0`` bits, with
-        ``y``.
+    mask_write: ``Out(ValidSignature(mask_layout(row_groups, L·stash_bits)))`` the ``z > 0``
+        bits (``tanh``/``sigmoid``: the ``L`` outputs, y.bits each), with ``y``.
     saturated: ``Out(L)`` per lane: ``z`` clamped (one cycle, with ``y``; padding lanes 0).
     """
 
@@ -94,7 +96,7 @@ class ForwardLanes(wiring.Component):
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
-                "mask_write": Out(ValidSignature(mask_layout(G, lanes))),
+                "mask_write": Out(ValidSignature(mask_layout(G, lanes * activation.stash_bits))),
                 "saturated": Out(lanes),
             }
         )
@@ -111,6 +113,10 @@ class ForwardLanes(wiring.Component):
         m.d.sync += fire4.eq(fire3)
         zsh = fw.frac + fx.frac - fy.frac
         acts, masks, flags = [], [], []
+        lut = None
+        if self.act.uses_lut:  # read at S3 with z, the output at S4
+            m.submodules.act = lut = LUTActivation(L, self.act.lut, fy)
+            m.d.comb += lut.en.eq(fire3)
         for lane in range(L):
             # S2: ŵ·x; S3: accumulate, round and saturate after the bias column
             pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{lane}")
@@ -128,7 +134,12 @@ class ForwardLanes(wiring.Component):
             with m.If(fire3):
                 m.d.sync += [z4.eq(zv), zs4.eq(zc)]
             flags.append(fire4 & zs4)
-            # S4: activation and mask bit
+            # S4: activation and mask bit (tanh/sigmoid: the output y)
+            if lut is not None:
+                m.d.comb += lut.z[lane].eq(zv)
+                acts.append(lut.y[lane])
+                masks.append(lut.y[lane])
+                continue
             acts.append(self.act.forward(z4)[: fy.bits])
             masks.append(z4 > 0)
         m.d.comb += [

@@ -14,7 +14,8 @@ The parts (each its own module, connected only through the signatures of
   position down the pipeline (:class:`~pipetrain.hdl.streams.SlotPipelineSignature`), ``done``;
 * :class:`~pipetrain.hdl.weights.WeightStore` — per-lane ``w``/``u`` banks (dual-port or SPRAM)
   shared with the host's weight access;
-* :class:`~pipetrain.hdl.stash.InputStash` — stashed ``x`` and ReLU mask, the ``x`` operands;
+* :class:`~pipetrain.hdl.stash.InputStash` — stashed ``x`` and ReLU mask (tanh/sigmoid: the
+  output y), the ``x`` operands;
 * :class:`~pipetrain.hdl.errbuf.ErrorBuffer` — double-buffered ``g``, δ per lane;
 * :class:`~pipetrain.hdl.update.UpdateUnit` — ŵ, momentum, SC, rounding with the lane LFSRs;
 * :class:`~pipetrain.hdl.mac.ForwardLanes` / :class:`~pipetrain.hdl.mac.InputGradient` — the
@@ -60,7 +61,8 @@ __all__ = ["StageUnit", "check_stage"]
 
 def check_stage(stage: Stage) -> None:
     """Raise NotImplementedError (naming the stage, what is missing and the way out) for a stage
-    the HDL does not build: an activation other than identity/relu/leaky_relu, the LWP ``w``
+    the HDL does not build: an activation other than identity/relu/leaky_relu/tanh/sigmoid (or
+    a tanh/sigmoid without its LUT), the LWP ``w``
     form, or fewer than 4 inputs with several row groups and an input gradient."""
     activation_of(stage)
     if stage.update.lwp_horizon and stage.update.lwp_form != "v":
@@ -146,6 +148,7 @@ class StageUnit(wiring.Component):
                 x_words=st.x_words,
                 x_format=f.x,
                 x_operand_bits=st.x_operand_bits,
+                mask_bits=st.mask_bits,
             ),
             "errbuf": ErrorBuffer(
                 pipe,

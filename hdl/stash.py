@@ -5,8 +5,9 @@
   output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
   by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
   Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2.
-* ``mask``: ``entries × row_groups`` words of ``L`` bits, the ``z > 0`` bits of the forward
-  item (written at S4), read for the backward item's row group at S0 (used at S1).
+* ``mask``: ``entries × row_groups`` words of ``L·mask_bits`` bits, the ``z > 0`` bits of the
+  forward item (``tanh``/``sigmoid``: its outputs ``y``, ``mask_bits`` = y.bits; written at
+  S4), read for the backward item's row group at S0 (used at S1).
 
 The entry allocation (which entry a base points to) is the tick controller's; the stash has
 ``stash_depth + 1`` entries, the extra one being written while the pass runs (*derived*: it
@@ -51,6 +52,8 @@ class InputStash(wiring.Component):
     x_format: Q-format of ``x``.
     x_operand_bits: width of the operands (``Stage.x_operand_bits``: one more than ``x`` when
         the bias input does not fit it).
+    mask_bits: bits per lane of the mask (``Stage.mask_bits``: 1, or y.bits for
+        ``tanh``/``sigmoid``).
 
     Members
     -------
@@ -58,10 +61,10 @@ class InputStash(wiring.Component):
         ``bases.write + word``.
     bases: ``In(StashBasesSignature(entries·x_words, entries·row_groups))``.
     slots: ``In(pipeline.subset(S0, S1; start))``.
-    mask_write: ``In(ValidSignature(mask_layout(row_groups, L)))`` the forward item's mask
-        bits, at ``bases.fwd_mask + group``.
+    mask_write: ``In(ValidSignature(mask_layout(row_groups, L·mask_bits)))`` the forward item's
+        mask bits, at ``bases.fwd_mask + group``.
     operands: ``Out(StashOperandsSignature(x_operand_bits))`` ``x`` operands at S2.
-    mask: ``Out(MaskReadSignature(L))`` the backward item's mask bits at S1.
+    mask: ``Out(MaskReadSignature(L·mask_bits))`` the backward item's mask bits at S1.
 
     Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ or the operand is narrower than ``x``.
     """
@@ -76,6 +79,7 @@ class InputStash(wiring.Component):
         x_words: int,
         x_format: QFormat,
         x_operand_bits: int,
+        mask_bits: int = 1,
     ) -> None:
         N, G = pipeline.in_features, pipeline.row_groups
         if x_words != -(-N // x_lanes):
@@ -84,6 +88,7 @@ class InputStash(wiring.Component):
             raise ValueError(f"x operand of {x_operand_bits} bits cannot hold {x_format}")
         self.pipeline = pipeline
         self.L, self.P, self.Lw, self.kx = lanes, entries, x_lanes, x_words
+        self.mb = lanes * mask_bits
         self.fx, self.xb = x_format, x_operand_bits
         self.x_depth, self.m_depth = entries * x_words, entries * G
         super().__init__(
@@ -91,9 +96,9 @@ class InputStash(wiring.Component):
                 "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
                 "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
                 "slots": In(pipeline.subset(stages=(0, 1), flags=("start",))),
-                "mask_write": In(ValidSignature(mask_layout(G, lanes))),
+                "mask_write": In(ValidSignature(mask_layout(G, self.mb))),
                 "operands": Out(StashOperandsSignature(x_operand_bits)),
-                "mask": Out(MaskReadSignature(lanes)),
+                "mask": Out(MaskReadSignature(self.mb)),
             }
         )
 
@@ -106,7 +111,7 @@ class InputStash(wiring.Component):
 
         m.submodules.xstash = xm = Memory(shape=Lw * fx.bits, depth=self.x_depth, init=[])
         xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
-        m.submodules.mask = mm = Memory(shape=self.L, depth=self.m_depth, init=[])
+        m.submodules.mask = mm = Memory(shape=self.mb, depth=self.m_depth, init=[])
         mrd, mwr = mm.read_port(), mm.write_port()
 
         m.d.comb += [

@@ -46,6 +46,10 @@ def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
             mods.append(nn.ReLU())
         elif layer.activation == Activation.LEAKY_RELU:
             mods.append(nn.LeakyReLU(layer.negative_slope))
+        elif layer.activation == Activation.TANH:
+            mods.append(nn.Tanh())
+        elif layer.activation == Activation.SIGMOID:
+            mods.append(nn.Sigmoid())
         elif layer.activation != Activation.IDENTITY:
             unknown(layer.activation, "activation")
     return nn.Sequential(*mods)

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..compiler.config import TrainConfig
 from ..compiler.enums import unknown
-from ..compiler.plan import Const, LossUnit, Plan, Stage
+from ..compiler.plan import ActivationLUT, Const, LossUnit, Plan, QFormat, Stage
 from ..errors import UserError
 from .fixed import U32_MAX, quantise, rhu, rne, rsr_addend, sat
 from .lfsr import LaneLFSRs
@@ -149,6 +149,37 @@ def _sum_terms(*terms: torch.Tensor | None) -> torch.Tensor:
 class _StageEngine:
     """State and arithmetic of one stage (numerics §2, §3, §5, §6)."""
 
+def lut_forward(z: torch.Tensor, lut: ActivationLUT, frac: int) -> torch.Tensor:
+    """``tanh``/``sigmoid`` of the saturated ``z`` (int64, any shape, format with ``frac``
+    fraction bits) through the plan's interpolated LUT (numerics §3.4); same shape and format.
+    """
+    k = frac - lut.index_frac
+    a = z.abs()
+    i = (a >> k).clamp_max(len(lut.entries) - 1)
+    r = a & ((1 << k) - 1)
+    entries = torch.tensor(lut.entries, dtype=torch.int64)
+    slopes = torch.tensor(lut.slopes, dtype=torch.int64)
+    mag = rhu((entries[i] << k) + slopes[i] * r, lut.entry_frac - lut.index_frac)
+    if lut.function == "tanh":
+        return torch.where(z < 0, -mag, mag)
+    if lut.function == "sigmoid":
+        return torch.where(z < 0, (1 << frac) - mag, mag)
+    unknown(lut.function, "LUT activation")
+
+
+def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -> torch.Tensor:
+    """δ = f′·g from the stashed output ``y`` (``frac`` fraction bits) and the error ``g``
+    (numerics §5.1): ``q = rhu(2^2f − y², f)`` (tanh) or ``rhu(y·(2^f − y), f)`` (sigmoid),
+    ``δ = rhu(g·q, f)``; |δ| ≤ |g|, so δ needs no clamp."""
+    if function == "tanh":
+        q = rhu((1 << (2 * frac)) - y * y, frac)
+    elif function == "sigmoid":
+        q = rhu(y * ((1 << frac) - y), frac)
+    else:
+        unknown(function, "LUT activation")
+    return rhu(g * q, frac)
+
+
     def __init__(self, plan: Plan, st: Stage, weight: torch.Tensor, bias: torch.Tensor) -> None:
         f = st.formats
         self.spec = st
@@ -174,6 +205,9 @@ class _StageEngine:
         self.H, self.form = upd.lwp_horizon, upd.lwp_form
         self.input_gradient = st.input_gradient
         if self.input_gradient:
+        self.lut = st.activation_lut  # tanh / sigmoid (numerics §3.4)
+        if self.act in ("tanh", "sigmoid") and (self.lut is None or self.lut.function != self.act):
+            raise GoldenError(f"stage {st.index}: {self.act} needs the plan's activation LUT")
             if self.fgin is None:
                 raise GoldenError(f"stage {st.index} has an input gradient but no gin format")
             self.k_gin = self.fw.frac + self.fd.frac - self.fgin.frac
@@ -279,13 +313,18 @@ class _StageEngine:
         if k == 0:
             return v
         if self.stochastic:
+        elif self.act in ("tanh", "sigmoid"):
+            a = lut_forward(z, self.lut, self.fy.frac)
             return (v + addend) >> k
         return rne(v, k)
 
     def backward(self, sid: int, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Backward of sample ``sid`` with output error g (M,) → (δ, gin or None); updates."""
+        """Backward of sample ``sid`` with output error g (M,) → (δ, gin or None); updates.
+        The stash holds (x with bias, the mask ``z > 0``, or for tanh/sigmoid the output y)."""
         xb, mask = self.stash.pop(sid)
-        if self.act == "relu":
+        if self.act in ("tanh", "sigmoid"):
+            delta = lut_derivative(self.act, mask, g, self.fy.frac)
+        elif self.act == "relu":
             delta = torch.where(mask, g, 0)
         elif self.act == "leaky_relu":
             delta = torch.where(mask, g, rhu(g * self.slope[0], self.slope[1]))
@@ -495,8 +534,8 @@ class GoldenModel:
             if f is not None:  # forward first: it reads the pre-update weights
                 sample, xb = f
                 z, a, mask = eng.forward(xb, sample.train)
-                if sample.train:
-                    eng.stash[sample.id] = (xb, mask)
+                if sample.train:  # tanh/sigmoid stash the output y instead (numerics §2)
+                    eng.stash[sample.id] = (xb, a if eng.lut is not None else mask)
                 if s + 1 < S:
                     new_fwd[s + 1] = (sample, self._with_bias(a, self.stages[s + 1]))
                 else:

@@ -87,7 +87,33 @@ def _loss(plan: Plan, z: list[int], label: int) -> tuple[int, int, list[int], in
     return pred, min(loss, U32_MAX), delta, sats
 
 
+def _lut(st: Stage, z: int) -> int:
+    """numerics §3.4 literally: |z| splits into the entry index and the interpolation
+    remainder; the negative half by symmetry."""
+    lut, f = st.activation_lut, st.formats.y.frac
+    k = f - lut.index_frac
+    a = -z if z < 0 else z
+    i = min(a >> k, len(lut.entries) - 1)
+    r = a - ((a >> k) << k)
+    mag = rhu(lut.entries[i] * 2**k + lut.slopes[i] * r, lut.entry_frac - lut.index_frac)
+    if z >= 0:
+        return mag
+    return -mag if st.activation == "tanh" else 2**f - mag
+
+
+def _lut_delta(st: Stage, y: int, g: int) -> int:
+    """numerics §5.1: δ from the stashed output y."""
+    f = st.formats.y.frac
+    if st.activation == "tanh":
+        q = rhu(2 ** (2 * f) - y * y, f)
+    else:
+        q = rhu(y * (2**f - y), f)
+    return rhu(g * q, f)
+
+
 def _act(st: Stage, z: int) -> int:
+    if st.activation in ("tanh", "sigmoid"):
+        return _lut(st, z)
     if st.activation == "relu":
         return max(z, 0)
     if st.activation == "leaky_relu":
@@ -139,7 +165,7 @@ def run_scalar(
                 z.append(zj)
                 mask.append(zj > 0)
                 out.append(_act(st, zj))
-            stash.append((xb, mask))
+            stash.append((xb, out if st.activation in ("tanh", "sigmoid") else mask))
             a = out
         pred, loss_raw, g, n = _loss(plan, a, label)
         results.append((k, pred, loss_raw, train))
@@ -155,7 +181,9 @@ def run_scalar(
             w, u = sg.versions[-1]
             delta = []
             for j in range(sg.M):
-                if mask[j] or st.activation == "identity":
+                if st.activation in ("tanh", "sigmoid"):
+                    delta.append(_lut_delta(st, mask[j], g[j]))  # mask: the stashed y
+                elif mask[j] or st.activation == "identity":
                     delta.append(g[j])
                 elif st.activation == "leaky_relu":
                     delta.append(rhu(g[j] * st.negative_slope.value, st.negative_slope.frac))

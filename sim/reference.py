@@ -86,10 +86,11 @@ SUPPORTED_MODULES: tuple[type[nn.Module], ...] = (
     nn.ReLU,
     nn.LeakyReLU,
     nn.Tanh,
+    nn.Sigmoid,
     nn.Flatten,
     nn.Identity,
 )
-_ACT_TYPES = {nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.Tanh: "tanh"}
+_ACT_TYPES = {nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
 _SUPPORTED_TEXT = "nn.Sequential of " + ", ".join(f"nn.{t.__name__}" for t in SUPPORTED_MODULES)
 
 #: Keys of :attr:`ReferenceTrainer.ranges` (see there).
@@ -112,7 +113,7 @@ class StageSpec:
     name: module path of the Linear layer in the user's model (``""`` for auxiliary heads).
     in_features, out_features: N and M (elements).
     bias: whether the layer has a bias (a bias-free layer keeps its bias column at 0).
-    activation: ``relu``, ``leaky_relu``, ``tanh`` or ``identity``.
+    activation: ``relu``, ``leaky_relu``, ``tanh``, ``sigmoid`` or ``identity``.
     negative_slope: LeakyReLU slope (0.0 otherwise).
     head: True for an auxiliary-head stage.
     """
@@ -332,6 +333,8 @@ class _Stage:
             a = F.leaky_relu(z, self.spec.negative_slope)
         elif act == "tanh":
             a = torch.tanh(z)
+        elif act == "sigmoid":
+            a = torch.sigmoid(z)
         elif act == "identity":
             a = z
         else:
@@ -347,6 +350,8 @@ class _Stage:
             return torch.where(z > 0, g, g * self.spec.negative_slope)
         if act == "tanh":
             return g * (1.0 - a * a)
+        if act == "sigmoid":
+            return g * a * (1.0 - a)
         if act == "identity":
             return g
         unknown(act, "activation")
@@ -718,6 +723,8 @@ class ReferenceTrainer:
                 h = F.leaky_relu(z, st.spec.negative_slope)
             elif act == "tanh":
                 h = torch.tanh(z)
+            elif act == "sigmoid":
+                h = torch.sigmoid(z)
             elif act == "identity":
                 h = z
             else:

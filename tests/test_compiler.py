@@ -124,7 +124,7 @@ class _Conv(nn.Module):
 BAD_MODELS = {
     "lstm": (nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 4)), ["'1'", "LSTM", "supported"]),
     "conv": (_Conv(), ["'conv'", "Conv2d", "supported"]),
-    "tanh": (nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)), ["'1'", "Tanh"]),
+    "gelu": (nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 2)), ["'1'", "GELU"]),
     "add": (_Func("add"), ["operator 'add'", "supported"]),
     "control": (_Func("control"), ["cannot be traced", "control flow", "test_compiler.py"]),
     "skip": (_Func("skip"), ["module 'fc' (Linear) is called more than once"]),

@@ -40,8 +40,9 @@ def test_config_converts_and_names_the_choices() -> None:
 
 def test_ir_refuses_an_unknown_activation() -> None:
     assert LayerIR("0", 4, 3, "relu").activation is Activation.RELU
-    with pytest.raises(ValueError, match="tanh"):
-        LayerIR("0", 4, 3, "tanh")
+    assert LayerIR("0", 4, 3, "tanh").activation is Activation.TANH
+    with pytest.raises(ValueError, match="gelu"):
+        LayerIR("0", 4, 3, "gelu")
     with pytest.raises(ValueError, match="hinge"):
         NetworkIR("n", 4, (LayerIR("0", 4, 3),), "hinge")
 
@@ -63,8 +64,8 @@ def test_plan_fields_are_enums_and_round_trip() -> None:
     back = Plan.from_json(plan.to_json())
     assert back == plan and back.hash == plan.hash and back.rounding is Rounding.STOCHASTIC
     assert back.stages[1].activation is Activation.RELU
-    with pytest.raises(ValueError, match=r"Stage.activation='tanh' is not one of"):
-        dataclasses.replace(plan.stages[0], activation="tanh")
+    with pytest.raises(ValueError, match=r"Stage.activation='gelu' is not one of"):
+        dataclasses.replace(plan.stages[0], activation="gelu")
     with pytest.raises(ValueError, match=r"Plan.rounding='floor' is not one of"):
         dataclasses.replace(plan, rounding="floor")
 
@@ -73,13 +74,13 @@ def test_golden_models_refuse_an_activation_they_do_not_implement() -> None:
     """A plan edited by hand to an activation no branch handles fails at the first forward
     (it used to be treated as identity)."""
     plan, model, config = tiny()
-    bad = _with_activation(plan, 1, "tanh")
+    bad = _with_activation(plan, 1, "gelu")
     x, y, _ = tiny_stream(4)
-    with pytest.raises(ValueError, match="unsupported activation 'tanh'"):
+    with pytest.raises(ValueError, match="unsupported activation 'gelu'"):
         GoldenModel(bad, model, config).train(x, y, epochs=1)
     w0 = [[[0] * (st.in_features + 1) for _ in range(st.out_features)] for st in bad.stages]
     xs = [[1] * bad.in_features]
-    with pytest.raises(ValueError, match="unsupported activation 'tanh'"):
+    with pytest.raises(ValueError, match="unsupported activation 'gelu'"):
         golden_scalar.run_scalar(bad, w0, [(xs[0], 0, True)])
 
 

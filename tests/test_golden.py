@@ -35,6 +35,10 @@ ORACLE_CASES = [
     dict(schedule="pb", mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
     dict(schedule="pb", mitigation="lwp", loss="mse", lr=0.3),
     dict(schedule="sequential", mitigation="sc"),
+    # tanh / sigmoid through the plan's LUT, the derivative from the stashed y (numerics §3.4)
+    dict(acts=("tanh", "sigmoid")),
+    dict(acts=("sigmoid", "tanh"), mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
+    dict(acts=("tanh", "tanh"), schedule="sequential", lr=0.3),
 ]
 
 

@@ -55,6 +55,8 @@ CASES = [
     # either way) and with LWP (H·u as shifts)
     dict(schedule="pb", lanes=(1, 3, 1), single_port=(1, 3), const_bits=5),
     dict(schedule="pb", mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4),
+    # tanh and sigmoid hidden stages: the LUT ROM, the stashed y, the derivative (numerics §3.4)
+    dict(schedule="pb", acts=("tanh", "sigmoid")),
 ]
 
 

@@ -54,6 +54,7 @@ TINY_CASES = [
     dict(schedule="sequential", mitigation="sc"),
     dict(schedule="pb", lanes=(1, 3, 1), single_port=(1, 3), const_bits=5),
     dict(schedule="pb", mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4),
+    dict(schedule="pb", acts=("tanh", "sigmoid")),
 ]
 
 
@@ -81,6 +82,23 @@ def _named(name: str, **cfg) -> Callable[[], Plan]:
         from pipetrain.compiler.compile import compile_result
 
         return compile_result(name, TrainConfig(seed=1, **cfg), formats="default").plan
+
+    return make
+
+
+def _named_module(name: str, sizes: list[int], act: str, board: str | None = None):
+    """A digits MLP with ``act`` (``Tanh``/``Sigmoid``) hidden layers and default formats,
+    fitted to ``board`` if given."""
+
+    def make() -> Plan:
+        from pipetrain.compiler.models import build_mlp
+        from pipetrain.host.flow import compile_design
+        from torch import nn
+
+        model = build_mlp(sizes, getattr(nn, act))
+        if board is None:
+            return compile_design(model, TrainConfig(seed=1), name=name, formats="default").plan
+        return compile_design(model, name=name, board=board, formats="default", seed=1).plan
 
     return make
 
@@ -119,6 +137,14 @@ def _configs() -> list[tuple[str, Callable[[], Plan]]]:
         ("tiny-one-lane", _tiny(lanes=(1, 1, 1))),
         ("tiny-lanes-per-row", _tiny(lanes=(5, 4, 3))),
         ("tiny-spram-sequential", _tiny(schedule="sequential", lanes=(1, 1, 1), single_port=(1,))),
+        # the activation ROM (one read port per lane) and the y-wide mask of tanh / sigmoid
+        ("tiny-sigmoid-tanh-sc", _tiny(acts=("sigmoid", "tanh"), lanes=(5, 1, 3), mitigation="sc")),
+        ("tiny-tanh-spram", _tiny(acts=("tanh", "tanh"), lanes=(1, 1, 1), single_port=(1, 2))),
+        ("mlp-tanh-digits", _named_module("mlp-tanh", [64, 32, 10], "Tanh")),
+        (
+            "mlp-sigmoid-ulx3s",
+            _named_module("mlp-sigmoid", [64, 16, 10], "Sigmoid", "ulx3s-85f"),
+        ),
     ]
     out += [(f"regress-{c.name}", _regress(c)) for c in SMOKE_CASES]
     out += [("loss-ce", _loss_net("cross_entropy")), ("loss-mse", _loss_net("mse"))]

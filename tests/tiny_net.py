@@ -8,18 +8,36 @@ from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from torch import nn
 
+#: The activation modules of the tiny net's two hidden stages, by plan name.
+_MODULES = {
+    "leaky_relu": lambda: nn.LeakyReLU(0.1),
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+    "sigmoid": nn.Sigmoid,
+    "identity": nn.Identity,
+}
 
-def tiny(loss="cross_entropy", lanes=(2, 3, 2), const_bits=18, single_port=(), **cfg):
+
+def tiny(
+    loss="cross_entropy",
+    lanes=(2, 3, 2),
+    const_bits=18,
+    single_port=(),
+    acts=("leaky_relu", "relu"),
+    **cfg,
+):
     """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots).
     ``const_bits``/``single_port``: :func:`build_plan`'s board options (few-bit constants,
-    single-port SPRAM weight memories)."""
+    single-port SPRAM weight memories). ``acts``: the two hidden activations (``tanh``,
+    ``sigmoid``, … instead of LeakyReLU, ReLU)."""
     torch.manual_seed(1)
     model = nn.Sequential(
-        nn.Linear(6, 5), nn.LeakyReLU(0.1), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)
+        nn.Linear(6, 5), _MODULES[acts[0]](), nn.Linear(5, 4), _MODULES[acts[1]](), nn.Linear(4, 3)
     )
+    slope = (0.1 if acts[0] == "leaky_relu" else 0.0, 0.1 if acts[1] == "leaky_relu" else 0.0)
     layers = (
-        LayerIR("0", 6, 5, "leaky_relu", 0.1),
-        LayerIR("2", 5, 4, "relu"),
+        LayerIR("0", 6, 5, acts[0], slope[0]),
+        LayerIR("2", 5, 4, acts[1], slope[1]),
         LayerIR("4", 4, 3),
     )
     config = TrainConfig(loss=loss, **({"lr": 0.1, "weight_decay": 0.01} | cfg))
