@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,7 +40,14 @@ from ..protocol.wire import (
     weight_header,
 )
 
-__all__ = ["LinkError", "PlanMismatchError", "NakError", "LinkClient", "quantise_inputs"]
+__all__ = [
+    "LinkError",
+    "PlanMismatchError",
+    "DeviceResetError",
+    "NakError",
+    "LinkClient",
+    "quantise_inputs",
+]
 
 
 class LinkError(RuntimeError):
@@ -49,6 +56,11 @@ class LinkError(RuntimeError):
 
 class PlanMismatchError(UserError, LinkError):
     """The device was built from another plan (or speaks another protocol version)."""
+
+
+class DeviceResetError(UserError, LinkError):
+    """After a reconnect the device's sample counters are not this session's: it was reset or
+    re-flashed mid-run (or another host used it), so its state is not the run's."""
 
 
 class NakError(LinkError):
@@ -66,6 +78,8 @@ class _Transport(Protocol):
     def write(self, data: bytes) -> None: ...
 
     def read(self, timeout: float) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
 def quantise_inputs(xs: Any, plan: Plan) -> np.ndarray:
@@ -114,9 +128,19 @@ class LinkClient:
     ``max_retries`` retransmissions of one command :class:`LinkError` is raised. A NAK raises
     :class:`NakError` (FULL is handled internally).
 
+    ``reconnect``: a function that opens a new transport to the same device; when the transport
+    fails (``ConnectionError``/``OSError``, e.g. a dropped TCP connection or a USB-serial
+    adapter that re-enumerated) the client opens a new one (at most ``max_reconnects`` times
+    in a row) and sends the outstanding command again with the same sequence number, so the
+    device's response cache keeps it exactly once (docs/protocol.md §3). Before the next
+    command it checks with HELLO that the device's raw ``accepted`` and ``results_read``
+    counters are this session's, and raises :class:`DeviceResetError` otherwise (the device was
+    reset or re-flashed mid-run). Without ``reconnect`` the transport's error propagates.
+
     Members
     -------
-    retransmits: commands sent again after a timeout (all commands, whole session).
+    retransmits: commands sent again after a timeout or a reconnect (whole session).
+    reconnects: transports opened again after the link failed.
     samples_sent, train_samples_sent: samples the device acknowledged (exactly once each).
     info: the HELLO response (None before HELLO).
     """
@@ -129,8 +153,14 @@ class LinkClient:
         timeout: float = 0.5,
         max_retries: int = 50,
         check_hash: bool = True,
+        reconnect: Callable[[], _Transport] | None = None,
+        max_reconnects: int = 5,
     ) -> None:
         self.transport = transport
+        self._reconnect = reconnect
+        self.max_reconnects = max_reconnects
+        self.reconnects = 0
+        self._recheck = False  # a reconnect happened: check the device before the next command
         self.plan = plan
         self.timeout = timeout
         self.max_retries = max_retries
@@ -158,6 +188,9 @@ class LinkClient:
     # -- transactions
     def _transact(self, cmd: Cmd, payload: bytes = b"") -> bytes:
         """Send one command and return the payload of its response (retransmitting as needed)."""
+        if self._recheck and cmd != Cmd.HELLO:
+            self._recheck = False
+            self._check_session(self._accepted, self._read)
         seq = self._seq
         wire = encode_frame(Frame(cmd, seq, payload))
         want = response_type(cmd)
@@ -166,17 +199,26 @@ class LinkClient:
         line = getattr(self.transport, "byte_time", 0.0) * (
             len(wire) + HEADER_BYTES + CRC_BYTES + self._response_bound(cmd, payload)
         )
+        failures = 0  # transport failures in a row
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self._stats.retransmits += 1
-            self.transport.write(wire)
+            try:
+                self.transport.write(wire)
+            except OSError as exc:  # ConnectionError included
+                failures = self._link_failed(exc, failures)
+                continue
             deadline = time.monotonic() + self.timeout + line
             while True:
                 if not self._frames:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
-                    data = self.transport.read(remaining)
+                    try:
+                        data = self.transport.read(remaining)
+                    except OSError as exc:
+                        failures = self._link_failed(exc, failures)
+                        break
                     if not data:
                         # like the device's receive timeout: a partial frame is dropped
                         self._decoder.reset()
@@ -196,6 +238,40 @@ class LinkClient:
         raise LinkError(
             f"no valid response to {cmd.name} (seq {seq}) after {self.max_retries} retransmissions"
         )
+
+    def _link_failed(self, exc: OSError, failures: int) -> int:
+        """The transport failed: open a new one (``reconnect``) or re-raise ``exc``. Returns the
+        failures in a row; raises :class:`LinkError` after ``max_reconnects`` of them."""
+        if self._reconnect is None:
+            raise exc
+        if failures >= self.max_reconnects:
+            raise LinkError(f"the link failed {failures} times in a row ({exc})") from exc
+        try:
+            self.transport.close()
+        except OSError:
+            pass
+        try:
+            self.transport = self._reconnect()
+        except (OSError, UserError) as exc2:  # TransportError is a UserError
+            raise LinkError(f"the link failed ({exc}) and cannot be reopened: {exc2}") from exc2
+        self._decoder.reset()
+        self._frames.clear()
+        self.reconnects += 1
+        self._recheck = True
+        return failures + 1
+
+    def _check_session(self, accepted: int, results_read: int) -> None:
+        """HELLO, and raise :class:`DeviceResetError` unless the device's raw counters are
+        ``accepted`` and ``results_read`` (the host's books after a reconnect)."""
+        info = self.hello()
+        if (info.accepted, info.results_read) != (accepted & 0xFFFFFFFF, results_read):
+            raise DeviceResetError(
+                f"after reconnecting, the device reports accepted={info.accepted}, "
+                f"results_read={info.results_read}, this session expects {accepted}, "
+                f"{results_read}: the device was reset or re-flashed mid-run (or another host "
+                "used it) and its state is not the run's; resume from a checkpoint "
+                "(pipetrain train --resume FILE)"
+            )
 
     def _response_bound(self, cmd: Cmd, payload: bytes) -> int:
         """Largest response payload to ``cmd`` (bytes)."""
@@ -295,6 +371,9 @@ class LinkClient:
                 continue
             acc = int.from_bytes(p[:4], "little")
             if acc != (self._accepted + k) & 0xFFFFFFFF:
+                if self._recheck:  # a reconnect: a reset device names itself here
+                    self._recheck = False
+                    self._check_session(self._accepted + k, self._read)
                 raise LinkError(
                     f"device accepted-sample counter is {acc}, expected {self._accepted + k}: "
                     "a sample was lost or applied twice"

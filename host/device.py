@@ -495,6 +495,8 @@ class Device:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._transport is not None:
             self._transport.close()
+        if self.client is not None and self.client.transport is not self._transport:
+            self.client.transport.close()  # reopened after the link dropped
         if self._bridge is not None:
             self.sim_stats = self._bridge.close()
 
@@ -654,7 +656,12 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
         else:
             transport = open_transport(target)
             link_timeout, retries = (0.5 if timeout is None else timeout), 50
-        client = LinkClient(transport, plan, timeout=link_timeout, max_retries=retries)
+        # a board or bridge keeps running when the host's link drops: reopen and continue
+        # exactly once (the sim target's simulation ends with its connection)
+        reopen = None if target == "sim" else (lambda: open_transport(target))
+        client = LinkClient(
+            transport, plan, timeout=link_timeout, max_retries=retries, reconnect=reopen
+        )
         client.hello()
         client.reset_counters()
         if write_weights and golden is not None:

@@ -101,10 +101,22 @@ class FaultyTransport(Transport):
     Each ``write`` chunk (host → device) and each non-empty ``read`` chunk (device → host)
     independently suffers, with the given probabilities: being dropped, truncated (a random
     prefix kept), corrupted (1–3 bytes XORed with non-zero values), duplicated, or preceded by
-    1–16 garbage bytes (which may contain sync markers). ``faults`` counts what was done.
+    1–16 garbage bytes (which may contain sync markers); optionally also losing one byte,
+    doubling one byte, or a noise burst (a run of 4–64 bytes overwritten with random bytes).
+    ``faults`` counts what was done. A kind whose probability is 0 draws nothing from ``rng``
+    (adding a kind leaves the other kinds' random sequence as it was).
     """
 
-    KINDS = ("drop", "truncate", "corrupt", "duplicate", "garbage")
+    KINDS = (
+        "drop",
+        "truncate",
+        "corrupt",
+        "duplicate",
+        "garbage",
+        "byte_drop",
+        "byte_dup",
+        "burst",
+    )
 
     def __init__(
         self,
@@ -116,6 +128,9 @@ class FaultyTransport(Transport):
         p_corrupt: float = 0.0,
         p_duplicate: float = 0.0,
         p_garbage: float = 0.0,
+        p_byte_drop: float = 0.0,
+        p_byte_dup: float = 0.0,
+        p_burst: float = 0.0,
     ) -> None:
         self.inner = inner
         self.rng = rng
@@ -125,6 +140,9 @@ class FaultyTransport(Transport):
             "corrupt": p_corrupt,
             "duplicate": p_duplicate,
             "garbage": p_garbage,
+            "byte_drop": p_byte_drop,
+            "byte_dup": p_byte_dup,
+            "burst": p_burst,
         }
         self.faults = dict.fromkeys(self.KINDS, 0)
         self.byte_time = getattr(inner, "byte_time", 0.0)
@@ -154,6 +172,18 @@ class FaultyTransport(Transport):
                 pos = rng.randrange(len(junk))
                 junk[pos : pos + 2] = b"\xa5\x5a"
             out = junk + out
+        if self.p["byte_drop"] and len(out) > 1 and rng.random() < self.p["byte_drop"]:
+            self.faults["byte_drop"] += 1
+            del out[rng.randrange(len(out))]
+        if self.p["byte_dup"] and rng.random() < self.p["byte_dup"]:
+            self.faults["byte_dup"] += 1
+            pos = rng.randrange(len(out))
+            out.insert(pos, out[pos])
+        if self.p["burst"] and rng.random() < self.p["burst"]:
+            self.faults["burst"] += 1
+            n = min(len(out), rng.randint(4, 64))
+            pos = rng.randrange(len(out) - n + 1)
+            out[pos : pos + n] = bytes(rng.randrange(256) for _ in range(n))
         return bytes(out)
 
     def write(self, data: bytes) -> None:
