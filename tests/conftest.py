@@ -1,10 +1,13 @@
 """Shared pytest setup: ``--runslow`` enables tests marked ``slow`` (long RTL builds/sims);
 tests marked ``icarus`` (the RTL in Icarus Verilog) are skipped, with the reason, when
-``iverilog`` is not on PATH."""
+``iverilog`` is not on PATH; the header and the summary print the seed of the random RTL
+regression cases (``pipetrain.sim.tb.regress.regress_seed``: ``PIPETRAIN_REGRESS_SEED``, else
+the commit), so every CI log says how to rerun them."""
 
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 import pytest
 
@@ -15,9 +18,33 @@ ICARUS_MISSING = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from pipetrain.sim.tb.regress import RegressSeedError, regress_seed
+
+    try:
+        regress_seed()
+    except RegressSeedError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.addinivalue_line(
         "markers", "icarus: runs the RTL in Icarus Verilog (skipped when iverilog is missing)"
     )
+
+
+def _seed_line() -> str:
+    from pipetrain.sim.tb.regress import REGRESS_SEED_ENV, regress_seed
+
+    seed, source = regress_seed()
+    return (
+        f"pipetrain RTL regression seed: {seed} (from {source}); rerun its random cases with "
+        f"{REGRESS_SEED_ENV}={seed} pytest tests/test_rtl_regression.py"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(_seed_line())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

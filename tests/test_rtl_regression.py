@@ -2,19 +2,39 @@
 
 Default run: :data:`~pipetrain.sim.tb.regress.SMOKE_CASES` — depths 1–4, several lane counts,
 ``pb`` and ``sequential``, every mitigation (none, sc, lwp, sc+lwp), both roundings, both
-losses, relu/leaky_relu/identity, default/narrow/wide formats, inference-only samples mixed in.
-With ``--runslow``: 12 more random cases (:func:`~pipetrain.sim.tb.regress.random_cases`).
-Each case costs one Verilator build (≈ 15–40 s, cached by plan and HDL source hash) and a
-simulation of a few seconds.
+losses, relu/leaky_relu/identity, default/narrow/wide formats, inference-only samples mixed in —
+and ``CI_RANDOM_CASES`` random cases (layer sizes ≤ ``CI_MAX_SIZE``, lanes ≤ ``CI_MAX_LANES``)
+drawn from the run's seed (:func:`~pipetrain.sim.tb.regress.regress_seed`:
+``PIPETRAIN_REGRESS_SEED``, else the commit; the pytest header and summary print it). With
+``--runslow``: 12 more random cases with sizes up to 12 (seed 1). Each case costs one Verilator
+build (≈ 15–40 s, cached by plan and HDL source hash) and a simulation of a few seconds. A
+failing case names the seed and the command that reruns it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pipetrain.sim.tb.network import check_network
-from pipetrain.sim.tb.regress import SMOKE_CASES, Case, prepare, random_cases
+from pipetrain.sim.tb.regress import (
+    CI_MAX_LANES,
+    CI_MAX_SIZE,
+    CI_RANDOM_CASES,
+    REGRESS_SEED_ENV,
+    SMOKE_CASES,
+    Case,
+    prepare,
+    random_cases,
+    regress_seed,
+)
 
+SEED, SEED_SOURCE = regress_seed()
+SEEDED_CASES = random_cases(
+    CI_RANDOM_CASES, seed=SEED, max_size=CI_MAX_SIZE, max_lanes=CI_MAX_LANES
+)
 SLOW_CASES = random_cases(12, seed=1)
+HERE = "tests/test_rtl_regression.py"
 
 
 def _check(case: Case) -> None:
@@ -40,12 +60,77 @@ def _check(case: Case) -> None:
         assert sum(rep.extra["saturations"]) > 0
 
 
+def _check_reproducibly(case: Case, command: str) -> None:
+    """:func:`_check`, with the case and the command that reruns it added to any failure."""
+    try:
+        _check(case)
+    except BaseException as exc:
+        exc.add_note(f"regression case {case}\nreproduce: {command}")
+        raise
+
+
 @pytest.mark.parametrize("case", SMOKE_CASES, ids=[c.name for c in SMOKE_CASES])
 def test_smoke_case_bit_exact(case):
-    _check(case)
+    _check_reproducibly(case, f'pytest "{HERE}::test_smoke_case_bit_exact[{case.name}]"')
+
+
+@pytest.mark.parametrize("case", SEEDED_CASES, ids=[c.name for c in SEEDED_CASES])
+def test_seeded_random_case_bit_exact(case):
+    _check_reproducibly(
+        case,
+        f'{REGRESS_SEED_ENV}={SEED} pytest "{HERE}::test_seeded_random_case_bit_exact'
+        f'[{case.name}]"  (seed {SEED} from {SEED_SOURCE})',
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES, ids=[c.name for c in SLOW_CASES])
 def test_random_case_bit_exact(case):
-    _check(case)
+    _check_reproducibly(case, f'pytest --runslow "{HERE}::test_random_case_bit_exact[{case.name}]"')
+
+
+def test_the_seed_comes_from_the_variable_else_the_commit(monkeypatch):
+    import subprocess
+
+    from pipetrain.sim.tb import regress
+
+    try:
+        regress_seed.cache_clear()
+        monkeypatch.setenv(REGRESS_SEED_ENV, " 1234 ")
+        assert regress_seed() == (1234, REGRESS_SEED_ENV)
+        regress_seed.cache_clear()
+        monkeypatch.setenv(REGRESS_SEED_ENV, "-5")
+        with pytest.raises(regress.RegressSeedError, match="PIPETRAIN_REGRESS_SEED='-5'"):
+            regress_seed()
+        regress_seed.cache_clear()
+        monkeypatch.delenv(REGRESS_SEED_ENV)
+        head = subprocess.run(
+            ["git", "-C", str(Path(regress.__file__).parents[2]), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if head:  # a git checkout: the first 8 hex digits of HEAD
+            assert regress_seed() == (int(head[:8], 16), f"commit {head[:12]}")
+        else:
+            assert regress_seed() == (regress.FALLBACK_SEED, "fallback")
+    finally:
+        regress_seed.cache_clear()
+
+
+def test_random_cases_are_reproducible_and_bounded():
+    for seed in range(40):
+        cases = random_cases(CI_RANDOM_CASES, seed, CI_MAX_SIZE, CI_MAX_LANES)
+        assert cases == random_cases(CI_RANDOM_CASES, seed, CI_MAX_SIZE, CI_MAX_LANES)
+        assert [c.name for c in cases] == [f"rand{seed}-{k}" for k in range(CI_RANDOM_CASES)]
+        for c in cases:
+            assert 1 <= c.depth <= 4 and all(4 <= n <= CI_MAX_SIZE for n in c.sizes)
+            outs = c.sizes[1:]
+            assert all(1 <= a <= min(CI_MAX_LANES, m) for a, m in zip(c.lanes, outs, strict=True))
+            assert c.samples <= 24
+    # the slow set is the one it always was (drawn before the bounds existed)
+    assert [(c.sizes, c.lanes) for c in SLOW_CASES[:2]] == [
+        ((5, 8, 5), (8, 4)),
+        ((8, 7, 5, 9, 4), (1, 1, 9, 1)),
+    ]
+    with pytest.raises(ValueError, match="max_size=3"):
+        random_cases(1, 0, max_size=3)

@@ -4,7 +4,9 @@ A :class:`Case` names a network (layer sizes, activation), its lanes, the traini
 (schedule, mitigation, rounding, loss, momentum, weight decay) and a format set; :func:`prepare`
 compiles it (:func:`pipetrain.compiler.compile.compile_result`) and draws a seeded sample stream
 with a few inference-only samples mixed in. :data:`SMOKE_CASES` is the fixed set the default
-test run covers; :func:`random_cases` draws more for ``--runslow``.
+test run covers; :func:`random_cases` draws more: :data:`CI_RANDOM_CASES` small ones in every
+default run from the run's seed (:func:`regress_seed`: ``PIPETRAIN_REGRESS_SEED``, else the
+commit), and 12 larger ones with ``--runslow``.
 
 Format sets: ``default`` (:meth:`FormatSpec.default`), ``narrow`` (12-bit activations and
 errors, 18-bit weights: saturations happen, so the counters are exercised) and ``wide``
@@ -13,8 +15,12 @@ errors, 18-bit weights: saturations happen, so the counters are exercised) and `
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +30,37 @@ from ...compiler.build import FormatSpec
 from ...compiler.config import TrainConfig
 from ...compiler.plan import Plan, QFormat
 
-__all__ = ["Case", "SMOKE_CASES", "prepare", "random_cases", "case_formats"]
+__all__ = [
+    "CI_RANDOM_CASES",
+    "CI_MAX_LANES",
+    "CI_MAX_SIZE",
+    "FALLBACK_SEED",
+    "REGRESS_SEED_ENV",
+    "Case",
+    "RegressSeedError",
+    "SMOKE_CASES",
+    "case_formats",
+    "prepare",
+    "random_cases",
+    "regress_seed",
+]
+
+#: Environment variable that fixes the seed of the default run's random cases (an integer ≥ 0).
+REGRESS_SEED_ENV = "PIPETRAIN_REGRESS_SEED"
+#: The seed when neither the environment variable nor ``git rev-parse HEAD`` gives one (an
+#: installed copy outside a git checkout).
+FALLBACK_SEED = 1
+#: Random cases every default test run draws (tests/test_rtl_regression.py). Bound: each case
+#: is one Verilog generation, one Verilator build and a simulation of at most 24 samples; with
+#: layer sizes ≤ :data:`CI_MAX_SIZE` and lanes ≤ :data:`CI_MAX_LANES` the costliest shapes
+#: (depth 2–4, 4 lanes, SC+LWP, wide formats) measured 27–34 CPU-seconds each on the 2-core
+#: machine (a depth-4 case with 8 lanes: 2–3× that, hence the lane bound), so the three add
+#: at most ~1.7 CPU-minutes — under 3 minutes on 2 cores (*derived* from those measurements).
+CI_RANDOM_CASES = 3
+#: Largest layer size of the default run's random cases (the slow set draws up to 12).
+CI_MAX_SIZE = 8
+#: Most lanes per stage of the default run's random cases (the build grows with the lanes).
+CI_MAX_LANES = 4
 
 
 @dataclass(frozen=True)
@@ -161,19 +197,62 @@ SMOKE_CASES: tuple[Case, ...] = (
 )
 
 
-def random_cases(n: int, seed: int = 1) -> list[Case]:
-    """Draw ``n`` random cases (depth 1–4, sizes 4–12, random lanes/algorithm/formats).
+class RegressSeedError(ValueError):
+    """``PIPETRAIN_REGRESS_SEED`` is not an integer ≥ 0."""
+
+
+@cache
+def regress_seed() -> tuple[int, str]:
+    """The seed of the default run's random cases and where it came from: ``(seed, source)``.
+
+    ``$PIPETRAIN_REGRESS_SEED`` (a decimal integer ≥ 0) when set; else the first 8 hex digits
+    of ``git rev-parse HEAD`` of the checkout this package lives in (so every commit tests
+    other configurations, and a CI run is reproducible from its commit); else
+    :data:`FALLBACK_SEED`. ``source`` says which (``"PIPETRAIN_REGRESS_SEED"``,
+    ``"commit <12 hex digits>"`` or ``"fallback"``). Raises :class:`RegressSeedError` for a
+    malformed variable. Source: *derived* (docs/architecture.md §5, rung 4).
+    """
+    env = os.environ.get(REGRESS_SEED_ENV)
+    if env is not None:
+        text = env.strip()
+        if not text.isdigit():
+            raise RegressSeedError(
+                f"{REGRESS_SEED_ENV}={env!r} is not an integer ≥ 0: set it to the seed a "
+                "test run printed (e.g. PIPETRAIN_REGRESS_SEED=1234 pytest ...)"
+            )
+        return int(text), REGRESS_SEED_ENV
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        return int(out[:8], 16), f"commit {out[:12]}"
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return FALLBACK_SEED, "fallback"
+
+
+def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12) -> list[Case]:
+    """Draw ``n`` random cases (depth 1–4, sizes 4–``max_size``, 1–``max_lanes`` lanes, random
+    algorithm/formats).
+
+    Each case is named ``rand<seed>-<k>``; the same ``(n, seed, max_size)`` draws the same cases.
 
     Sizes start at 4: the HDL rejects stages with fewer than 4 inputs and several row groups
     (:class:`NotImplementedError` from ``hdl/stage.py``). The ``wide`` formats get no weight
     decay: the tiny η·λ constant would push the update sum past 62 bits (a PlanError).
     """
+    if max_size < 4:
+        raise ValueError(f"max_size={max_size}: the HDL needs layer sizes ≥ 4 (see above)")
     rng = random.Random(seed)
     out = []
     for k in range(n):
         depth = rng.randint(1, 4)
-        sizes = tuple(rng.randint(4, 12) for _ in range(depth + 1))
-        lanes = tuple(rng.randint(1, m) for m in sizes[1:])
+        sizes = tuple(rng.randint(4, max_size) for _ in range(depth + 1))
+        lanes = tuple(rng.randint(1, min(m, max_lanes)) for m in sizes[1:])
         kw: dict[str, Any] = dict(
             schedule=rng.choice(["pb", "pb", "sequential"]),
             mitigation=rng.choice(["none", "sc", "lwp", "sc+lwp"]),
