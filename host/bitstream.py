@@ -5,8 +5,9 @@
 and runs Yosys → nextpnr → icepack/ecppack through Amaranth's Lattice platform. The result is
 read from nextpnr's ``--report report.json``: achieved vs constrained Fmax and utilisation. A
 build whose inputs (every generated file, the build script and the tool commands) are unchanged
-is reused from ``DIR/build.json`` unless ``force``. :func:`deploy_bitstream` loads a bitstream
-with openFPGALoader (ULX3S) or iceprog (iCEBreaker). Source: docs/boards.md.
+is reused from ``DIR/build.json`` unless ``force``. ``DIR/build.log`` holds the Yosys and
+nextpnr logs and the build script's output (:func:`build_log`). :func:`deploy_bitstream` loads
+a bitstream with openFPGALoader (ULX3S) or iceprog (iCEBreaker). Source: docs/boards.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .toolchain import ToolchainError
 __all__ = [
     "BuildError",
     "build_design",
+    "build_log",
     "parse_report",
     "synth_cells",
     "synth_overflow",
@@ -166,6 +168,26 @@ def _first_error(log: str) -> str:
     return tail[-1].strip() if tail else "(no output)"
 
 
+#: First line of ``build.log`` (the sections follow).
+_LOG_HEADER = "# pipetrain build log: Yosys, nextpnr, then the build script's own output"
+
+
+def build_log(out: Path, name: str, script_output: str) -> str:
+    """The text of ``DIR/build.log``: the Yosys log (``<name>.rpt``, synthesis and its cell
+    statistics), the nextpnr log (``<name>.tim``, placement, routing, timing) and the build
+    script's stdout/stderr (the tools run ``-q``, so this is short on success), each under a
+    ``==== … ====`` heading; a missing log says so."""
+    parts = [_LOG_HEADER]
+    for title, path in (
+        ("Yosys (synthesis)", out / f"{name}.rpt"),
+        ("nextpnr (place and route, timing)", out / f"{name}.tim"),
+    ):
+        text = path.read_text(errors="replace") if path.is_file() else "(no log written)\n"
+        parts.append(f"==== {title}: {path.name} ====\n{text}")
+    parts.append(f"==== build script output (stdout, stderr) ====\n{script_output}")
+    return "\n".join(parts)
+
+
 def build_design(
     board: Board,
     top: Any,
@@ -209,6 +231,10 @@ def build_design(
         except json.JSONDecodeError:
             cached = {}
         if cached.get("digest") == digest:
+            log_file = out / "build.log"
+            old = log_file.read_text() if log_file.is_file() else ""
+            if not old.startswith(_LOG_HEADER):  # a build from before build.log held the logs
+                log_file.write_text(build_log(out, name, old))
             return cached | {"cached": True, "build_s": round(time.monotonic() - t0, 3)}
     slow = toolchain.first_run_tools(commands)
     if slow:
@@ -231,7 +257,7 @@ def build_design(
     except subprocess.TimeoutExpired as exc:
         raise BuildError(f"the {board.name} build took longer than {timeout_s:.0f} s") from exc
     log = proc.stdout + proc.stderr
-    (out / "build.log").write_text(log)
+    (out / "build.log").write_text(build_log(out, name, log))
     rpt = out / f"{name}.rpt"
     yosys_log = rpt.read_text() if rpt.is_file() else ""
     if proc.returncode != 0 or not bitstream.is_file():

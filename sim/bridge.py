@@ -50,7 +50,15 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from ..compiler.plan import Plan
-from .harness import DEFAULT_SIMULATOR, RTLBuild, RTLSimError, cached_design, check_simulator, tail
+from .harness import (
+    DEFAULT_SIMULATOR,
+    RTLBuild,
+    RTLSimError,
+    cached_design,
+    check_simulator,
+    design_cached,
+    tail,
+)
 
 __all__ = [
     "BridgeTop",
@@ -58,6 +66,7 @@ __all__ = [
     "SimBridge",
     "SimBridgeError",
     "build_bridge",
+    "bridge_cached",
     "word_layout",
     "DEFAULT_WORD_BYTES",
     "TOPLEVEL",
@@ -218,13 +227,27 @@ def build_bridge(
     build, _ = cached_design(
         "bridge",
         TOPLEVEL,
-        f"{plan.to_json()}|{word_bytes}|{BRIDGE_VERSION}",
+        _identity(plan, word_bytes),
         generate,
         simulator=simulator,
         sources=[__file__],
         rebuild=rebuild,
     )
     return BridgeDesign(plan, build, word_bytes, time.perf_counter() - t0, build.cached)
+
+
+def _identity(plan: Plan, word_bytes: int) -> str:
+    return f"{plan.to_json()}|{word_bytes}|{BRIDGE_VERSION}"
+
+
+def bridge_cached(
+    plan: Plan, word_bytes: int = DEFAULT_WORD_BYTES, *, simulator: str = DEFAULT_SIMULATOR
+) -> bool:
+    """Whether :func:`build_bridge` would reuse a finished build of this design (no build
+    runs; :func:`pipetrain.sim.harness.design_cached`)."""
+    return design_cached(
+        "bridge", TOPLEVEL, _identity(plan, word_bytes), simulator=simulator, sources=[__file__]
+    )
 
 
 class SimBridge:

@@ -53,8 +53,10 @@ __all__ = [
     "build_rtl",
     "cache_root",
     "cached_design",
+    "design_cached",
     "check_simulator",
     "check_toolchain",
+    "check_waves",
     "hdl_source_hash",
     "run_cocotb",
 ]
@@ -139,6 +141,14 @@ def check_toolchain(simulator: str) -> None:
     naming the missing tools and how to install them.
     """
     _backend(simulator).ensure_toolchain()
+
+
+def check_waves(simulator: str, waves: str | None) -> None:
+    """Check before compiling that ``simulator`` can record ``waves`` (``None``, ``"vcd"`` or
+    ``"fst"``): Verilator's FST writer needs lz4 and zlib (:func:`pipetrain.sim.verilator.
+    ensure_waves`). Raises :class:`ToolchainError` naming the Debian packages and the VCD
+    alternative, :class:`ValueError` for an unknown simulator or wave format."""
+    _check_options(simulator, waves, "ports").ensure_waves(waves)
 
 
 def _backend(simulator: str) -> ModuleType:
@@ -244,6 +254,7 @@ def build_rtl(
     with locked(root / f"{key}.lock"):
         if stamp.is_file() and backend.binary(directory, toplevel).is_file() and not rebuild:
             return RTLBuild(directory, toplevel, key, waves, 0.0, True, simulator)
+        backend.ensure_waves(waves)  # before make: a missing FST library is named, not a log
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
@@ -287,6 +298,44 @@ def hdl_source_hash(*extra: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
+def _index_lookup(
+    kind: str,
+    toplevel: str,
+    identity: str,
+    simulator: str,
+    waves: str | None,
+    sources: Sequence[str | os.PathLike],
+) -> tuple[Path, RTLBuild | None]:
+    """The design index entry of a design and its finished build (None: a build will run)."""
+    backend = _check_options(simulator, waves, "ports")
+    index = cache_root() / "index"
+    index.mkdir(parents=True, exist_ok=True)
+    recipe = build_key("", toplevel, waves, "ports", simulator)
+    text = f"{INDEX_VERSION}|{kind}|{identity}|{hdl_source_hash(*sources)}|{recipe}"
+    entry = index / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    if entry.is_file():
+        info = json.loads(entry.read_text())
+        directory = Path(info["directory"])
+        if (directory / ".complete").is_file() and backend.binary(directory, toplevel).is_file():
+            return entry, RTLBuild(directory, toplevel, info["key"], waves, 0.0, True, simulator)
+    return entry, None
+
+
+def design_cached(
+    kind: str,
+    toplevel: str,
+    identity: str,
+    *,
+    simulator: str = DEFAULT_SIMULATOR,
+    waves: str | None = None,
+    sources: Sequence[str | os.PathLike] = (),
+) -> bool:
+    """Whether :func:`cached_design` with these arguments would reuse a finished build (no
+    Verilog generation, no simulator build), so a command can say "building…" only when a
+    build will actually run. Raises :class:`ValueError` for an unknown simulator or option."""
+    return _index_lookup(kind, toplevel, identity, simulator, waves, sources)[1] is not None
+
+
 def cached_design(
     kind: str,
     toplevel: str,
@@ -309,18 +358,10 @@ def cached_design(
     index hit) and the seconds spent generating Verilog (0.0 on an index hit). Raises as
     :func:`build_rtl`.
     """
-    backend = _check_options(simulator, waves, "ports")
-    index = cache_root() / "index"
-    index.mkdir(parents=True, exist_ok=True)
-    recipe = build_key("", toplevel, waves, "ports", simulator)
-    text = f"{INDEX_VERSION}|{kind}|{identity}|{hdl_source_hash(*sources)}|{recipe}"
-    entry = index / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
-    if entry.is_file() and not rebuild:
-        info = json.loads(entry.read_text())
-        directory = Path(info["directory"])
-        if (directory / ".complete").is_file() and backend.binary(directory, toplevel).is_file():
-            backend.ensure_toolchain()
-            return RTLBuild(directory, toplevel, info["key"], waves, 0.0, True, simulator), 0.0
+    entry, hit = _index_lookup(kind, toplevel, identity, simulator, waves, sources)
+    if hit is not None and not rebuild:
+        _backend(simulator).ensure_toolchain()
+        return hit, 0.0
     t0 = time.perf_counter()
     verilog = generate()
     verilog_s = time.perf_counter() - t0

@@ -38,7 +38,7 @@ from typing import Any
 
 from .harness import ToolchainError, version
 
-__all__ = ["ensure_toolchain", "iverilog_version"]
+__all__ = ["ensure_toolchain", "ensure_waves", "iverilog_version"]
 
 #: Bump when the build recipe changes: invalidates every cached Icarus build.
 RUNNER_VERSION = 2
@@ -61,6 +61,10 @@ def ensure_toolchain() -> None:
 
 
 @functools.cache
+def ensure_waves(waves: str | None) -> None:
+    """Harness hook: Icarus writes VCD and FST itself (``vvp -fst``); nothing to check."""
+
+
 def iverilog_version() -> str:
     """The first line of ``iverilog -V`` (e.g. ``Icarus Verilog version 11.0 (stable) ()``).
 

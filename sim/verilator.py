@@ -12,7 +12,7 @@ Verilator's design-independent runtime objects (``verilated*.o``, ~12 s of CPU) 
 once per toolchain and trace setting, kept beside the builds (``<cache root>/runtime-<key>/``)
 and linked into later builds.
 
-The harness calls this module's :func:`ensure_toolchain`, :func:`recipe`,
+The harness calls this module's :func:`ensure_toolchain`, :func:`ensure_waves`, :func:`recipe`,
 :func:`build_options`, :func:`build_context`, :func:`binary`, :func:`runner` and
 :func:`test_options`; :func:`build_verilog` is the harness's build with this simulator.
 """
@@ -20,10 +20,13 @@ The harness calls this module's :func:`ensure_toolchain`, :func:`recipe`,
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,11 +42,14 @@ from .harness import (
 
 __all__ = [
     "BASE_BUILD_ARGS",
+    "FST_NEEDS",
     "RUNNER_VERSION",
     "RTLBuild",
     "RTLSimError",
     "ToolchainError",
     "build_verilog",
+    "c_library_problem",
+    "ensure_waves",
     "toolchain_env",
     "verilator_bin_dir",
 ]
@@ -113,6 +119,49 @@ def toolchain_env() -> dict[str, str]:
 def ensure_toolchain() -> None:
     """Harness hook: :func:`toolchain_env` (raises :class:`ToolchainError`)."""
     toolchain_env()
+
+
+#: What Verilator's FST writer needs from the system: ``include/fstcpp/fstcpp_writer.cpp``
+#: includes ``<lz4.h>`` and ``<zlib.h>`` and ``verilated.mk`` links ``-llz4 -lz`` for a
+#: ``--trace-fst`` build (Debian packages).
+FST_NEEDS = {"lz4.h": ("lz4", "liblz4-dev"), "zlib.h": ("z", "zlib1g-dev")}
+
+
+@functools.cache
+def c_library_problem(headers: tuple[str, ...], libs: tuple[str, ...]) -> str | None:
+    """Compile and link a one-line C++ program that includes ``headers`` and links ``libs``
+    (``-l`` names) with ``g++``, as the Verilator build would; return None when it builds,
+    else the compiler's first error line. Cached per process (one ~0.3 s probe)."""
+    with tempfile.TemporaryDirectory(prefix="pipetrain-probe-") as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text("".join(f"#include <{h}>\n" for h in headers) + "int main() {}\n")
+        cmd = ["g++", str(src), "-o", str(Path(tmp) / "probe"), *(f"-l{lib}" for lib in libs)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+    if out.returncode == 0:
+        return None
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    return (errors or out.stderr.splitlines() or ["g++ failed"])[0].strip()
+
+
+def ensure_waves(waves: str | None) -> None:
+    """Harness hook: check that a ``waves`` build can be made before anything is built. VCD
+    needs nothing; FST needs lz4 and zlib's headers and libraries (:data:`FST_NEEDS`).
+
+    Raises :class:`ToolchainError` naming the missing files, the Debian packages, and the
+    ``.vcd`` alternative.
+    """
+    if waves != "fst":
+        return
+    missing = [(h, pkg) for h, (lib, pkg) in FST_NEEDS.items() if c_library_problem((h,), (lib,))]
+    if missing:
+        raise ToolchainError(
+            f"FST waves need {' and '.join(h for h, _ in missing)} for Verilator's FST writer "
+            f"(Debian/Ubuntu: apt-get install {' '.join(p for _, p in missing)}); or record a "
+            "VCD instead (--waves FILE.vcd)"
+        )
 
 
 def recipe(toplevel: str, waves: str | None, public: str) -> tuple[str, ...]:

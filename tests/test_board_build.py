@@ -56,6 +56,10 @@ def test_loopback_bitstream_builds(name: str, monkeypatch: pytest.MonkeyPatch) -
     assert 30 < u["ffs"]["used"] < 1000
     assert u["multipliers"] == {"used": 0, "available": board.multipliers}
     assert u["bram_blocks"]["available"] == board.bram_blocks
+    log = (out / "build.log").read_text()  # the tools' own logs, also for a reused build
+    assert "==== Yosys (synthesis): top.rpt ====" in log and " cells\n" in log
+    assert "==== nextpnr (place and route, timing): top.tim ====" in log
+    assert "Max frequency for clock" in log
 
 
 @pytest.mark.slow

@@ -161,3 +161,42 @@ def test_help_shows_training_defaults_and_describes_every_experiment_option():
 
     for p in experiment.params:
         assert getattr(p, "help", None), f"experiment {p.opts} has no description"
+
+
+def test_c_library_probe_names_a_missing_header():
+    from pipetrain.sim.verilator import c_library_problem
+
+    problem = c_library_problem(("pipetrain_no_such_header.h",), ())
+    assert problem is not None and "pipetrain_no_such_header.h" in problem
+    assert c_library_problem(("cstdio",), ()) is None  # the C++ standard library always builds
+
+
+def test_fst_waves_without_lz4_fail_before_compiling(tmp_path, monkeypatch):
+    import pipetrain.sim.verilator as vl
+
+    monkeypatch.setattr(vl, "c_library_problem", lambda h, libs: "no lz4" if "lz4.h" in h else None)
+    res = _run(["sim", "mlp-digits", "--waves", "w.fst", "--samples", "2"], tmp_path)
+    assert res.exit_code == 2
+    line = res.stderr.strip()
+    assert "\n" not in line and "lz4.h" in line and "liblz4-dev" in line
+    assert "--waves FILE.vcd" in line and "zlib" not in line
+    assert not (tmp_path / "w.fst").exists()
+
+
+def test_design_cached_is_false_until_the_build_exists(tmp_path, monkeypatch):
+    import shutil
+
+    from pipetrain.sim.harness import cached_design, design_cached
+
+    if shutil.which("iverilog") is None:
+        pytest.skip("iverilog not on PATH (the fastest back end to build a design with)")
+    monkeypatch.setenv("PIPETRAIN_RTL_CACHE", str(tmp_path / "cache"))
+    verilog = (
+        "module probe_top(input clk, output reg q);\nalways @(posedge clk) q <= ~q;\nendmodule\n"
+    )
+    args = ("probe", "probe_top", "identity-1")
+    assert not design_cached(*args, simulator="icarus")
+    build, _ = cached_design(*args[:2], args[2], lambda: verilog, simulator="icarus")
+    assert not build.cached
+    assert design_cached(*args, simulator="icarus")
+    assert not design_cached("probe", "probe_top", "identity-2", simulator="icarus")

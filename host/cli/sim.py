@@ -13,20 +13,23 @@ JSON (``--json FILE``): ``{"bit_exact", "mismatches", "samples", "cycles",
 "cycles_per_sample", "ideal_cycles_per_sample", "sim_cycles_per_s", "build_s", ...}``;
 ``cycles`` counts the training (first sample beat → idle after the flush), ``total_cycles``
 the whole simulated run (weight load and read-back included), ``cycles_per_sample`` is the
-steady-state mean spacing of result records; ``sim_cycles_per_s`` = total_cycles per second.
+steady-state mean spacing of result records; ``sim_cycles_per_s`` = total_cycles per second;
+``waves``: the wave file's absolute path (with ``--waves``). Every field: README.md
+(``pipetrain sim --json``).
 Exit status 1 when the RTL is not bit-exact.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from ...compiler.lanes import parse_lanes
-from ...sim.harness import RTLSimError, check_toolchain
+from ...sim.harness import RTLSimError, check_toolchain, check_waves
 from ...sim.stimulus import plan_samples
-from ...sim.tb.network import check_network
+from ...sim.tb.network import check_network, network_cached
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import hidden_option, simulator_option
@@ -61,7 +64,8 @@ __all__ = ["sim_command"]
     "--waves",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Record a waveform (.fst or .vcd; builds a tracing variant).",
+    help="Record a waveform to FILE (.vcd, or .fst: Verilator needs liblz4-dev and "
+    "zlib1g-dev; builds a tracing variant).",
 )
 @click.option(
     "--backpressure",
@@ -114,6 +118,8 @@ def sim_command(
     """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
     model."""
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
+    wave_kind = None if waves is None else ("fst" if waves.endswith(".fst") else "vcd")
+    check_waves(simulator, wave_kind)  # FST without lz4/zlib: named here, not in a make log
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
     lane_list = parse_lanes(lanes) if lanes else None
     result = compile_design(
@@ -127,9 +133,12 @@ def sim_command(
     )
     plan, module = result.plan, result.model
     x, y = plan_samples(plan, samples, data, seed)
+    built = network_cached(plan, simulator=simulator, waves=wave_kind)
     info(
         f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
-        f"samples in {simulator}; building the RTL if needed…",
+        f"samples in {simulator}"
+        + ("" if built else "; building the RTL first (new design: 20–60 s)")
+        + "…",
         json_out,
     )
     try:
@@ -164,6 +173,9 @@ def sim_command(
         )
         if report.localisation:
             info(f"  ({report.localisation})", json_out)
+    if waves is not None:
+        out["waves"] = str(Path(waves).resolve())
+        info(f"waves written to {out['waves']}", json_out)
     emit_json(json_out, out)
     if not report.bit_exact:
         sys.exit(1)

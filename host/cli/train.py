@@ -54,6 +54,7 @@ from ...compiler.compile import CompileResult
 from ...compiler.lanes import parse_lanes
 from ...compiler.models import load_model
 from ...data import Dataset, load_data
+from ...sim.bridge import bridge_cached
 from ...sim.harness import DEFAULT_SIMULATOR, check_toolchain
 from ...sim.trainer import accuracy
 from ...sim.verilator import RTLSimError, ToolchainError
@@ -152,9 +153,11 @@ def run_training(
     t_wall = time.perf_counter()
     if target == "sim":
         check_toolchain(simulator)
+        built = bridge_cached(result.plan, simulator=simulator)
         click.echo(
-            f"starting the RTL simulation ({simulator}; the first run of a design builds it, "
-            "20–60 s)…",
+            f"starting the RTL simulation ({simulator}"
+            + ("" if built else "; building this design first, 20–60 s")
+            + ")…",
             err=True,
         )
     sim_options = {"simulator": simulator} if target == "sim" else None

@@ -36,7 +36,14 @@ import torch
 
 from ...compiler.plan import Plan
 from ...protocol.wire import KIND_CODES, KIND_NAMES
-from ..harness import DEFAULT_SIMULATOR, RTLBuild, cached_design, hdl_source_hash, run_cocotb
+from ..harness import (
+    DEFAULT_SIMULATOR,
+    RTLBuild,
+    cached_design,
+    design_cached,
+    hdl_source_hash,
+    run_cocotb,
+)
 from .layout import fields_to_json, flatten_layout
 
 __all__ = [
@@ -45,6 +52,7 @@ __all__ = [
     "RTLRun",
     "SimReport",
     "build_network",
+    "network_cached",
     "check_network",
     "compare",
     "hdl_source_hash",
@@ -122,6 +130,14 @@ def build_network(
     )
     fields = _stream_fields(plan)
     return NetworkDesign(plan, build, fields, time.perf_counter() - t0, verilog_s)
+
+
+def network_cached(
+    plan: Plan, *, simulator: str = DEFAULT_SIMULATOR, waves: str | None = None
+) -> bool:
+    """Whether :func:`build_network` would reuse a finished build of ``NetworkTop(plan)`` (no
+    build runs; :func:`pipetrain.sim.harness.design_cached`)."""
+    return design_cached("network", TOPLEVEL, plan.to_json(), simulator=simulator, waves=waves)
 
 
 @dataclass
