@@ -42,6 +42,9 @@ __all__ = ["GoldenModel", "Result", "StageTrace", "LossTrace", "TickTrace", "Gol
 
 #: Updates whose random numbers are generated in one block (trades memory for speed).
 DRAW_BLOCK = 32
+#: Tensor kinds whose clamps a stage counts (numerics §8), in the order of
+#: :attr:`GoldenModel.tensor_saturations`.
+STAGE_SAT_TENSORS = ("y", "gin", "u", "w")
 
 
 class GoldenError(UserError, ValueError):
@@ -146,9 +149,6 @@ def _sum_terms(*terms: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-class _StageEngine:
-    """State and arithmetic of one stage (numerics §2, §3, §5, §6)."""
-
 def lut_forward(z: torch.Tensor, lut: ActivationLUT, frac: int) -> torch.Tensor:
     """``tanh``/``sigmoid`` of the saturated ``z`` (int64, any shape, format with ``frac``
     fraction bits) through the plan's interpolated LUT (numerics §3.4); same shape and format.
@@ -180,6 +180,9 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
     return rhu(g * q, frac)
 
 
+class _StageEngine:
+    """State and arithmetic of one stage (numerics §2, §3, §5, §6)."""
+
     def __init__(self, plan: Plan, st: Stage, weight: torch.Tensor, bias: torch.Tensor) -> None:
         f = st.formats
         self.spec = st
@@ -202,12 +205,12 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
         self.k_fwd = self.fw.frac + self.fx.frac - self.fy.frac
         self.act = st.activation
         self.slope = (st.negative_slope.value, st.negative_slope.frac)
-        self.H, self.form = upd.lwp_horizon, upd.lwp_form
-        self.input_gradient = st.input_gradient
-        if self.input_gradient:
         self.lut = st.activation_lut  # tanh / sigmoid (numerics §3.4)
         if self.act in ("tanh", "sigmoid") and (self.lut is None or self.lut.function != self.act):
             raise GoldenError(f"stage {st.index}: {self.act} needs the plan's activation LUT")
+        self.H, self.form = upd.lwp_horizon, upd.lwp_form
+        self.input_gradient = st.input_gradient
+        if self.input_gradient:
             if self.fgin is None:
                 raise GoldenError(f"stage {st.index} has an input gradient but no gin format")
             self.k_gin = self.fw.frac + self.fd.frac - self.fgin.frac
@@ -243,8 +246,27 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
         self.track_prev = self.H > 0 and self.form == "w"
         self.w_prev = w_int if self.track_prev else None
         self.stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.sat = 0
+        #: clamps per tensor kind (numerics §8): ``y`` (z, §3.3), ``gin`` (§5.2), ``u`` (u'),
+        #: ``w`` (w'); their sum is the stage's hardware counter :attr:`sat`
+        self.sat_by = dict.fromkeys(STAGE_SAT_TENSORS, 0)
+        #: max|value| before the clamp per tensor kind (real values), when profiling
+        self.peaks: dict[str, float] | None = None
         self.updates = 0
+
+    @property
+    def sat(self) -> int:
+        """The stage's saturation counter (numerics §8): the sum of :attr:`sat_by`."""
+        return sum(self.sat_by.values())
+
+    def _clamp(self, v: torch.Tensor, fmt: QFormat, kind: str) -> torch.Tensor:
+        """``sat(v, fmt)`` counted on tensor ``kind``; with :attr:`peaks` on, it also keeps
+        max|v| before the clamp (real value)."""
+        out, c = sat(v, fmt)
+        self.sat_by[kind] += c
+        if self.peaks is not None and v.numel():
+            peak = float(v.abs().max()) * 2.0**-fmt.frac
+            self.peaks[kind] = max(self.peaks[kind], peak)
+        return out
 
     @property
     def lfsr_state(self) -> tuple[int, ...] | None:
@@ -271,8 +293,7 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """xb (..., N+1) with the bias input → (z, a, mask), each (..., M)."""
         acc = xb @ self.w_hat(predict).T
-        z, c = sat(rhu(acc, self.k_fwd), self.fy)
-        self.sat += c
+        z = self._clamp(rhu(acc, self.k_fwd), self.fy, "y")
         mask = z > 0
         if self.act == "relu":
             a = z.clamp_min(0)
@@ -280,6 +301,8 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
             a = torch.where(mask, z, rhu(z * self.slope[0], self.slope[1]))
         elif self.act == "identity":
             a = z
+        elif self.act in ("tanh", "sigmoid"):
+            a = lut_forward(z, self.lut, self.fy.frac)
         else:
             unknown(self.act, "activation")
         return z, a, mask
@@ -313,8 +336,6 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
         if k == 0:
             return v
         if self.stochastic:
-        elif self.act in ("tanh", "sigmoid"):
-            a = lut_forward(z, self.lut, self.fy.frac)
             return (v + addend) >> k
         return rne(v, k)
 
@@ -335,23 +356,20 @@ def lut_derivative(function: str, y: torch.Tensor, g: torch.Tensor, frac: int) -
         w, u = self.w, self.u
         gin = None
         if self.input_gradient:
-            gin, c = sat(rhu(delta @ w[:, : self.N], self.k_gin), self.fgin)
-            self.sat += c
+            gin = self._clamp(rhu(delta @ w[:, : self.N], self.k_gin), self.fgin, "gin")
         P = torch.outer(delta, xb)
         add_u, add_w = self._randoms() if self.stochastic else (None, None)
         U = _sum_terms(
             _mul_shift(u, self.t_m), _mul_shift(P, self.t_lr), _mul_shift(w, self.t_lrwd)
         )
-        u1, c = sat(self._round(U, self.k_u, add_u), self.fu)
-        self.sat += c
+        u1 = self._clamp(self._round(U, self.k_u, add_u), self.fu, "u")
         if self.sc:
             V = _sum_terms(
                 _mul_shift(u1, self.t_a), _mul_shift(P, self.t_b), _mul_shift(w, self.t_bwd)
             )
-            w1, c = sat(w - self._round(V, self.k_v, add_w), self.fw)
+            w1 = self._clamp(w - self._round(V, self.k_v, add_w), self.fw, "w")
         else:
-            w1, c = sat(w - u1, self.fw)
-        self.sat += c
+            w1 = self._clamp(w - u1, self.fw, "w")
         if self.track_prev:
             self.w_prev = w
         self.w, self.u = w1, u1
@@ -370,6 +388,8 @@ class GoldenModel:
     config: training settings; only ``seed`` (sample order) is used — the arithmetic comes
         from the plan. Default: ``plan.train``.
     trace: record a :class:`TickTrace` per tick in :attr:`traces` (slow; for testbenches).
+    profile: record every clamped tensor's max|value| before the clamp (:attr:`ranges`; the
+        golden pass of the calibration, docs/architecture.md §4.2).
 
     Raises :class:`GoldenError` for a plan it cannot run (auxiliary heads, accumulators wider
     than 64 bits, inconsistent formats) or a model whose layers do not match the plan.
@@ -384,6 +404,7 @@ class GoldenModel:
         config: TrainConfig | None = None,
         *,
         trace: bool = False,
+        profile: bool = False,
     ) -> None:
         if any(s.role != "main" for s in plan.stages) or getattr(plan, "head_losses", ()):
             raise GoldenError(
@@ -429,6 +450,13 @@ class GoldenModel:
         self._fwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
         self._bwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
         self._loss_sat = 0
+        self._loss_peak: float | None = 0.0 if profile else None
+        if profile:
+            for eng in self.stages:
+                eng.peaks = dict.fromkeys(STAGE_SAT_TENSORS, 0.0)
+        #: input values clamped by the host's quantisation (numerics §3), per streamed sample;
+        #: on no hardware counter
+        self.input_saturations = 0
         self._clock = 0  # tick-model clock (sequential: 2S clock ticks per sample)
         self._seq_ticks = 0
         self._last_entry: int | None = None
@@ -450,6 +478,30 @@ class GoldenModel:
     def saturations(self) -> int:
         """Sum of :attr:`stage_saturations`."""
         return sum(self.stage_saturations)
+
+    @property
+    def ranges(self) -> dict[int, dict[str, float]]:
+        """Max|value| before the clamp seen so far (``profile=True``; real values), in the
+        calibration's form ``{stage: {tensor: max}}`` (docs/architecture.md §4.2): per stage
+        ``y`` (z), ``gin``, ``u`` (u'), ``w`` (w'), and for the last stage ``d`` (the loss unit's
+        δ). A value above its format's largest value is a tensor the run saturated. Raises
+        :class:`GoldenError` without ``profile``."""
+        if self._loss_peak is None:
+            raise GoldenError("ranges need GoldenModel(..., profile=True)")
+        out = {k: dict(eng.peaks or {}) for k, eng in enumerate(self.stages, start=1)}
+        out[self.S]["d"] = self._loss_peak
+        return out
+
+    @property
+    def tensor_saturations(self) -> list[dict[str, int]]:
+        """The saturation counters split by tensor kind (numerics §8), S+1 entries in the order
+        of :attr:`stage_saturations`: per stage ``{"y", "gin", "u", "w"}`` (clamps of z, the
+        input gradient, u' and w'; ``gin`` is 0 for stage 1), then the loss unit's ``{"d"}``
+        (δ clamps). Unclamped counts: each entry sums to its stage's counter below 2^32.
+        Input clamps are not on any counter: :attr:`input_saturations`. Source: the golden
+        model only; the RTL counts per stage (derived: one 32-bit counter per stage fits the
+        iCEBreaker, docs/numerics.md §8)."""
+        return [dict(s.sat_by) for s in self.stages] + [{"d": int(self._loss_sat)}]
 
     @property
     def ticks(self) -> int:
@@ -474,11 +526,27 @@ class GoldenModel:
         """x float (..., N) → int64 in stage 1's x format (numerics §3; saturations not counted)."""
         return quantise(x, self.stages[0].fx)[0]
 
+    def _quantise_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x float (n, N) → (int64 (n, N) in stage 1's x format, clamped values per row (n,))."""
+        xq = self.quantise_input(x)
+        scaled = torch.round(x.detach().to(torch.float64) * 2.0 ** self.stages[0].fx.frac)
+        return xq, (scaled != xq).sum(dim=-1)
+
     def _with_bias(self, x: torch.Tensor, stage: _StageEngine) -> torch.Tensor:
         pad = torch.full((*x.shape[:-1], 1), stage.bias_in, dtype=torch.int64)
         return torch.cat([x, pad], dim=-1)
 
     # -- loss unit (numerics §4) ---------------------------------------------------------------
+    def _loss_clamp(self, delta: torch.Tensor) -> torch.Tensor:
+        """``sat(δ, loss.d)`` counted on the loss unit (numerics §4.6), peak kept when profiling."""
+        out, c = sat(delta, self.loss.d)
+        self._loss_sat += c
+        if self._loss_peak is not None and delta.numel():
+            self._loss_peak = max(
+                self._loss_peak, float(delta.abs().max()) * 2.0**-self.loss.d.frac
+            )
+        return out
+
     def loss_unit(
         self, z: torch.Tensor, label: torch.Tensor, want_delta: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -503,16 +571,14 @@ class GoldenModel:
             loss_raw = (p * onehot).sum(dim=-1)
             delta = None
             if want_delta:
-                delta, c = sat(rhu(p, lu.recip_frac - fd) - onehot * (1 << fd), lu.d)
-                self._loss_sat += c
+                delta = self._loss_clamp(rhu(p, lu.recip_frac - fd) - onehot * (1 << fd))
         elif lu.kind == "mse":
             diff = z - onehot * (1 << fy)
             loss_raw = (diff * diff).sum(dim=-1).clamp_max(U32_MAX)
             delta = None
             if want_delta:
                 ms = lu.mse_scale
-                delta, c = sat(rhu(diff * ms.value, fy + ms.frac - fd), lu.d)
-                self._loss_sat += c
+                delta = self._loss_clamp(rhu(diff * ms.value, fy + ms.frac - fd))
         else:
             unknown(lu.kind, "loss")
         return pred, loss_raw, delta
@@ -595,7 +661,9 @@ class GoldenModel:
     def train_sample(self, x: torch.Tensor, y: int | torch.Tensor) -> None:
         """Stream one float sample x (N,) with label y into training (numerics §3 quantisation);
         does not flush."""
-        self.submit(self.quantise_input(x), int(y), True)
+        xq, clamped = self._quantise_rows(x[None, :])
+        self.input_saturations += int(clamped[0])
+        self.submit(xq[0], int(y), True)
 
     def flush(self) -> None:
         """Run bubble ticks until no sample is in flight (every pending update applied)."""
@@ -606,8 +674,8 @@ class GoldenModel:
         self, x: torch.Tensor, y: torch.Tensor, epochs: int = 1, progress: bool = False
     ) -> None:
         """Train ``epochs`` passes over x (n, N) float, y (n,) in ``epoch_order``, then flush."""
-        xq = self.quantise_input(x)
-        fast = _QuantisedFeeder(self, xq)
+        xq, clamped = self._quantise_rows(x)
+        fast = _QuantisedFeeder(self, xq, clamped.tolist())
         rows = torch.arange(len(x)).unsqueeze(1)
         stream_epochs(fast, rows, y, epochs, self.config.seed, progress)
         self.epochs_trained = fast.epochs_trained
@@ -625,17 +693,19 @@ class GoldenModel:
         labels = torch.zeros(n, dtype=torch.int64) if y is None else y.to(torch.int64)
         if n == 0:
             return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        xq, clamped = self._quantise_rows(x)
+        self.input_saturations += int(clamped.sum())
         if self.trace:  # tick by tick, so every tick is traced
             first = len(self.results)
             for i in range(n):
-                self.submit(self.quantise_input(x[i]), int(labels[i]), False)
+                self.submit(xq[i], int(labels[i]), False)
             self.flush()
             res = self.results[first:]
             return (
                 torch.tensor([r.pred for r in res], dtype=torch.int64),
                 torch.tensor([r.loss_raw for r in res], dtype=torch.int64),
             )
-        a = self._with_bias(self.quantise_input(x), self.stages[0])
+        a = self._with_bias(xq, self.stages[0])
         for s, eng in enumerate(self.stages):
             _, a, _ = eng.forward(a, False)
             if s + 1 < self.S:
@@ -738,12 +808,14 @@ class _QuantisedFeeder:
     """Lets :func:`stream_epochs` (which hands over rows of its ``x``) feed pre-quantised rows:
     it is given row indices (n, 1) as ``x`` and looks the quantised row up."""
 
-    def __init__(self, model: GoldenModel, xq: torch.Tensor) -> None:
-        self.model, self.xq = model, xq
+    def __init__(self, model: GoldenModel, xq: torch.Tensor, clamped: list[int]) -> None:
+        self.model, self.xq, self.clamped = model, xq, clamped
         self.epochs_trained = model.epochs_trained
 
     def train_sample(self, row: torch.Tensor, y: int) -> None:
-        self.model.submit(self.xq[int(row[0])], y, True)
+        i = int(row[0])
+        self.model.input_saturations += self.clamped[i]
+        self.model.submit(self.xq[i], y, True)
 
     def flush(self) -> None:
         self.model.flush()

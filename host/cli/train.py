@@ -26,7 +26,8 @@ value), so a board built with ``pipetrain build MODEL`` accepts any number of ep
 ``--json FILE`` gets ``{"target", "model", "test_accuracy", "float_test_accuracy",
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
-"stage_saturations", "epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
+"stage_saturations", "tensor_saturations", "tensor_saturations_source", "input_saturations",
+"epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
 "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1] (``float_test_accuracy``: the
 device's weights loaded into the original module, evaluated by PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
@@ -35,8 +36,9 @@ samples the host streamed (``samples`` is the same number), ``device_samples`` t
 ``bit_exact`` compares the ``sim`` target's results, final weights and counters with the golden
 model on the same stream (null for other targets, and ``mismatches`` empty); ``retransmits``
 counts link frames sent again (null for ``golden`` and ``reference``, which have no link);
-``saturations`` are the fixed-point saturation counters (0 for ``reference``, float). The
-printed summary shows only the lines that apply to the target.
+``saturations`` are the fixed-point saturation counters (0 for ``reference``, float);
+``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
+table. The printed summary shows only the lines that apply to the target.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from ...compiler.lanes import parse_lanes
 from ...compiler.models import load_model
 from ...data import Dataset, load_data
 from ...sim.bridge import bridge_cached
+from ...sim.golden import GoldenModel
 from ...sim.harness import DEFAULT_SIMULATOR, check_toolchain
 from ...sim.trainer import accuracy
 from ...sim.verilator import RTLSimError, ToolchainError
@@ -77,6 +80,8 @@ __all__ = [
     "DEFAULT_TARGET",
     "TrainCheckError",
     "run_training",
+    "saturation_table",
+    "tensor_saturations",
     "train_cmd",
 ]
 
@@ -176,6 +181,7 @@ def run_training(
         state = dev.state_dict()
         check = dev.verify() if dev.shadow is not None else None
         retransmits = dev.retransmits
+        per_tensor = tensor_saturations(dev)
     device_samples = int(counters["samples_trained"])
     if device_samples != rep.samples:
         raise TrainCheckError(
@@ -202,6 +208,7 @@ def run_training(
         "retransmits": retransmits if target not in LOCAL_TARGETS else None,
         "saturations": sum(sats),
         "stage_saturations": sats,
+        **per_tensor,
         "epochs": epochs,
         "board": board,
         "schedule": result.plan.schedule,
@@ -214,6 +221,55 @@ def run_training(
     if save:
         report["saved"] = save
     return report, dev
+
+
+def tensor_saturations(dev: Device) -> dict[str, Any]:
+    """The run's saturations per tensor kind (docs/numerics.md §8), from the golden model: the
+    ``golden`` target itself, or the golden shadow of a link target (``--verify``; the RTL
+    counts per stage only, and the shadow equals it stage by stage when ``bit_exact``).
+
+    Returns ``{"tensor_saturations": [{"stage": "1", "y", "gin", "u", "w", "total"}, …,
+    {"stage": "loss", "d", "total"}] or None, "tensor_saturations_source": "golden" |
+    "golden shadow" | None, "input_saturations": input values clamped by the host's
+    quantisation, summed over streamed samples (golden target only, else None)}``; each
+    ``total`` is the stage's entry of ``stage_saturations`` below 2^32.
+    """
+    g = dev.trainer if isinstance(dev.trainer, GoldenModel) else dev.shadow
+    if g is None:
+        return {
+            "tensor_saturations": None,
+            "tensor_saturations_source": None,
+            "input_saturations": None,
+        }
+    rows: list[dict[str, Any]] = []
+    for k, counts in enumerate(g.tensor_saturations, start=1):
+        name = str(k) if k <= g.S else "loss"
+        rows.append({"stage": name, **counts, "total": sum(counts.values())})
+    own = g is dev.trainer
+    return {
+        "tensor_saturations": rows,
+        "tensor_saturations_source": "golden" if own else "golden shadow",
+        "input_saturations": g.input_saturations if own else None,
+    }
+
+
+def saturation_table(report: dict[str, Any]) -> list[str]:
+    """The summary's per-tensor saturation table (lines) of ``report["tensor_saturations"]``;
+    empty when the report has none (``reference``, a link target without a shadow)."""
+    rows = report.get("tensor_saturations")
+    if not rows:
+        return []
+    src = report.get("tensor_saturations_source")
+    where = "the golden shadow; the RTL counts per stage" if src == "golden shadow" else "golden"
+    head = f"saturations per tensor ({where}):"
+    cols = ("y", "gin", "u", "w", "d")
+    out = [head, "  stage " + "".join(f"{c:>9}" for c in cols) + f"{'total':>10}"]
+    for r in rows:
+        cells = "".join(f"{r[c]:>9}" if c in r else f"{'-':>9}" for c in cols)
+        out.append(f"  {r['stage']:<6}{cells}{r['total']:>10}")
+    if report.get("input_saturations") is not None:
+        out.append(f"  input x (host quantisation): {report['input_saturations']}")
+    return out
 
 
 def _file_epochs(model: str) -> int | None:
@@ -335,6 +391,7 @@ def train_cmd(
         lines.append(f"retransmits: {report['retransmits']}, saturations: {report['saturations']}")
     elif target == "golden":
         lines.append(f"saturations: {report['saturations']}")
+    lines += saturation_table(report)
     lines += [f"  mismatch: {m}" for m in report["mismatches"]]
     if save:
         lines.append(f"saved: {save}")
