@@ -145,9 +145,25 @@ def totals_text(plan: Plan) -> str:
         f"in {plan.memory_blocks} {_block_kib(plan)} Kib block RAMs"
         + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
         f"multipliers: {plan.multipliers}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
+        *_lut_lines(plan),
         f"plan hash: {plan.hash}",
     ]
     return "\n".join(lines)
+
+
+def _lut_lines(plan: Plan) -> list[str]:
+    """One line per tanh / sigmoid stage: its LUT ROM, step and error bound (numerics.md §3)."""
+    out = []
+    for s in plan.stages:
+        lut = s.activation_lut
+        if lut is None:
+            continue
+        out.append(
+            f"stage {s.index} {lut.function}: LUT of {len(lut.entries)} words × {lut.word_bits} "
+            f"bits (step 2^-{lut.index_frac}, interpolated), max error {lut.error_bound_lsb} LSB "
+            f"of y {s.formats.y}; the stash keeps y ({s.mask_bits} bits per output)"
+        )
+    return out
 
 
 def memory_table_title(plan: Plan) -> str:

@@ -130,3 +130,20 @@ def test_sigmoid_without_an_integer_bit_is_a_user_error():
     with pytest.raises(PlanError, match=r"stage 1 \(0\): sigmoid outputs up to 1.0.*s1.y") as e:
         build_plan(ir, TrainConfig(), fs)
     assert isinstance(e.value, UserError)
+
+
+def test_example_model_file_compiles_with_the_lut_in_its_report():
+    from pathlib import Path
+
+    from pipetrain.compiler.compile import compile_result
+    from pipetrain.compiler.report import totals_text
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "mlp_tanh.py"
+    plan = compile_result(str(path), formats="default").plan
+    st = plan.stages[0]
+    assert st.activation == "tanh" and st.formats.y == QFormat(16, 10)
+    assert (st.activation_lut.index_frac, len(st.activation_lut.entries)) == (5, 146)
+    assert (
+        "stage 1 tanh: LUT of 146 words × 24 bits (step 2^-5, interpolated), max error 0.78125 "
+        "LSB of y Q5.10; the stash keeps y (16 bits per output)"
+    ) in totals_text(plan)
