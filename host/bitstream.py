@@ -235,7 +235,8 @@ def build_design(
             old = log_file.read_text() if log_file.is_file() else ""
             if not old.startswith(_LOG_HEADER):  # a build from before build.log held the logs
                 log_file.write_text(build_log(out, name, old))
-            return cached | {"cached": True, "build_s": round(time.monotonic() - t0, 3)}
+            reused = {"cached": True, "build_s": round(time.monotonic() - t0, 3)}
+            return cached | (meta or {}) | reused  # meta: this call's description of the inputs
     slow = toolchain.first_run_tools(commands)
     if slow:
         echo(

@@ -200,3 +200,43 @@ def test_design_cached_is_false_until_the_build_exists(tmp_path, monkeypatch):
     assert not build.cached
     assert design_cached(*args, simulator="icarus")
     assert not design_cached("probe", "probe_top", "identity-2", simulator="icarus")
+
+
+def test_plan_multipliers_and_dsp_blocks_count_different_things():
+    """build.json's ``plan.multipliers`` (7) vs ``fit.multipliers.needed`` (6) on the iCEBreaker
+    plan of mlp-digits: the plan counts datapath multiplications per lane, momentum included
+    although its 5-bit constant is built from shifts and adders, and not the loss unit; the fit
+    counts the DSP blocks of the multipliers the HDL instantiates, the loss unit's included."""
+    from pipetrain.compiler.build import multiplier_operands, shift_add
+    from pipetrain.compiler.fit import check_fit, plan_totals
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.host.flow import compile_design
+
+    board = BOARDS["icebreaker"]
+    plan = compile_design("mlp-digits", board=board, formats="default", writers=()).plan
+    assert [s.multipliers for s in plan.stages] == [3, 4]  # fwd, d·x, m·u (+ input gradient)
+    assert all(shift_add(s.update.momentum.value) for s in plan.stages)  # no m·u multiplier
+    assert [len(multiplier_operands(s)) for s in plan.stages] == [2, 3]
+    totals = plan_totals(plan, board)
+    assert (totals["multipliers"], totals["hard_multipliers"]) == (7, 2 + 3 + 1)  # + loss unit
+    assert check_fit(plan, board)["multipliers"]["needed"] == totals["hard_multipliers"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["experiment", "--seeds", "x"], "Invalid value for '--seeds': 'x' is not a valid integer"),
+        (["train", "--lrr", "3"], "No such option '--lrr'. Did you mean '--lr'?"),
+        (["sim"], "Missing argument 'MODEL'"),
+    ],
+)
+def test_usage_errors_are_one_line(args, needle, capsys):
+    from pipetrain.host.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    cmd = " ".join(["pipetrain", *args[:1]])
+    assert err.count("\n") == 1 and err.startswith("Error: ") and needle in err
+    assert err.endswith(f"(see '{cmd} --help')\n")

@@ -4,7 +4,8 @@ Every subcommand takes ``--json FILE`` (``-`` for stdout) and writes its machine
 there. Errors in the user's input (model, data, settings, a net that does not fit a board) exit
 with status 2 and one clear message on stderr, never a traceback; ``--json`` then gets
 ``{"error": message, "error_type": exception name}``, plus ``"fit"`` (``{resource: {needed,
-available}}``) for a board fit error.
+available}}``) for a board fit error. A usage error (unknown option, bad value, missing
+argument) is one line too when run through :func:`main` (the ``pipetrain`` console script).
 """
 
 from __future__ import annotations
@@ -100,6 +101,30 @@ def cli() -> None:
     """pipetrain: generate FPGA hardware that trains a PyTorch network on chip."""
 
 
-def main() -> None:
-    """Console-script entry point."""
-    cli()
+#: click ≥ 8.2 raises this usage error to print a bare group's help (not an error to rewrite).
+_NO_ARGS_IS_HELP: type[Exception] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (Exception,), {})
+)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: :data:`cli` on ``args`` (default ``sys.argv[1:]``), with a
+    usage error (an unknown option, a bad value) printed as one line — ``Error: <click's
+    message> (see 'pipetrain CMD --help')`` — instead of click's usage block, exit status 2."""
+    try:
+        rv = cli.main(args=args, prog_name="pipetrain", standalone_mode=False)
+    except _NO_ARGS_IS_HELP as exc:  # a group called bare: click prints its help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "pipetrain"
+        message = " ".join(exc.format_message().split())
+        click.echo(f"Error: {message} (see '{where} --help')", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -107,7 +107,9 @@ def build_cmd(
         )
         plan = result.plan
         fit = check_fit(plan, board)
-        meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan), "fit": fit}
+        # plan.multipliers counts datapath multiplications (shift-add constants too, the loss
+        # unit not); plan.hard_multipliers = fit.multipliers.needed: DSP blocks (docs/boards.md)
+        meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan, board), "fit": fit}
         core = lambda: network_core(plan)  # noqa: E731
     top = BoardTop(board, core, baud=baud)
     meta |= {"baud": top.baud, "uart_divisor": top.divisor}
