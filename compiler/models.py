@@ -37,6 +37,23 @@ BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
+def _describe(exc: BaseException, path: Path) -> str:
+    """``Type: message (line N)`` of an exception raised by the user's file ``path``, in one
+    line; N is the file's last line in the traceback (a SyntaxError's own line)."""
+    text = " ".join(str(exc).split())
+    line = None
+    if isinstance(exc, SyntaxError):
+        text, line = " ".join(str(exc.msg).split()), exc.lineno
+    else:
+        tb = exc.__traceback__
+        while tb is not None:
+            if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+                line = tb.tb_lineno
+            tb = tb.tb_next
+    out = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"{out} (line {line})" if line is not None else out
+
+
 def load_model(
     spec: str | nn.Module, seed: int = 0
 ) -> tuple[str, nn.Module, dict[str, Any] | None]:
@@ -46,7 +63,9 @@ def load_model(
     define ``config`` (a dict of :class:`~pipetrain.compiler.config.TrainConfig` fields).
     Initialisation is seeded with ``seed`` so runs are reproducible.
 
-    Raises :class:`ModelError` for an unknown name, a missing file, or a file without ``model``.
+    Raises :class:`ModelError` for an unknown name, a missing file, a file that raises (or
+    calls ``sys.exit``) when run, a ``model`` callable that raises, or a file without an
+    ``nn.Module`` ``model``; the message names the file and the exception.
     """
     if isinstance(spec, nn.Module):
         return type(spec).__name__, spec, None
@@ -63,18 +82,24 @@ def load_model(
         raise ModelError(f"model file {spec!r} does not exist")
     name = path.stem
     module_spec = importlib.util.spec_from_file_location(f"pipetrain_user_{name}", path)
-    assert module_spec is not None and module_spec.loader is not None
+    if module_spec is None or module_spec.loader is None:
+        raise ModelError(f"model file {spec!r} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_spec.name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code: report it, name the file
-        raise ModelError(f"model file {spec!r} failed to run: {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the user's code: report it, name the file
+        sys.modules.pop(module_spec.name, None)
+        raise ModelError(f"model file {spec!r} failed to run: {_describe(exc, path)}") from exc
     if not hasattr(module, "model"):
         raise ModelError(f"model file {spec!r} does not define `model` (an nn.Module)")
     model = module.model
     if not isinstance(model, nn.Module) and callable(model):
-        model = model()
+        try:
+            model = model()
+        except (Exception, SystemExit) as exc:
+            why = _describe(exc, path)
+            raise ModelError(f"`model()` in model file {spec!r} failed: {why}") from exc
     if not isinstance(model, nn.Module):
         raise ModelError(f"`model` in {spec!r} is a {type(model).__name__}, not a torch.nn.Module")
     config = getattr(module, "config", None)

@@ -13,8 +13,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import types
-import typing
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -25,9 +23,9 @@ __all__ = [
     "QFormat",
     "Const",
     "StageFormats",
-    "ActivationLUT",
     "UpdateConstants",
     "MemorySpec",
+    "ActivationLUT",
     "Stage",
     "LossUnit",
     "Plan",
@@ -264,6 +262,8 @@ class MemorySpec:
         if self.per_lane:
             return tuple(f"{self.name}{b}" for b in range(self.banks))
         return (self.name,)
+
+
 @dataclass(frozen=True)
 class ActivationLUT:
     """The interpolated look-up table of a ``tanh`` / ``sigmoid`` stage (docs/numerics.md §3.4).
@@ -310,8 +310,6 @@ class ActivationLUT:
         return tuple(
             e | (d << self.entry_bits) for e, d in zip(self.entries, self.slopes, strict=True)
         )
-
-
 
 
 @dataclass(frozen=True)
@@ -391,10 +389,10 @@ class Stage:
         single-port memories when it is even (the write must fall between reads; *derived*).
     pass_cycles: cycles of one fused pass from the start pulse to done:
         slot_cycles·(cycles_per_tick − 1) + 2 + write_stage (``build.pass_cycles``).
-    activation_lut: the :class:`ActivationLUT` of a ``tanh``/``sigmoid`` stage (None otherwise,
-        and then absent from the JSON, so plans without one keep their hash).
     calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
+    activation_lut: the :class:`ActivationLUT` of a ``tanh``/``sigmoid`` stage (None otherwise,
+        and then absent from the JSON, so plans without one keep their hash).
     """
 
     index: int
@@ -440,18 +438,18 @@ class Stage:
     attach: int = 0
     grad_losses: tuple[int, ...] = ()
     gin_losses: tuple[int, ...] = ()
-    activation_lut: ActivationLUT | None = None
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
     slot_cycles: int = 1
+    activation_lut: ActivationLUT | None = None
 
     def __post_init__(self) -> None:
+        _coerce(self, activation=Activation)
+
     @property
     def mask_bits(self) -> int:
         """Bits the stash keeps per output for the activation derivative (docs/numerics.md §2):
         1 (the bit ``z > 0``), or ``y.bits`` for ``tanh``/``sigmoid`` (the output ``y``)."""
         return self.formats.y.bits if self.activation.lut else 1
-
-        _coerce(self, activation=Activation)
 
     def memory(self, name: str) -> MemorySpec:
         """The memory called ``name`` (``w``, ``xstash``, …). Raises KeyError when the stage has
@@ -641,18 +639,20 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
-        """Rebuild a plan from :meth:`to_dict` output. Raises ValueError on a version mismatch."""
-        if d.get("version") != PLAN_VERSION:
-            raise ValueError(
-                f"plan version {d.get('version')} is not supported (this pipetrain reads "
-                f"version {PLAN_VERSION}); recompile the model"
-            )
-        return _from_jsonable(cls, d)
+        """Rebuild a plan from :meth:`to_dict` output, checking every field's type, range and
+        consistency (``compiler/plan_check.py``). Raises ``PlanError`` (a ``ValueError``)
+        naming the field and its valid values, also for another plan version."""
+        from .plan_check import plan_from_dict
+
+        return plan_from_dict(d)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        """Rebuild a plan from :meth:`to_json` output."""
-        return cls.from_dict(json.loads(text))
+        """Rebuild a plan from :meth:`to_json` output, checked as :meth:`from_dict`; invalid
+        JSON, a duplicate key or a NaN/Infinity is a ``PlanError`` too."""
+        from .plan_check import plan_from_json
+
+        return plan_from_json(text)
 
     @property
     def hash(self) -> str:
@@ -689,26 +689,3 @@ def _to_jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _to_jsonable(v) for k, v in obj.items()}
     return obj
-
-
-def _from_jsonable(tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return None if value is None else _from_jsonable(args[0], value)
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        # fields added later with defaults may be absent from older plan files
-        return tp(
-            **{
-                f.name: _from_jsonable(hints[f.name], value[f.name])
-                for f in dataclasses.fields(tp)
-                if f.name in value
-            }
-        )
-    if origin is tuple:
-        (arg, *_) = typing.get_args(tp)
-        return tuple(_from_jsonable(arg, v) for v in value)
-    if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(value)
-    return value

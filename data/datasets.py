@@ -10,7 +10,15 @@ import torch
 
 from ..errors import UserError
 
-__all__ = ["Dataset", "DataError", "epoch_order", "load_data", "load_digits", "load_npz"]
+__all__ = [
+    "MAX_LABEL",
+    "Dataset",
+    "DataError",
+    "epoch_order",
+    "load_data",
+    "load_digits",
+    "load_npz",
+]
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0
@@ -65,38 +73,61 @@ def load_digits() -> Dataset:
     )
 
 
+#: Labels must be below this: the result record carries the prediction in 16 bits
+#: (docs/protocol.md, ``Plan.result_bits``), so no design can predict a larger class.
+MAX_LABEL = (1 << 16) - 1
+
+
 def load_npz(path: str | Path) -> Dataset:
     """Load ``x_train, y_train, x_test, y_test`` from an ``.npz`` file.
 
-    ``x_*`` must be 2-D real arrays with the same feature count; ``y_*`` 1-D integer labels ≥ 0
-    with as many entries as their ``x``. Raises :class:`DataError` naming what is wrong.
+    ``x_*`` must be 2-D real (float or integer) arrays of finite values with the same feature
+    count (≥ 1) and at least one sample; ``y_*`` 1-D integer labels in 0..:data:`MAX_LABEL`
+    with as many entries as their ``x``. Shapes: ``x_*`` (samples, features) → float32,
+    ``y_*`` (samples,) → int64. Other arrays in the file are ignored. Raises
+    :class:`DataError` naming the array and what is wrong (a file that is not an ``.npz``
+    archive, a missing array, an array that cannot be read without pickle, a wrong shape or
+    dtype, an empty split, NaN/infinite values or values beyond float32, labels out of range).
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {str(path)!r} does not exist")
+    hint = "write one with numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
     try:
         arrays = np.load(path, allow_pickle=False)
     except Exception as exc:
         raise DataError(
-            f"{str(path)!r} is not a readable .npz file (write one with numpy.savez(path, "
-            f"x_train=..., y_train=..., x_test=..., y_test=...)): {type(exc).__name__}"
+            f"{str(path)!r} is not a readable .npz file ({hint}): {type(exc).__name__}"
         ) from exc
     if not hasattr(arrays, "files"):  # a plain .npy array, not an archive
         raise DataError(f"{str(path)!r} holds a single array, not an .npz archive of four arrays")
-    need = ("x_train", "y_train", "x_test", "y_test")
-    missing = [k for k in need if k not in arrays.files]
-    if missing:
-        raise DataError(
-            f"{str(path)!r} lacks array(s) {', '.join(missing)}; it has "
-            f"{', '.join(arrays.files) or 'none'} (need {', '.join(need)})"
-        )
+    with arrays:
+        need = ("x_train", "y_train", "x_test", "y_test")
+        missing = [k for k in need if k not in arrays.files]
+        if missing:
+            raise DataError(
+                f"{str(path)!r} lacks array(s) {', '.join(missing)}; it has "
+                f"{', '.join(arrays.files) or 'none'} (need {', '.join(need)})"
+            )
+        raw = {}
+        for k in need:
+            try:
+                raw[k] = np.asarray(arrays[k])
+            except Exception as exc:  # object arrays (pickle), a damaged member
+                raise DataError(
+                    f"{k} in {str(path)!r} cannot be read as a plain numeric array ({hint}): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
     out = {}
     for split in ("train", "test"):
-        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        x, y = raw[f"x_{split}"], raw[f"y_{split}"]
         if x.ndim != 2:
             raise DataError(f"x_{split} must be 2-D (samples, features), got shape {x.shape}")
-        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        is_real = np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)
+        if not is_real:
             raise DataError(f"x_{split} must be a real number array, got dtype {x.dtype}")
+        if x.shape[1] == 0:
+            raise DataError(f"x_{split} has no features (shape {x.shape}); need ≥ 1 column")
         if y.ndim != 1:
             raise DataError(f"y_{split} must be 1-D class labels, got shape {y.shape}")
         if not np.issubdtype(y.dtype, np.integer):
@@ -107,9 +138,17 @@ def load_npz(path: str | Path) -> Dataset:
             raise DataError(f"x_{split} is empty")
         if y.min() < 0:
             raise DataError(f"y_{split} has negative labels (min {y.min()})")
-        if not np.all(np.isfinite(x)):
-            raise DataError(f"x_{split} contains NaN or infinite values")
-        out[f"x_{split}"] = torch.from_numpy(x.astype(np.float32))
+        if y.max() > MAX_LABEL:
+            raise DataError(
+                f"y_{split} has label {y.max()} > {MAX_LABEL} (class labels are 0..C−1 and the "
+                "result record carries 16 bits)"
+            )
+        with np.errstate(over="ignore", invalid="ignore"):  # checked on the next line
+            xf = x.astype(np.float32)
+        if not np.all(np.isfinite(xf)):
+            what = "NaN or infinite" if not np.all(np.isfinite(x)) else "beyond float32 range"
+            raise DataError(f"x_{split} contains {what} values")
+        out[f"x_{split}"] = torch.from_numpy(xf)
         out[f"y_{split}"] = torch.from_numpy(y.astype(np.int64))
     if out["x_train"].shape[1] != out["x_test"].shape[1]:
         raise DataError(

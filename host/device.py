@@ -396,24 +396,17 @@ class Device:
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load float weights (``name.weight``/``name.bias`` of every stage): quantised into
-        ``w`` as numerics §2 (``w_prev = w`` for LWP ``w`` form); velocities are kept.
-        Raises :class:`DeviceError` for a missing key or a wrong shape."""
+        """Load float weights (``name.weight`` (M, N) / ``name.bias`` (M,) of every stage):
+        quantised into ``w`` as numerics §2 (``w_prev = w`` for LWP ``w`` form); velocities
+        are kept. Raises :class:`DeviceError` (:func:`checked_state_dict`) for a missing or
+        unexpected key, a value that is not a real tensor, a wrong shape or a NaN/infinite
+        weight — before anything is written to the device."""
         self._check()
-        mems = []
-        for st in self.plan.stages:
-            try:
-                wt, bs = state[f"{st.name}.weight"], state[f"{st.name}.bias"]
-            except KeyError as exc:
-                raise DeviceError(f"state_dict lacks {exc.args[0]!r}") from exc
-            if tuple(wt.shape) != (st.out_features, st.in_features) or tuple(bs.shape) != (
-                st.out_features,
-            ):
-                raise DeviceError(
-                    f"{st.name}: shapes {tuple(wt.shape)}, {tuple(bs.shape)}; the plan has "
-                    f"({st.out_features}, {st.in_features}) and ({st.out_features},)"
-                )
-            mems.append(torch.cat([wt.detach().double(), bs.detach().double()[:, None]], 1))
+        state = checked_state_dict(self.plan, state)
+        mems = [
+            torch.cat([state[f"{st.name}.weight"], state[f"{st.name}.bias"][:, None]], 1)
+            for st in self.plan.stages
+        ]
         if self.client is None:
             if isinstance(self.trainer, GoldenModel):
                 self.trainer.load_state_dict(state)
@@ -512,6 +505,52 @@ class Device:
                 self.close()
         except Exception:  # noqa: S110  (interpreter shutdown)
             pass
+
+
+def checked_state_dict(plan: Plan, state: Any) -> dict[str, torch.Tensor]:
+    """Check a ``state_dict`` for ``plan`` and return it as float64 tensors: exactly the keys
+    ``<stage name>.weight`` (out_features, in_features) and ``<stage name>.bias``
+    (out_features,) of every stage, each a real (float or integer) ``torch.Tensor`` or numpy
+    array of finite values. Raises :class:`DeviceError` naming the key and the fix otherwise
+    (*derived*: ``torch.nn.Module.load_state_dict(strict=True)`` also refuses missing and
+    unexpected keys)."""
+    if not isinstance(state, dict):
+        raise DeviceError(
+            f"a state_dict is a dict of tensors (model.state_dict()), not {type(state).__name__}"
+        )
+    shapes = {}
+    for st in plan.stages:
+        shapes[f"{st.name}.weight"] = (st.out_features, st.in_features)
+        shapes[f"{st.name}.bias"] = (st.out_features,)
+    for key in shapes:
+        if key not in state:
+            raise DeviceError(f"state_dict lacks {key!r} (it needs {', '.join(shapes)})")
+    extra = [k for k in state if k not in shapes]
+    if extra:
+        raise DeviceError(
+            f"state_dict has unexpected key(s) {', '.join(map(repr, extra))}: the plan's stages "
+            f"take only {', '.join(shapes)}"
+        )
+    out = {}
+    for key, shape in shapes.items():
+        v = state[key]
+        if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
+            v = torch.from_numpy(np.array(v))
+        if not isinstance(v, torch.Tensor):
+            raise DeviceError(f"state_dict[{key!r}] is a {type(v).__name__}, not a tensor")
+        if v.dtype == torch.bool or v.is_complex():
+            raise DeviceError(
+                f"state_dict[{key!r}] has dtype {v.dtype}; weights are real numbers (float)"
+            )
+        if tuple(v.shape) != shape:
+            raise DeviceError(
+                f"state_dict[{key!r}] has shape {tuple(v.shape)}; the plan's stage needs {shape}"
+            )
+        v = v.detach().to(torch.float64)
+        if not bool(torch.isfinite(v).all()):
+            raise DeviceError(f"state_dict[{key!r}] holds NaN or infinite values")
+        out[key] = v
+    return out
 
 
 def _shadow_submit(g: GoldenModel, xq: torch.Tensor, ys: Sequence[int]) -> None:

@@ -1,0 +1,436 @@
+"""Reading a plan from JSON strictly: every field's type, range and consistency is checked.
+
+A ``plan.json`` is written by the compiler (:meth:`Plan.to_json`); one edited by hand or
+damaged must not load into a silently different design. :func:`plan_from_json` therefore
+accepts exactly what :meth:`Plan.to_json` writes and raises a :class:`PlanError` naming the
+field (a JSON path such as ``stages[1].formats.w.bits``) and its valid values otherwise:
+
+* the document: valid JSON, no duplicate keys (``json`` would keep the last one silently),
+  no ``NaN``/``Infinity``, an object of plan version :data:`~pipetrain.compiler.plan.PLAN_VERSION`;
+* every object has exactly its dataclass's fields — a missing key is an error (the only
+  exception: an optional field whose default is ``None`` is absent when unset, as
+  :meth:`Plan.to_json` writes it), an unknown key is an error (it would be dropped);
+* types as annotated: integers are JSON integers (not ``true``, not ``2.0``), floats are
+  finite numbers, enums one of their values, tuples JSON arrays;
+* ranges (:data:`INT_RANGES`; unlisted integers: |v| < 2^62, what ``int64`` arithmetic holds);
+* consistency: the derived quantities the HDL, the golden model and the host read
+  (row groups, cycles, stash geometry, stream word widths, pass cycles, memory totals, the
+  lanes and formats that link stages and the loss unit, the tick, the training settings) agree
+  with the numbers they are derived from (the formulas of ``compiler/build.py``).
+
+Source: *derived* (docs/architecture.md §1.2: the plan is the one source of every hardware
+decision; §1.4: a user error names the problem and the fix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import types
+import typing
+from enum import Enum
+from typing import Any
+
+from .build import (
+    HOST_ONLY_SETTINGS,
+    MAX_SUM_BITS,
+    RAM_FAMILIES,
+    PlanError,
+    pass_cycles,
+    sequential_cycles,
+    tick_cycles,
+)
+from .config import ConfigError, TrainConfig
+from .plan import MEMORY_KINDS, PLAN_VERSION, Plan
+
+__all__ = ["INT_RANGES", "plan_from_dict", "plan_from_json"]
+
+#: Largest magnitude of an integer field without its own range: int64 arithmetic holds it.
+INT_LIMIT = 1 << 62
+
+#: Valid ranges ``(lo, hi)`` (inclusive; None: unbounded up to :data:`INT_LIMIT`) of integer
+#: fields, by ``(class name, field)``; for tuples of integers, the range of each element.
+INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
+    ("QFormat", "bits"): (2, MAX_SUM_BITS),
+    ("QFormat", "frac"): (-128, 256),
+    ("Const", "frac"): (-256, 512),
+    ("UpdateConstants", "lwp_horizon"): (0, None),
+    ("UpdateConstants", "frac_u"): (-256, 512),
+    ("UpdateConstants", "frac_v"): (-256, 512),
+    ("UpdateConstants", "sum_bits"): (1, MAX_SUM_BITS),
+    ("MemorySpec", "banks"): (1, None),
+    ("MemorySpec", "entries"): (1, None),
+    ("MemorySpec", "words"): (1, None),
+    ("MemorySpec", "width"): (1, None),
+    ("MemorySpec", "read_ports"): (0, None),
+    ("MemorySpec", "write_ports"): (0, 1),
+    ("MemorySpec", "config_depth"): (0, None),
+    ("MemorySpec", "config_width"): (0, None),
+    ("MemorySpec", "blocks_per_bank"): (0, None),
+    ("MemorySpec", "blocks"): (0, None),
+    ("Stage", "index"): (1, None),
+    ("Stage", "block"): (1, None),
+    ("Stage", "losses"): (1, None),
+    ("Stage", "grad_losses"): (1, None),
+    ("Stage", "gin_losses"): (1, None),
+    ("Stage", "in_features"): (1, None),
+    ("Stage", "out_features"): (1, None),
+    ("Stage", "delay"): (0, None),
+    ("Stage", "stash_depth"): (1, None),
+    ("Stage", "stash_bits"): (0, None),
+    ("Stage", "lanes"): (1, None),
+    ("Stage", "row_groups"): (1, None),
+    ("Stage", "cycles_per_tick"): (1, None),
+    ("Stage", "weight_bits"): (0, None),
+    ("Stage", "velocity_bits"): (0, None),
+    ("Stage", "memory_bits"): (0, None),
+    ("Stage", "memory_blocks"): (0, None),
+    ("Stage", "multipliers"): (0, None),
+    ("Stage", "lfsr_seeds"): (1, (1 << 32) - 1),
+    ("Stage", "acc_fwd_bits"): (1, MAX_SUM_BITS),
+    ("Stage", "acc_bwd_bits"): (1, MAX_SUM_BITS),
+    ("Stage", "x_lanes"): (1, None),
+    ("Stage", "x_words"): (1, None),
+    ("Stage", "stash_entries"): (2, None),
+    ("Stage", "x_word_bits"): (1, None),
+    ("Stage", "y_word_bits"): (1, None),
+    ("Stage", "d_word_bits"): (1, None),
+    ("Stage", "gin_bits"): (0, MAX_SUM_BITS),
+    ("Stage", "what_bits"): (2, MAX_SUM_BITS),
+    ("Stage", "x_operand_bits"): (2, MAX_SUM_BITS),
+    ("Stage", "update_stage"): (0, None),
+    ("Stage", "write_stage"): (0, None),
+    ("Stage", "pass_cycles"): (1, None),
+    ("Stage", "attach"): (0, None),
+    ("Stage", "slot_cycles"): (1, 2),
+    ("LossUnit", "classes"): (1, None),
+    ("LossUnit", "exp_lut_frac"): (-64, 64),
+    ("LossUnit", "exp_frac"): (0, MAX_SUM_BITS),
+    ("LossUnit", "exp_lut"): (0, None),
+    ("LossUnit", "recip_frac"): (0, MAX_SUM_BITS),
+    ("LossUnit", "cycles"): (1, None),
+    ("LossUnit", "z_lanes"): (1, None),
+    ("LossUnit", "z_words"): (1, None),
+    ("LossUnit", "z_word_bits"): (1, None),
+    ("Plan", "version"): (PLAN_VERSION, PLAN_VERSION),
+    ("Plan", "in_features"): (1, None),
+    ("Plan", "distance"): (0, None),
+    ("Plan", "round_bits"): (1, 64),
+    ("Plan", "lfsr_poly"): (1, None),
+    ("Plan", "lfsr_width"): (2, 64),
+    ("Plan", "lfsr_leap"): (1, None),
+    ("Plan", "tick_cycles"): (1, None),
+    ("Plan", "ideal_cycles_per_sample"): (1, None),
+    ("Plan", "memory_bits"): (0, None),
+    ("Plan", "multipliers"): (0, None),
+    ("Plan", "memory_budget_bits"): (0, None),
+    ("Plan", "memory_blocks"): (0, None),
+    ("Plan", "const_bits"): (1, MAX_SUM_BITS),
+    ("Plan", "result_fifo_depth"): (2, None),
+    ("Plan", "result_bits"): (1, None),
+    ("Plan", "shift_add_max_terms"): (0, None),
+}
+
+#: Valid values of string fields, by ``(class name, field)``.
+STR_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("Stage", "role"): ("main", "head"),
+    ("MemorySpec", "kind"): MEMORY_KINDS,
+    ("Plan", "ram_family"): tuple(RAM_FAMILIES),
+}
+
+_FIX = "plan.json is written by `pipetrain compile`: recompile the model rather than edit it"
+
+
+def _err(path: str, value: Any, problem: str) -> PlanError:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return PlanError(f"plan field {path} = {text}: {problem} ({_FIX})")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise PlanError(f"plan.json has the key {k!r} twice in one object ({_FIX})")
+        out[k] = v
+    return out
+
+
+def _no_constant(name: str) -> float:
+    raise PlanError(f"plan.json holds {name}, not a finite number ({_FIX})")
+
+
+def plan_from_json(text: str) -> Plan:
+    """Read a plan from :meth:`Plan.to_json` text, checking every field (module docstring).
+
+    Raises :class:`PlanError` (one line: the field's JSON path, its value, what is valid) for
+    invalid JSON, duplicate keys, non-finite numbers, a version other than
+    :data:`~pipetrain.compiler.plan.PLAN_VERSION`, missing or unknown keys, wrong types,
+    out-of-range values and inconsistent derived quantities.
+    """
+    try:
+        d = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise PlanError(
+            f"plan.json is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} "
+            f"({_FIX})"
+        ) from None
+    except RecursionError:
+        raise PlanError(f"plan.json is nested too deeply to be a plan ({_FIX})") from None
+    return plan_from_dict(d)
+
+
+def plan_from_dict(d: Any) -> Plan:
+    """Build a :class:`Plan` from :meth:`Plan.to_dict` output, checking every field (module
+    docstring). Raises :class:`PlanError` naming the field, as :func:`plan_from_json`."""
+    if not isinstance(d, dict):
+        raise PlanError(f"a plan is a JSON object, not {type(d).__name__} ({_FIX})")
+    if d.get("version") != PLAN_VERSION:
+        raise PlanError(
+            f"plan version {d.get('version')!r} is not supported (this pipetrain reads "
+            f"version {PLAN_VERSION}); recompile the model"
+        )
+    plan = _load(Plan, d, "")
+    _check_plan(plan)
+    return plan
+
+
+# -- types and ranges ----------------------------------------------------------------------------
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _load(tp: Any, value: Any, path: str, owner: tuple[str, str] | None = None) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _load(args[0], value, path, owner)
+    if dataclasses.is_dataclass(tp):
+        return _load_dataclass(tp, value, path)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _err(path, value, "must be a JSON array")
+        (arg, *_) = typing.get_args(tp)
+        return tuple(_load(arg, v, f"{path}[{k}]", owner) for k, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _err(path, value, "must be a JSON object")
+        _, vt = typing.get_args(tp)
+        return {k: _load(vt, v, _join(path, k), owner) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        allowed = [m.value for m in tp]
+        if not isinstance(value, str) or value not in allowed:
+            raise _err(path, value, f"must be one of {', '.join(allowed)}")
+        return tp(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _err(path, value, "must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _err(path, value, "must be an integer")
+        lo, hi = INT_RANGES.get(owner, (-INT_LIMIT, None)) if owner else (-INT_LIMIT, None)
+        hi = INT_LIMIT if hi is None else hi
+        if not lo <= value <= hi:
+            raise _err(path, value, f"must be in {lo}..{hi}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _err(path, value, "must be a number")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise _err(path, value, "must be a finite number")
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise _err(path, value, "must be a string")
+        choices = STR_CHOICES.get(owner) if owner else None
+        if choices is not None and value not in choices:
+            raise _err(path, value, f"must be one of {', '.join(choices)}")
+        return value
+    raise _err(path, value, f"has a type this reader does not know ({tp!r})")  # a bug
+
+
+@functools.cache
+def _hints(tp: Any) -> dict[str, Any]:
+    return typing.get_type_hints(tp)
+
+
+def _load_dataclass(tp: Any, value: Any, path: str) -> Any:
+    where = path or "the plan"
+    if not isinstance(value, dict):
+        raise _err(path or "(plan)", value, f"must be a JSON object ({tp.__name__})")
+    fields = dataclasses.fields(tp)
+    names = {f.name for f in fields}
+    extra = sorted(set(value) - names)
+    if extra:
+        raise PlanError(
+            f"plan field {_join(path, extra[0])} is not a field of {tp.__name__} ({where} has "
+            f"unknown key(s) {', '.join(map(repr, extra))}; valid: {', '.join(sorted(names))}) "
+            f"({_FIX})"
+        )
+    missing = [f.name for f in fields if f.name not in value and f.default is not None]
+    if missing:
+        raise PlanError(
+            f"plan field {_join(path, missing[0])} is missing ({where} lacks "
+            f"{', '.join(missing)}) ({_FIX})"
+        )
+    hints = _hints(tp)
+    kw = {
+        f.name: _load(hints[f.name], value[f.name], _join(path, f.name), (tp.__name__, f.name))
+        for f in fields
+        if f.name in value
+    }
+    return tp(**kw)
+
+
+# -- consistency ---------------------------------------------------------------------------------
+def _same(path: str, value: Any, expected: Any, rule: str) -> None:
+    if value != expected:
+        raise _err(path, value, f"must be {rule} = {expected!r}")
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_memories(path: str, memories: Any) -> None:
+    seen: set[str] = set()
+    for k, m in enumerate(memories):
+        p = f"{path}[{k}]"
+        if m.name in seen:
+            raise _err(f"{p}.name", m.name, "must be unique among the memories of its owner")
+        seen.add(m.name)
+        _same(f"{p}.blocks", m.blocks, m.banks * m.blocks_per_bank, "banks × blocks_per_bank")
+
+
+def _check_stage(plan: Plan, i: int) -> None:
+    st = plan.stages[i]
+    p = f"stages[{i}]"
+    N, M, L = st.in_features, st.out_features, st.lanes
+    f = st.formats
+    _same(f"{p}.index", st.index, i + 1, "its position in stages (1-based)")
+    if L > M:
+        raise _err(f"{p}.lanes", L, f"must be in 1..out_features ({M})")
+    _same(f"{p}.row_groups", st.row_groups, _ceil(M, L), "⌈out_features / lanes⌉")
+    _same(f"{p}.cycles_per_tick", st.cycles_per_tick, st.row_groups * (N + 1), "row_groups·(N+1)")
+    _same(f"{p}.stash_depth", st.stash_depth, st.delay + 1, "delay + 1")
+    _same(f"{p}.stash_entries", st.stash_entries, st.stash_depth + 1, "stash_depth + 1")
+    _same(f"{p}.x_words", st.x_words, _ceil(N, st.x_lanes), "⌈in_features / x_lanes⌉")
+    _same(f"{p}.x_word_bits", st.x_word_bits, st.x_lanes * f.x.bits, "x_lanes·x.bits")
+    _same(f"{p}.y_word_bits", st.y_word_bits, L * f.y.bits, "lanes·y.bits")
+    _same(f"{p}.d_word_bits", st.d_word_bits, L * f.d.bits, "lanes·d.bits")
+    _same(f"{p}.input_gradient", st.input_gradient, bool(st.gin_losses), "gin_losses ≠ ()")
+    if st.input_gradient and f.gin is None:
+        raise _err(f"{p}.formats.gin", None, "must be a format: the stage has an input gradient")
+    gin_bits = f.gin.bits if st.input_gradient and f.gin is not None else 0
+    _same(f"{p}.gin_bits", st.gin_bits, gin_bits, "gin.bits with an input gradient, else 0")
+    _same(f"{p}.lfsr_seeds", len(st.lfsr_seeds), L, "one seed per lane: its length")
+    _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
+    _check_memories(f"{p}.memories", st.memories)
+    _same(f"{p}.memory_bits", st.memory_bits, sum(m.bits for m in st.memories), "Σ memory bits")
+    blocks = sum(m.blocks for m in st.memories if m.kind == "bram")
+    _same(f"{p}.memory_blocks", st.memory_blocks, blocks, "Σ blocks of the bram memories")
+    for name, fmt, total in (("w", f.w, "weight_bits"), ("u", f.u, "velocity_bits")):
+        k = next((k for k, m in enumerate(st.memories) if m.name == name), None)
+        if k is None:
+            raise _err(f"{p}.memories", [m.name for m in st.memories], f"must hold {name!r}")
+        m = st.memories[k]
+        _same(f"{p}.memories[{k}].banks", m.banks, L, "one bank per lane")
+        _same(f"{p}.memories[{k}].words", m.words, st.cycles_per_tick, "cycles_per_tick")
+        _same(f"{p}.memories[{k}].width", m.width, fmt.bits, f"{name}.bits")
+        _same(f"{p}.{total}", getattr(st, total), m.bits, f"the bits of memory {name!r}")
+    # what feeds the stage: the input (attach 0), the previous main stage, or a head's source
+    if st.role == "main":
+        _same(f"{p}.attach", st.attach, st.index - 1, "index − 1 for a main stage")
+    if st.attach >= st.index:
+        raise _err(f"{p}.attach", st.attach, f"must name an earlier stage (< {st.index})")
+    if st.attach == 0:
+        _same(f"{p}.in_features", N, plan.in_features, "the plan's in_features")
+        _same(f"{p}.x_lanes", st.x_lanes, 1, "1 for the stage the host writes")
+    else:
+        src = plan.stages[st.attach - 1]
+        _same(f"{p}.in_features", N, src.out_features, f"stage {src.index}'s out_features")
+        _same(f"{p}.x_lanes", st.x_lanes, src.lanes, f"stage {src.index}'s lanes")
+        _same(f"{p}.formats.x", f.x, src.formats.y, f"stage {src.index}'s y format")
+
+
+def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:
+    _same(f"{path}.classes", lu.classes, feeder.out_features, f"stage {feeder.index}'s outputs")
+    _same(f"{path}.z", lu.z, feeder.formats.y, f"stage {feeder.index}'s y format")
+    _same(f"{path}.d", lu.d, feeder.formats.d, f"stage {feeder.index}'s d format")
+    _same(f"{path}.z_lanes", lu.z_lanes, feeder.lanes, f"stage {feeder.index}'s lanes")
+    _same(f"{path}.z_words", lu.z_words, _ceil(lu.classes, lu.z_lanes), "⌈classes / z_lanes⌉")
+    _same(f"{path}.z_word_bits", lu.z_word_bits, lu.z_lanes * lu.z.bits, "z_lanes·z.bits")
+    _check_memories(f"{path}.memories", lu.memories)
+
+
+def _check_train(plan: Plan) -> None:
+    expect = {f.name for f in dataclasses.fields(TrainConfig)} - set(HOST_ONLY_SETTINGS)
+    expect |= {"lr1", "momentum1"}
+    keys = set(plan.train)
+    for k in sorted(keys - expect):
+        raise _err(f"train.{k}", plan.train[k], f"is not a training setting ({sorted(expect)})")
+    for k in sorted(expect - keys):
+        raise PlanError(f"plan field train.{k} is missing ({_FIX})")
+    for k in ("lr1", "momentum1"):
+        _load(float, plan.train[k], f"train.{k}")
+    settings = {k: v for k, v in plan.train.items() if k not in ("lr1", "momentum1")}
+    hints = _hints(TrainConfig)
+    for k, v in sorted(settings.items()):
+        _load(hints[k], v, f"train.{k}")  # the type (the plan keeps the JSON value as it is)
+    try:
+        cfg = TrainConfig.from_dict(settings)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise PlanError(f"plan field train: {exc} ({_FIX})") from None
+    for name in ("schedule", "mitigation", "lwp_form", "strategy", "distance", "rule", "rounding"):
+        _same(name, getattr(plan, name), getattr(cfg, name), f"train.{name}")
+
+
+def _check_plan(plan: Plan) -> None:
+    if not plan.stages:
+        raise _err("stages", [], "must hold at least one stage")
+    roles = [s.role for s in plan.stages]
+    S = roles.count("main")
+    if S == 0 or roles[:S] != ["main"] * S:
+        raise _err("stages", roles, "must list the main stages first, then the heads")
+    for i in range(len(plan.stages)):
+        _check_stage(plan, i)
+    last = plan.stages[S - 1]
+    _check_loss(plan, "loss", plan.loss, last)
+    heads = [s for s in plan.stages[S:] if s.activation == "identity"]
+    _same("head_losses", len(plan.head_losses), len(heads), "one per head's last stage: count")
+    for k, (lu, st) in enumerate(zip(plan.head_losses, heads, strict=True)):
+        _check_loss(plan, f"head_losses[{k}]", lu, st)
+    _check_memories("memories", plan.memories)
+    every = [m for _, m in plan.all_memories()]
+    _same("memory_bits", plan.memory_bits, sum(m.bits for m in every), "Σ bits of every memory")
+    blocks = sum(m.blocks for m in every if m.kind == "bram")
+    _same("memory_blocks", plan.memory_blocks, blocks, "Σ blocks of every bram memory")
+    _same("multipliers", plan.multipliers, sum(s.multipliers for s in plan.stages), "Σ stages'")
+    loss_max = max([plan.loss.cycles] + [lu.cycles for lu in plan.head_losses])
+    tick = tick_cycles(plan.stages, [last, *heads], loss_max)
+    _same("tick_cycles", plan.tick_cycles, tick, "build.tick_cycles of the stages")
+    ideal = tick if plan.schedule == "pb" else sequential_cycles(plan.stages, loss_max)
+    _same("ideal_cycles_per_sample", plan.ideal_cycles_per_sample, ideal, "the schedule's cycles")
+    if not math.isclose(plan.samples_per_s, plan.clock_hz / ideal, rel_tol=1e-12):
+        raise _err("samples_per_s", plan.samples_per_s, f"must be clock_hz / {ideal}")
+    if plan.clock_hz <= 0:
+        raise _err("clock_hz", plan.clock_hz, "must be > 0")
+    if plan.lfsr_poly >> plan.lfsr_width != 1:
+        raise _err("lfsr_poly", plan.lfsr_poly, f"must have degree lfsr_width ({plan.lfsr_width})")
+    if plan.round_bits > plan.lfsr_width:
+        raise _err("round_bits", plan.round_bits, f"must be in 1..lfsr_width ({plan.lfsr_width})")
+    fifo = next((m for m in plan.memories if m.name == "results"), None)
+    if fifo is not None:
+        _same("memories[results].entries", fifo.entries, plan.result_fifo_depth, "the depth")
+        _same("memories[results].width", fifo.width, plan.result_bits, "result_bits")
+    _check_train(plan)
