@@ -211,14 +211,23 @@ def test_functional_tanh_and_sigmoid_follow_their_modules():
         (torch.tanh, nn.Tanh),
         (F.tanh, nn.Tanh),
         (lambda h: h.tanh(), nn.Tanh),
+        (_inplace_ignoring_result(torch.tanh_), nn.Tanh),
+        (_inplace_ignoring_result(lambda h: h.tanh_()), nn.Tanh),
         (torch.sigmoid, nn.Sigmoid),
         (F.sigmoid, nn.Sigmoid),
+        (lambda h: h.sigmoid(), nn.Sigmoid),
+        (_inplace_ignoring_result(torch.sigmoid_), nn.Sigmoid),
+        (lambda h: h.sigmoid_(), nn.Sigmoid),
     ]:
         torch.manual_seed(0)
         fn, twin = _Fn(fn_act), _Twin(mod())
         twin.load_state_dict(fn.state_dict())
+        x = torch.randn(5, 8)
+        assert torch.equal(fn(x.clone()), twin(x.clone()))
         if mod in ACTIVATION_MODULES:
             assert trace(fn, "net") == trace(twin, "net")
+            assert trace(fn, "net").layers[0].activation == ACTIVATION_MODULES[mod]
+            assert _hash(fn) == _hash(twin)  # the plan's activation LUT included
         else:
             with pytest.raises(CompileError, match=f"functional form of nn.{mod.__name__}"):
                 trace(fn, "net")

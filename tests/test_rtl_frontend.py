@@ -2,11 +2,13 @@
 (compiler/frontend.py, docs/architecture.md §1.5) train bit-exact in RTL (Verilator) with the
 golden model, and their plans are those of their all-module twins (same hash).
 
-Default run: the functional twin of ``tests/test_rtl_network.py``'s digits net (64 → 8 → 10):
-its plan is that net's, so it shares that build (one Verilator build for both files, cached by
-the plan). With ``--runslow``: a 10-stage net with every activation form, one Verilator build
-of its own (measured on the project's 2-core machines under load: 58 s of compiler CPU plus
-17–21 s of Verilog generation, ~190 s wall; too long for the default run).
+Default run: the functional twins of the digits nets of ``tests/test_rtl_network.py`` (64 → 8
+→ 10, in-place ``F.relu``, views) and ``tests/test_rtl_activation.py`` (64 → 8 → 6 → 10,
+``torch.tanh``, ``x.sigmoid_()``): their plans are those nets' plans, so they share those builds
+(cached by the plan; no Verilator build of their own). With ``--runslow``: a 10-stage net
+with every ReLU / LeakyReLU form and every reshape form, one Verilator build of its own
+(measured on the project's shared 2-core machine: 58 s of compiler CPU plus 17–21 s of Verilog
+generation, ~190 s wall; too long for the default run).
 """
 
 from __future__ import annotations
@@ -47,18 +49,51 @@ model = Net
 config = {"lr": 0.05, "momentum": 0.9}
 """
 
+#: tests/test_rtl_activation.py's MODEL (64 → 8 Tanh → 6 Sigmoid → 10) with torch.tanh and an
+#: in-place x.sigmoid_()
+FUNCTIONAL_TANH_SIGMOID = """
+import torch
+from torch import nn
 
-def test_functional_digits_net_is_the_module_net_and_bit_exact(tmp_path):
-    from test_rtl_network import TINY_MODEL
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        for name, (a, b) in zip(("0", "2", "4"), ((64, 8), (8, 6), (6, 10))):
+            self.add_module(name, nn.Linear(a, b))
 
-    plans = []
-    for folder, source in [("fn", FUNCTIONAL_TINY), ("module", TINY_MODEL)]:
+    def forward(self, x):
+        h = torch.tanh(getattr(self, "0")(x.view(-1, 64)))
+        h = getattr(self, "2")(h)
+        h.sigmoid_()
+        return getattr(self, "4")(h)
+
+model = Net
+config = {"lr": 0.05, "momentum": 0.9}
+"""
+
+
+def _module_twin(name: str) -> tuple[str, str]:
+    if name == "tiny_digits":
+        from test_rtl_network import TINY_MODEL
+
+        return TINY_MODEL, FUNCTIONAL_TINY
+    from test_rtl_activation import MODEL
+
+    return MODEL, FUNCTIONAL_TANH_SIGMOID
+
+
+@pytest.mark.parametrize("name", ["tiny_digits", "tanh_sigmoid"])
+def test_functional_net_is_its_module_net_and_bit_exact(tmp_path, name):
+    """The functional form of a net another RTL test builds: the same plan (calibrated formats
+    included), so that test's Verilator build serves both."""
+    results = []
+    for folder, source in zip(("module", "fn"), _module_twin(name), strict=True):
         (tmp_path / folder).mkdir()
-        path = tmp_path / folder / "tiny_digits.py"  # the same model name
+        path = tmp_path / folder / f"{name}.py"  # the same model name
         path.write_text(textwrap.dedent(source))
-        plans.append(compile_design(str(path), seed=0, data="digits", writers=()))
-    fn, mod = plans
-    assert fn.plan.hash == mod.plan.hash  # calibrated formats included
+        results.append(compile_design(str(path), seed=0, data="digits", writers=()))
+    mod, fn = results
+    assert fn.plan.hash == mod.plan.hash
     n = 20
     x, y = plan_samples(fn.plan, n, "digits", 0)
     train = [k % 7 != 3 for k in range(n)]
