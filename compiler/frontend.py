@@ -257,8 +257,8 @@ def _nodes_in(value: Any) -> list[fx.Node]:
 class _Chain:
     """The walk over the traced graph: the chain's current value and what is known of it."""
 
-    def __init__(self, model: nn.Module, name: str, first: fx.Node) -> None:
-        self.model, self.name = model, name
+    def __init__(self, model: nn.Module, first: fx.Node) -> None:
+        self.model = model
         self.head: set[fx.Node] = {first}  # nodes holding the current value (in-place aliases)
         self.seen: set[fx.Node] = {first}  # every value the chain held (batch dimension first)
         self.sizes: dict[fx.Node, int | None] = {}  # x.size(d) / x.shape[d] → d; x.size() → None
@@ -275,7 +275,7 @@ class _Chain:
         self.storages: dict[int, str] = {}  # data_ptr → "path.weight"
 
     def not_chained(self, what: str) -> CompileError:
-        if not self.last.users and not self.last_inplace and self.last_kind != "input":
+        if not self.last.users and not self.last_inplace and self.last.op != "placeholder":
             return CompileError(
                 f"the result of {self.last_desc} is never used: {what} takes an earlier value "
                 "(the step is not in place); assign the result (`h = step(h)`) so the next step "
@@ -360,10 +360,8 @@ class _Chain:
                 f"module {path!r} (Linear) expects {mod.in_features} inputs but a sample has "
                 f"{self.features} values after {self.last_desc}: make them equal"
             )
-        self.layers.append(
-            {"name": path, "in": mod.in_features, "out": mod.out_features, "act": "identity"}
-        )
-        self.layers[-1]["slope"] = 0.0
+        layer = {"name": path, "in": mod.in_features, "out": mod.out_features}
+        self.layers.append(layer | {"act": "identity", "slope": 0.0})
         self.features, self.rank, self.last_kind = mod.out_features, 2, "linear"
 
     def activation(self, desc: str, typ: type[nn.Module], slope: Any) -> None:
@@ -499,6 +497,8 @@ def _trace_graph(model: nn.Module, name: str) -> fx.Graph:
         loc = _user_frame(frames)
         at = f" at {loc}" if loc else ""
         first_line = (str(exc).strip().splitlines() or [""])[0]
+        if "'len' is not supported" in first_line:
+            first_line = "len(x) of a traced tensor; write x.size(0) instead"
         if isinstance(exc, TraceError) and "control flow" in str(exc):
             raise CompileError(
                 f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx: it has "
@@ -584,7 +584,7 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
             "hardware streams one input tensor (batch, features): give forward one argument"
         )
     ret = _check_output(graph, model, name)
-    chain = _Chain(model, name, placeholders[0])
+    chain = _Chain(model, placeholders[0])
     for node in graph.nodes:
         if node.op in ("placeholder", "output") or chain.size_query(node):
             continue

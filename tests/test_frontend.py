@@ -378,6 +378,11 @@ REFUSED = {
         ["torch.relu(x)", "follows another activation (F.relu(x)", "remove one"],
     ),
     "operator": (_Step(lambda s, h: h * 2), ["operator 'mul'", "remove it"]),
+    "len(x)": (_Step(pre=lambda x: x.view(len(x), -1)), ["len(x)", "write x.size(0) instead"]),
+    "view of the input never used": (
+        _Step(pre=lambda x: (x.view(x.size(0), -1), x)[1]),
+        ["the result of x.view", "never used", "assign"],
+    ),
 }
 
 
