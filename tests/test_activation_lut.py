@@ -147,3 +147,28 @@ def test_example_model_file_compiles_with_the_lut_in_its_report():
         "stage 1 tanh: LUT of 146 words × 24 bits (step 2^-5, interpolated), max error 0.78125 "
         "LSB of y Q5.10; the stash keeps y (16 bits per output)"
     ) in totals_text(plan)
+
+
+class _Functional(nn.Module):
+    """torch.tanh and F.sigmoid instead of the modules (the front end's functional forms)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.c(torch.nn.functional.sigmoid(self.b(torch.tanh(self.a(x)))))
+
+
+def test_functional_tanh_and_sigmoid_compile_like_the_modules():
+    """Same IR activations and the same LUTs as the nn.Tanh / nn.Sigmoid twin (layer names
+    differ, so the plans' hashes do)."""
+    twin = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(), nn.Linear(5, 3))
+    ir, ir2 = trace(_Functional(), "f"), trace(twin, "f")
+    assert [ly.activation for ly in ir.layers] == ["tanh", "sigmoid", "identity"]
+    assert [ly.activation for ly in ir2.layers] == [ly.activation for ly in ir.layers]
+    luts = [
+        [s.activation_lut for s in build_plan(i, TrainConfig(), lanes=[2, 5, 3]).stages]
+        for i in (ir, ir2)
+    ]
+    assert luts[0] == luts[1] and luts[0][0] is not None and luts[0][1] is not None

@@ -136,9 +136,10 @@ def test_mse_loss_unit_hand_example():
     assert int(loss_raw) == 32767**2 + 1024**2
 
 
-def wide_plan(schedule: str, mitigation: str):
+def wide_plan(schedule: str, mitigation: str, act: str = "relu"):
     """Very wide formats (x Q5.14, d Q3.16, w/u Q2.26 in 29 bits) and a fine exp LUT
-    (step 2^−10, 30-bit entries and reciprocal), nearest-even rounding."""
+    (step 2^−10, 30-bit entries and reciprocal), nearest-even rounding; ``act``: the hidden
+    activation (``tanh``: its LUT for y = Q5.14, step 2^−8)."""
     S = 2
     fs = FormatSpec(
         x=(QFormat(20, 14),) * S,
@@ -150,7 +151,8 @@ def wide_plan(schedule: str, mitigation: str):
     cfg = TrainConfig(
         schedule=schedule, mitigation=mitigation, rounding="nearest_even", lr=0.02, momentum=0.9
     )
-    plan = build_plan(DIGITS_IR, cfg, fs)
+    ir = NetworkIR("mlp-digits", 64, (LayerIR("0", 64, 32, act), LayerIR("2", 32, 10)))
+    plan = build_plan(ir, cfg, fs)
     fl, fe, fr = 10, 30, 30
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(24 << fl))
     loss = dataclasses.replace(plan.loss, exp_lut_frac=fl, exp_frac=fe, recip_frac=fr, exp_lut=lut)
@@ -158,16 +160,22 @@ def wide_plan(schedule: str, mitigation: str):
 
 
 @pytest.mark.parametrize(
-    "schedule,mitigation", [("pb", "none"), ("sequential", "none"), ("pb", "sc+lwp")]
+    "schedule,mitigation,act",
+    [("pb", "none", "relu"), ("sequential", "none", "relu"), ("pb", "sc+lwp", "relu")]
+    + [("pb", "none", "tanh")],
 )
-def test_wide_formats_track_the_float_reference(digits, schedule, mitigation):
+def test_wide_formats_track_the_float_reference(digits, schedule, mitigation, act):
     """Over 200 digits samples every weight stays within 2e-3 of the float64 reference
     (measured ≤ 7.6e-4; weights reach |w| ≈ 2). The residue is the x/δ quantisation (2^−14,
     2^−16) and the exp LUT's 2^−10 index step. With the default 16-bit formats the same run
-    drifts by > 1e-2, so the bound is not loose."""
-    plan, cfg = wide_plan(schedule, mitigation)
+    drifts by > 1e-2, so the bound is not loose. With a tanh hidden layer: within 6e-3
+    (measured 4.5e-3; 3.0e-3 with the exactly rounded tanh instead of the LUT, 3.4e-3 with
+    the exact derivative too — the rest is the same quantisation, which tanh's gradients
+    amplify more than ReLU's), so the LUT (≤ 0.78 LSB of Q5.14) and the derivative from the
+    stashed y track the float tanh."""
+    plan, cfg = wide_plan(schedule, mitigation, act)
     torch.manual_seed(0)
-    model = build_mlp([64, 32, 10]).double()
+    model = build_mlp([64, 32, 10], nn.Tanh if act == "tanh" else nn.ReLU).double()
     g = GoldenModel(plan, model, cfg)
     r = ReferenceTrainer(model, cfg, plan=plan, profile=False)
     x, y = digits.x_train[:200].double(), digits.y_train[:200]
@@ -180,7 +188,7 @@ def test_wide_formats_track_the_float_reference(digits, schedule, mitigation):
     assert gs.keys() == rs.keys()
     err = max((gs[k].double() - rs[k]).abs().max().item() for k in gs)
     moved = max((rs[k] - model.state_dict()[k]).abs().max().item() for k in rs)
-    assert err < 2e-3 and moved > 0.1
+    assert err < (6e-3 if act == "tanh" else 2e-3) and moved > 0.1
     assert g.saturations == 0
 
 
