@@ -137,22 +137,21 @@ _MODULE_HINTS: dict[Callable[..., Any], str] = {
 
 
 def _forms_of(module: type[nn.Module]) -> list[str]:
-    texts = [f.text for f in (*FUNCTION_FORMS.values(), *METHOD_FORMS.values())]
-    kinds = [f.module for f in (*FUNCTION_FORMS.values(), *METHOD_FORMS.values())]
-    return [t for t, m in zip(texts, kinds, strict=True) if m is module]
+    """The spellings of ``module``'s activation that return a new tensor (messages list the
+    in-place ones once, as a rule)."""
+    forms = (*FUNCTION_FORMS.values(), *METHOD_FORMS.values())
+    return [f.text for f in forms if f.module is module and f.inplace is not True]
 
 
 def _supported_text() -> str:
-    acts = ", ".join(
-        f"nn.{m.__name__} (or {', '.join(_forms_of(m))}; in place or not)"
-        for m in ACTIVATION_MODULES
-    )
+    acts = ", ".join(f"nn.{m.__name__} (or {', '.join(_forms_of(m))})" for m in ACTIVATION_MODULES)
     return (
-        f"supported: nn.Linear (with bias), each followed by at most one activation: {acts}; "
-        "anywhere in the chain nn.Flatten(), torch.flatten(x, 1), x.flatten(1), and "
-        "x.view / x.reshape / torch.reshape that keep the batch dimension first "
-        "(x.view(x.size(0), -1), x.view(-1, features)), x.contiguous(), nn.Identity, "
-        "nn.Dropout (compiled as identity); each step applied to the previous one's output"
+        f"supported: nn.Linear (with bias), each followed by at most one activation: {acts}, "
+        "in place or not (inplace=True, x.relu_(), torch.relu_(x), …); anywhere in the chain "
+        "nn.Flatten(), torch.flatten(x, 1), x.flatten(1), and x.view / x.reshape / "
+        "torch.reshape that keep the batch dimension first (x.view(x.size(0), -1), "
+        "x.view(-1, features)), x.contiguous(), nn.Identity, nn.Dropout (compiled as "
+        "identity); each step applied to the previous one's output"
     )
 
 
@@ -574,7 +573,8 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
     """
     if not isinstance(model, nn.Module):
         raise CompileError(
-            f"model {name!r} is a {type(model).__name__}, not a torch.nn.Module; {SUPPORTED_TEXT}"
+            f"model {name!r} is a {type(model).__name__}, not a torch.nn.Module: pass an "
+            f"nn.Module; {SUPPORTED_TEXT}"
         )
     graph = _trace_graph(model, name)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
