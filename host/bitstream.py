@@ -2,12 +2,15 @@
 ``pipetrain build`` and ``deploy``).
 
 :func:`build_design` elaborates an Amaranth top for a :class:`~pipetrain.compiler.targets.Board`
-and runs Yosys → nextpnr → icepack/ecppack through Amaranth's Lattice platform. The result is
-read from nextpnr's ``--report report.json``: achieved vs constrained Fmax and utilisation. A
-build whose inputs (every generated file, the build script and the tool commands) are unchanged
-is reused from ``DIR/build.json`` unless ``force``. ``DIR/build.log`` holds the Yosys and
-nextpnr logs and the build script's output (:func:`build_log`). :func:`deploy_bitstream` loads
-a bitstream with openFPGALoader (ULX3S) or iceprog (iCEBreaker). Source: docs/boards.md.
+and runs Yosys → nextpnr → icepack/ecppack through Amaranth's Lattice platform, with the
+synthesis options of :func:`pipetrain.hdl.synth.platform_overrides` (the post-synthesis
+simulation and the fit guard synthesise with the same script, :mod:`pipetrain.hdl.synth`). The
+result is read from nextpnr's ``--report report.json``: achieved vs constrained Fmax and
+utilisation. A build whose inputs (every generated file, the build script and the tool
+commands) are unchanged is reused from ``DIR/build.json`` unless ``force``. ``DIR/build.log``
+holds the Yosys and nextpnr logs and the build script's output (:func:`build_log`).
+:func:`deploy_bitstream` loads a bitstream with openFPGALoader (ULX3S) or iceprog
+(iCEBreaker). Source: docs/boards.md.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from ..compiler.fit import FitError
 from ..compiler.targets import Board, BoardError
 from ..hdl.boards import platform_class
+from ..hdl.synth import first_error, platform_overrides, synth_cells
 from . import toolchain
 from .toolchain import ToolchainError
 
@@ -94,21 +98,6 @@ def parse_report(report: dict[str, Any], family: str, yosys_log: str = "") -> di
     return {"fmax_mhz": fmax, "clock_mhz": clock, "clocks": clocks, "utilization": util}
 
 
-def synth_cells(yosys_log: str) -> dict[str, int]:
-    """Return ``{cell type: count}`` of the last ``stat`` block (whole design) in a Yosys log."""
-    # Yosys ≥ 0.5x ends with "Count including submodules" blocks; older ones "Number of cells"
-    last = max(yosys_log.rfind("Count including submodules"), yosys_log.rfind("Number of cells"))
-    text = yosys_log[last:] if last >= 0 else yosys_log
-    end = text.find("Executing")
-    text = text if end < 0 else text[:end]
-    cells: dict[str, int] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*(?:(\d+)\s+(?:[\d.]+\s+)?([A-Z]\w*)|([A-Z]\w*)\s+(\d+))\s*$", line)
-        if m:
-            cells[m.group(2) or m.group(3)] = int(m.group(1) or m.group(4))
-    return cells
-
-
 def _ice40_ffs(yosys_log: str) -> int:
     """Sum the ``SB_DFF*`` cell counts of the last ``stat`` block in a Yosys log."""
     return sum(n for c, n in synth_cells(yosys_log).items() if c.startswith("SB_DFF"))
@@ -160,14 +149,6 @@ def pnr_overflow(board: Board, log: str) -> str | None:
     return None
 
 
-def _first_error(log: str) -> str:
-    for line in log.splitlines():
-        if re.search(r"\bERROR\b|error:", line):
-            return line.strip()
-    tail = [x for x in log.strip().splitlines() if x.strip()]
-    return tail[-1].strip() if tail else "(no output)"
-
-
 #: First line of ``build.log`` (the sections follow).
 _LOG_HEADER = "# pipetrain build log: Yosys, nextpnr, then the build script's own output"
 
@@ -216,8 +197,7 @@ def build_design(
     platform = platform_class(board)()
     out = Path(os.path.relpath(Path(out_dir).resolve(), Path.cwd()))
     overrides: dict[str, Any] = {"nextpnr_opts": "--report report.json --timing-allow-fail"}
-    if board.synth_opts:
-        overrides["synth_opts"] = board.synth_opts
+    overrides |= platform_overrides(board)  # the synthesis options (one source: hdl/synth.py)
     plan = platform.prepare(top, name, **overrides)
     h = hashlib.sha256(plan.digest())
     for env in sorted(commands):
@@ -277,9 +257,9 @@ def build_design(
                 f" LUT4; full log: {out / 'build.log'}). Use a smaller network or a bigger board"
             )
         tim = out / f"{name}.tim"
-        detail = _first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""
+        detail = first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""
         raise BuildError(
-            f"the {board.name} build failed: {_first_error(log) or detail} "
+            f"the {board.name} build failed: {first_error(log) or detail} "
             f"(full log: {out / 'build.log'})"
         )
     report_path = out / "report.json"

@@ -27,7 +27,10 @@ from pathlib import Path
 import click
 
 from ...compiler.lanes import parse_lanes
+from ...compiler.targets import BOARDS, BoardError, get_board
+from ...hdl.synth import family_board, yosys_command
 from ...sim.harness import RTLSimError, check_toolchain, check_waves
+from ...sim.postsynth import build_postsynth_network
 from ...sim.stimulus import plan_samples
 from ...sim.tb.network import check_network, network_cached
 from ..flow import compile_design
@@ -35,6 +38,11 @@ from . import cli, emit_json, info, json_option, user_errors
 from .options import hidden_option, simulator_option
 
 __all__ = ["sim_command"]
+
+
+def _cells_line(cells: dict[str, int]) -> str:
+    """``5,770 SB_LUT4, 53 SB_MAC16, …``: the netlist's cells, most numerous first."""
+    return ", ".join(f"{n:,} {c}" for c, n in sorted(cells.items(), key=lambda kv: -kv[1]))
 
 
 @cli.command("sim")
@@ -96,6 +104,20 @@ __all__ = ["sim_command"]
 @click.option(
     "--no-localise", is_flag=True, help="Skip the bisection that names the first differing update."
 )
+@click.option(
+    "--post-synth",
+    "post_synth",
+    type=click.Choice(["ice40", "ecp5"]),
+    default=None,
+    help="Simulate the Yosys netlist for this FPGA family (vendor cell models) instead of the RTL.",
+)
+@click.option(
+    "--board",
+    "board_name",
+    type=click.Choice(sorted(BOARDS)),
+    default=None,
+    help="Compile the plan fitted to this board (and, with --post-synth, its synthesis options).",
+)
 @simulator_option
 @json_option
 @user_errors
@@ -112,6 +134,8 @@ def sim_command(
     rounding: str | None,
     lanes: str | None,
     no_localise: bool,
+    post_synth: str | None,
+    board_name: str | None,
     simulator: str,
     json_out: str | None,
 ) -> None:
@@ -120,6 +144,16 @@ def sim_command(
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     wave_kind = None if waves is None else ("fst" if waves.endswith(".fst") else "vcd")
     check_waves(simulator, wave_kind)  # FST without lz4/zlib: named here, not in a make log
+    board = get_board(board_name) if board_name else None
+    synth_board = None
+    if post_synth is not None:
+        synth_board = board or family_board(post_synth)
+        if synth_board.family != post_synth:
+            raise BoardError(
+                f"--post-synth {post_synth} does not match board {synth_board.name} "
+                f"({synth_board.family}): use --post-synth {synth_board.family} or another board"
+            )
+        yosys_command()  # a missing Yosys is reported before anything is compiled
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
     lane_list = parse_lanes(lanes) if lanes else None
     result = compile_design(
@@ -127,20 +161,35 @@ def sim_command(
         seed=seed,
         data=data,
         hidden=hidden,
+        board=board,
         config_overrides=overrides,
         lanes=lane_list,
         writers=(),
     )
     plan, module = result.plan, result.model
     x, y = plan_samples(plan, samples, data, seed)
-    built = network_cached(plan, simulator=simulator, waves=wave_kind)
-    info(
-        f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
-        f"samples in {simulator}"
-        + ("" if built else "; building the RTL first (new design: 20–60 s)")
-        + "…",
-        json_out,
-    )
+    design, synth = None, None
+    if synth_board is None:
+        built = network_cached(plan, simulator=simulator, waves=wave_kind)
+        info(
+            f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
+            f"samples in {simulator}"
+            + ("" if built else "; building the RTL first (new design: 20–60 s)")
+            + "…",
+            json_out,
+        )
+    else:
+        info(
+            f"simulating {plan.name} ({len(plan.stages)} stages, plan {plan.hash}) on {samples} "
+            f"samples in {simulator}: the {post_synth} netlist ({synth_board.name} synthesis; "
+            "a new design synthesises and builds in minutes)…",
+            json_out,
+        )
+        design, synth = build_postsynth_network(
+            plan, synth_board, simulator=simulator, waves=wave_kind
+        )
+        yosys = "cached" if synth.get("synth_cached") else f"{synth.get('synth_s', 0):.0f} s"
+        info(f"netlist: {_cells_line(synth.get('cells', {}))}; Yosys {yosys}", json_out)
     try:
         report = check_network(
             plan,
@@ -152,12 +201,15 @@ def sim_command(
             ready_prob=backpressure,
             seed=seed,
             localise_first=not no_localise,
-            simulator=simulator,
+            simulator=None if design is not None else simulator,
+            design=design,
         )
     except RTLSimError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     out = report.to_dict()
+    if synth is not None:
+        out["post_synth"] = synth
     if report.bit_exact:
         info(
             f"bit-exact: {samples} samples, {report.cycles_per_sample:.1f} cycles/sample "
