@@ -71,9 +71,11 @@ def test_builtin_without_data_calibrates_on_digits_and_says_so(tmp_path):
     assert out["formats_source"] == "auto"
     assert any("calibrated on 'digits'" in n for n in out["notes"])
     assert "calibrated on 'digits'" in (tmp_path / "a" / "report.md").read_text()
-    args = ["compile", "mlp-digits", "--data", "digits", "--calib-samples", "300", "--out", "b"]
-    given = json.loads(_run([*args, "--json", "-"], tmp_path).stdout)
-    assert given["plan_hash"] == out["plan_hash"]  # the same calibration
+    from pipetrain.host.flow import compile_design
+
+    given = compile_design("mlp-digits", data="digits", calib_samples=300, writers=())
+    assert given.plan.hash == out["plan_hash"]  # the same calibration
+    assert not any("calibrated on" in n for n in given.formats.notes)  # data given: no note
 
 
 @pytest.mark.parametrize(
@@ -116,7 +118,8 @@ def test_open_without_data_compiles_uncalibrated_and_names_data():
 
 
 def test_mlp_takes_hidden_in_compile_and_sim(tmp_path):
-    res = _run(["compile", "mlp", "--hidden", "8", "--out", "o", "--json", "-"], tmp_path)
+    args = ["compile", "mlp", "--hidden", "8", "--calib-samples", "200", "--out", "o"]
+    res = _run([*args, "--json", "-"], tmp_path)
     out = json.loads(res.stdout)
     assert [(s["in_features"], s["out_features"]) for s in out["stages"]] == [(64, 8), (8, 10)]
     bad = _run(["sim", "mlp", "--hidden", "8,x"], tmp_path)  # fails before any RTL build
