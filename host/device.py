@@ -29,6 +29,7 @@ Source: docs/architecture.md §1 (host API), docs/protocol.md §4 (link client).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -51,6 +52,7 @@ from ..protocol.wire import Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel
 from ..sim.trainer import Trainer, accuracy
+from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
 from .client import LinkClient, LinkError, quantise_inputs
 from .flow import compile_design
 from .transport import TcpTransport, Transport, open_transport
@@ -180,6 +182,12 @@ class Device:
         self._pending: list[Future[Any]] = []
         self._closed = False
         self._shadow_results = 0  # golden results already produced when this device started
+        # network counters restored from a checkpoint (link targets): added to the device's
+        self._counter_base: dict[str, Any] | None = None
+        # weight updates the link device's LFSRs had made when its counters were last reset
+        # (0: fresh at open; None: unknown, the device had run samples before)
+        self._lfsr_base: int | None = 0
+        self._link_results: list[Result] = []
 
     # -- shadow (golden model fed the same stream, in a worker thread) --------------------------
     def _to_shadow(self, fn: Any, *args: Any) -> None:
@@ -251,19 +259,43 @@ class Device:
         )
 
     # -- training -------------------------------------------------------------------------------
-    def train(self, x: Any, y: Any, epochs: int = 1, progress: bool | None = None) -> TrainReport:
+    def train(
+        self,
+        x: Any,
+        y: Any,
+        epochs: int = 1,
+        progress: bool | None = None,
+        *,
+        checkpoint: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | None = None,
+        resume: Checkpoint | None = None,
+    ) -> TrainReport:
         """Train on ``x`` (n, N) floats with labels ``y`` (n,) for ``epochs`` passes, one sample
         at a time in :func:`~pipetrain.data.epoch_order`, then flush (every update applied).
 
         ``progress``: a tqdm bar over samples (None: on a TTY for ≥ ``PROGRESS_MIN_SAMPLES``).
-        Raises :class:`DeviceError` for bad shapes/labels or ``epochs < 1``;
-        :class:`~pipetrain.host.client.LinkError` when the link fails.
+
+        Checkpoints (``golden`` and link targets; docs/protocol.md §7): with ``checkpoint_every``
+        = k (samples; default one epoch when ``checkpoint`` or ``resume`` is given) the run
+        flushes after every k samples — the PB stream is cut there, so the numbers are those of
+        a run with that flush period — and writes the state to ``checkpoint`` (a
+        :class:`~pipetrain.host.checkpoint.Checkpoint`, atomically) at each flush. ``resume``
+        restores a checkpoint's state onto this device and continues its run from its position
+        (same plan, data, seed and period): bit for bit what the uninterrupted run computes. The
+        report then covers the whole run (``samples`` = epochs × n, accuracy over all of it).
+
+        Raises :class:`DeviceError` for bad shapes/labels, ``epochs < 1``, ``checkpoint_every
+        < 1`` or checkpoints on the reference target;
+        :class:`~pipetrain.host.checkpoint.CheckpointError` for a checkpoint of another plan or
+        data; :class:`~pipetrain.host.client.LinkError` when the link fails.
         """
         self._check()
         xt, yt = self._xy(x, y)
         assert yt is not None
         if epochs < 1:
             raise DeviceError(f"epochs must be ≥ 1, got {epochs}")
+        if checkpoint is not None or checkpoint_every is not None or resume is not None:
+            return self._train_run(xt, yt, epochs, progress, checkpoint, checkpoint_every, resume)
         n = len(xt)
         t0 = time.perf_counter()
         if self.client is None:
@@ -336,6 +368,248 @@ class Device:
                 raise LinkError(f"{cli._outstanding()} results missing after a flush")
             got += more
         return got
+
+    # -- checkpointed runs (docs/protocol.md §7) ------------------------------------------------
+    def _train_run(
+        self,
+        xt: torch.Tensor,
+        yt: torch.Tensor,
+        epochs: int,
+        progress: bool | None,
+        path: str | os.PathLike[str] | None,
+        every: int | None,
+        resume: Checkpoint | None,
+    ) -> TrainReport:
+        """:meth:`train` with a flush every ``every`` samples, a checkpoint at each flush and
+        optionally a restored start (see there)."""
+        if self.client is None and not isinstance(self.trainer, GoldenModel):
+            raise DeviceError(
+                f"checkpoints need the golden or a link target; {self.target} is the float "
+                "reference trainer"
+            )
+        n = len(xt)
+        total = n * epochs
+        digest = data_digest(xt, yt)
+        if resume is not None:
+            resume.check(self.plan, digest, n, epochs)
+            if resume.seed != self.config.seed:
+                raise CheckpointError(
+                    f"the checkpoint's run streams epoch order seed {resume.seed}, this one "
+                    f"{self.config.seed}: resume with --seed {resume.seed}"
+                )
+            if every is not None and every != resume.every:
+                raise CheckpointError(
+                    f"the checkpoint's run flushes every {resume.every} samples, this one "
+                    f"every {every}: resume with --checkpoint-every {resume.every}"
+                )
+            every = resume.every
+            self._restore(resume)
+            start, base, done = resume.position, resume.epoch_base, list(resume.results)
+        else:
+            start, base, done = 0, self.epochs_trained, []
+        every = n if every is None else every
+        if every < 1:
+            raise DeviceError(f"checkpoint_every must be ≥ 1 sample, got {every}")
+        orders: dict[int, np.ndarray] = {}
+
+        def positions(a: int, b: int) -> np.ndarray:
+            out = []
+            for e in range(a // n, (b - 1) // n + 1):
+                if e not in orders:
+                    orders[e] = epoch_order(n, self.config.seed, base + e).numpy()
+                lo, hi = max(a, e * n) - e * n, min(b, (e + 1) * n) - e * n
+                out.append(orders[e][lo:hi])
+            return np.concatenate(out)
+
+        labels = yt.numpy()
+        cli = self.client
+        xq = (
+            quantise_inputs(xt.numpy(), self.plan)
+            if cli is not None
+            else self.trainer.quantise_input(xt).numpy()
+        )
+        first = cli._accepted if cli is not None else len(self.trainer.results)
+        self._link_results: list[Result] = []
+        got: list[tuple[int, int, bool]] = []
+        t0 = time.perf_counter()
+        bar = self._bar(total - start, progress)
+        p = start
+        try:
+            while p < total:
+                end = min(total, (p // every + 1) * every)
+                idx = positions(p, end)
+                if cli is not None:
+                    for k in range(0, len(idx), _CHUNK):
+                        part = idx[k : k + _CHUNK]
+                        xc, yc = xq[part], labels[part].tolist()
+                        self._link_results += cli.send_samples(xc, yc, True)
+                        self._to_shadow(_shadow_submit, self.shadow, torch.from_numpy(xc), yc)
+                        bar.update(len(part))
+                    self._link_results += self._finish(cli)
+                    self._to_shadow(GoldenModel.flush, self.shadow)
+                else:
+                    g = self.trainer
+                    for i in idx.tolist():
+                        g.submit(torch.from_numpy(xq[i]), int(labels[i]), True)
+                    g.flush()
+                    bar.update(len(idx))
+                p = end
+                self.samples_trained += len(idx)
+                if path is not None:
+                    got = self._run_results(first, p - start)
+                    self._checkpoint(epochs, n, base, every, p, digest, done + got).save(path)
+        finally:
+            bar.close()
+        got = self._run_results(first, total - start)
+        seconds = time.perf_counter() - t0
+        self.epochs_trained = base + epochs
+        self.results += got
+        run = done + got
+        order = positions(0, total)
+        acc = (
+            float(sum(pr == lab for (pr, _, _), lab in zip(run, labels[order], strict=True)))
+            / total
+        )
+        loss = float(np.mean([self._loss(raw) for _, raw, _ in run]))
+        streamed = total - start
+        return TrainReport(
+            total,
+            epochs,
+            seconds,
+            streamed / seconds if seconds > 0 else float("inf"),
+            acc,
+            loss,
+        )
+
+    def _run_results(self, first: int, count: int) -> list[tuple[int, int, bool]]:
+        """The run's result records so far: ``count`` samples from sample number ``first``."""
+        if self.client is None:
+            res = self.trainer.results[first : first + count]
+            return [(r.pred, r.loss_raw, r.train) for r in res]
+        mine = [r for r in self._link_results if ((r.sample - first) & 0xFFFFFFFF) < count]
+        if len(mine) != count:
+            raise DeviceError(f"{len(mine)} results for {count} samples")
+        return [(r.pred, r.loss, r.train) for r in mine]
+
+    def _checkpoint(
+        self,
+        epochs: int,
+        n: int,
+        base: int,
+        every: int,
+        position: int,
+        digest: str,
+        results: list[tuple[int, int, bool]],
+    ) -> Checkpoint:
+        """The state of this device at a flush point (the pipeline is empty)."""
+        S = len(self.plan.stages)
+        if self.client is None:
+            snap = self.trainer.snapshot()
+            memories = [snap["memories"][st.name] for st in self.plan.stages]
+            counters = {
+                "samples_trained": snap["samples_applied"],
+                "ticks": self.trainer.ticks,
+                "saturations": self.trainer.stage_saturations,
+            }
+            lfsr, updates, golden = snap["lfsr"], snap["samples_applied"], snap
+        else:
+            mem = self.client.read_weights()
+            memories = [{k: v.tolist() for k, v in d.items()} for d in mem]
+            raw = self.client.counters()
+            c = self.counters()
+            counters = {k: c[k] for k in ("samples_trained", "ticks", "saturations")}
+            updates = None if self._lfsr_base is None else self._lfsr_base + raw.samples_trained
+            lfsr = [None] * S if updates is None else lfsr_states(self.plan, updates)
+            golden = None
+            if self.shadow is not None:
+                self._sync_shadow()
+                golden = self.shadow.snapshot()
+        return Checkpoint(
+            plan_hash=self.plan.hash,
+            target=self.target,
+            epochs=epochs,
+            samples=n,
+            seed=self.config.seed,
+            epoch_base=base,
+            every=every,
+            position=position,
+            digest=digest,
+            memories=memories,
+            lfsr=lfsr,
+            lfsr_updates=-1 if updates is None else int(updates),
+            counters=counters,
+            golden=golden,
+            results=results,
+        )
+
+    def _restore(self, ck: Checkpoint) -> None:
+        """Put a checkpoint's state onto this device (and its golden shadow).
+
+        Golden target: the snapshot is restored as it is. Link targets cannot write LFSR states
+        or counters, so the state is re-created (*derived*, docs/protocol.md §7): the device
+        must be fresh (no sample since it booted: its LFSRs hold the plan's seeds); it trains
+        ``lfsr_updates`` zero samples, which advance every LFSR exactly as the checkpoint's
+        updates did (the draws do not depend on the data), then the checkpoint's ``w``, ``u``,
+        ``w_prev`` are written over what they did, the counters are reset and the checkpoint's
+        network counters are added by the host from then on."""
+        if self.client is None:
+            if ck.golden is None:
+                raise CheckpointError(
+                    f"the checkpoint was written by the {ck.target} target without a golden "
+                    "shadow; resume it on a link target (sim, serial://, tcp://)"
+                )
+            self.trainer.restore(ck.golden)
+        else:
+            cli = self.client
+            if self.shadow is not None and ck.golden is None:
+                raise CheckpointError(
+                    f"the checkpoint was written by the {ck.target} target without a golden "
+                    "shadow, so the shadow cannot resume: resume with --no-verify"
+                )
+            if self.plan.rounding == "stochastic" and ck.lfsr_updates != 0:
+                if ck.lfsr_updates < 0:
+                    raise CheckpointError(
+                        "the checkpoint does not know the device's LFSR states (its device had "
+                        "run samples before the run began); it can only resume on that device"
+                    )
+                info = cli.hello()
+                if info.accepted != 0:
+                    raise DeviceError(
+                        f"the device has accepted {info.accepted} samples since it booted, so "
+                        "its LFSR states are not the plan's seeds; reset (re-flash) it, then "
+                        "resume"
+                    )
+                self._fast_forward(ck.lfsr_updates)
+            cli.write_weights(
+                [{k: np.asarray(v, np.int64) for k, v in d.items()} for d in ck.memories]
+            )
+            cli.reset_counters()
+            self._counter_base = dict(ck.counters)
+            self._lfsr_base = ck.lfsr_updates
+            if self.shadow is not None:
+                self._sync_shadow()
+                assert ck.golden is not None
+                self.shadow.restore(ck.golden)
+                self._shadow_results = len(self.shadow.results)
+        self.results = []
+        self.epochs_trained = ck.epoch_base
+        self.samples_trained = ck.position
+
+    def _fast_forward(self, updates: int) -> None:
+        """Train ``updates`` all-zero samples (label 0), flush and drop their results: every
+        stage's LFSRs advance by ``updates`` updates (weights are overwritten afterwards)."""
+        cli = self.client
+        assert cli is not None
+        zeros = np.zeros((min(updates, 4096), self.plan.in_features), np.int64)
+        left = updates
+        while left:
+            k = min(left, len(zeros))
+            cli.send_samples(zeros[:k], [0] * k, True)
+            left -= k
+        cli.flush()
+        while cli._outstanding():
+            if not cli.read_results():
+                raise LinkError(f"{cli._outstanding()} results missing after a flush")
 
     # -- inference ------------------------------------------------------------------------------
     def _infer(self, xt: torch.Tensor, yt: torch.Tensor | None) -> torch.Tensor:
@@ -431,7 +705,15 @@ class Device:
         add the engine's counters (docs/protocol.md ``READ_COUNTERS``)."""
         self._check()
         if self.client is not None:
-            return self.client.counters().to_dict()
+            c = self.client.counters().to_dict()
+            b = self._counter_base
+            if b is not None:  # restored from a checkpoint: the run's counters before it
+                c["samples_trained"] += b["samples_trained"]
+                c["ticks"] += b["ticks"]
+                c["saturations"] = [
+                    u + v for u, v in zip(c["saturations"], b["saturations"], strict=True)
+                ]
+            return c
         t = self.trainer
         if isinstance(t, GoldenModel):
             return {
@@ -728,4 +1010,6 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     )
     if dev.shadow is not None:
         dev._shadow_results = len(dev.shadow.results)
+    assert client.info is not None
+    dev._lfsr_base = 0 if client.info.accepted == 0 else None
     return dev

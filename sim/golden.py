@@ -24,7 +24,7 @@ rounding modes and both losses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -278,6 +278,18 @@ class _StageEngine:
             return tuple(int(s) for s in self.spec.lfsr_seeds)
         last, b = self._last_draw
         return tuple(int(s) for s in last[b])
+
+    def set_lfsr_state(self, states: tuple[int, ...] | list[int]) -> None:
+        """Continue the lanes' LFSRs from ``states`` (as :attr:`lfsr_state` returns them; one
+        per lane), dropping the precomputed draw block. Raises :class:`GoldenError` for a wrong
+        lane count; ignored with nearest-even rounding."""
+        if not self.stochastic:
+            return
+        if len(states) != self.L:
+            raise GoldenError(f"stage {self.spec.index}: {len(states)} LFSR states, {self.L} lanes")
+        self.lfsr = LaneLFSRs(tuple(int(v) for v in states), self.lfsr.poly, self.lfsr.leap)
+        self._block, self._block_pos = None, 0
+        self._last_draw = (np.array([states], dtype=np.uint64), 0)
 
     # -- forward (numerics §3) -------------------------------------------------------------
     def w_hat(self, predict: bool) -> torch.Tensor:
@@ -792,6 +804,57 @@ class GoldenModel:
             eng.w = quantise(torch.cat([wt, bs[:, None]], dim=1), eng.fw)[0]
             if eng.w_prev is not None:
                 eng.w_prev = eng.w
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole training state after a flush (which it runs first), as plain Python values:
+        ``memories`` (per stage name ``w``, ``u``[, ``w_prev``]: lists of M rows of N+1 ints),
+        ``lfsr`` (per stage the lanes' states, None with nearest-even rounding),
+        ``saturations`` (:attr:`tensor_saturations`, unclamped), ``samples_trained``,
+        ``samples_applied``, ``clock``, ``seq_ticks``, ``next_id``, ``epochs_trained``.
+        :meth:`restore` takes it back; a model restored from it continues bit for bit like this
+        one (checkpoints, docs/protocol.md §7)."""
+        self.flush()
+        return {
+            "memories": {
+                name: {k: v.tolist() for k, v in d.items()} for name, d in self.memories().items()
+            },
+            "lfsr": [None if e.lfsr_state is None else list(e.lfsr_state) for e in self.stages],
+            "saturations": self.tensor_saturations,
+            "samples_trained": self.samples_trained,
+            "samples_applied": self.samples_applied,
+            "clock": self._clock,
+            "seq_ticks": self._seq_ticks,
+            "next_id": self._next_id,
+            "epochs_trained": self.epochs_trained,
+        }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Set the training state from a :meth:`snapshot` of a model of the same plan (memories,
+        LFSR states, counters, clock, sample numbers); the pipeline is flushed first. Raises
+        :class:`GoldenError` for a snapshot of another shape."""
+        self.flush()
+        try:
+            mem = {
+                name: {k: torch.tensor(v, dtype=torch.int64) for k, v in d.items()}
+                for name, d in snap["memories"].items()
+            }
+            lfsr, sats = snap["lfsr"], snap["saturations"]
+            if len(lfsr) != self.S or len(sats) != self.S + 1:
+                raise GoldenError(f"snapshot of {len(lfsr)} stages; the plan has {self.S}")
+            self.load_memories(mem)
+            for eng, states, by in zip(self.stages, lfsr, sats, strict=False):
+                if states is not None:
+                    eng.set_lfsr_state(states)
+                eng.sat_by = {k: int(by[k]) for k in STAGE_SAT_TENSORS}
+            self._loss_sat = int(sats[-1]["d"])
+            self.samples_trained = int(snap["samples_trained"])
+            self.samples_applied = int(snap["samples_applied"])
+            self._clock, self._seq_ticks = int(snap["clock"]), int(snap["seq_ticks"])
+            self._next_id = int(snap["next_id"])
+            self.epochs_trained = int(snap["epochs_trained"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GoldenError(f"not a golden-model snapshot: {exc}") from exc
+        self._last_entry = None
 
     def weights_hash(self) -> str:
         """SHA-256 (16 hex digits) of every stage's raw w and u — for determinism checks."""

@@ -30,6 +30,7 @@ __all__ = [
     "multiplicative_order_is_full",
     "prime_factors",
     "LaneLFSRs",
+    "jump",
 ]
 
 
@@ -80,6 +81,13 @@ def x_pow(exponent: int, poly: int) -> int:
         base = gf2_mulmod(base, base, poly)
         e >>= 1
     return result
+
+
+def jump(state: int, draws: int, poly: int, leap: int = 32) -> int:
+    """The state after ``draws`` draws of ``leap`` steps from ``state``: a Galois step is a
+    multiplication by x modulo ``poly``, so this is ``state·x^(leap·draws) mod poly`` (*derived*
+    from numerics §6; :meth:`LaneLFSRs.draws` uses the same identity). ``draws`` ≥ 0."""
+    return gf2_mulmod(state, x_pow(leap * draws, poly), poly)
 
 
 def prime_factors(n: int) -> list[int]:

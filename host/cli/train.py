@@ -61,6 +61,7 @@ from ...sim.golden import GoldenModel
 from ...sim.harness import DEFAULT_SIMULATOR, check_toolchain
 from ...sim.trainer import accuracy
 from ...sim.verilator import RTLSimError, ToolchainError
+from ..checkpoint import Checkpoint
 from ..client import LinkError
 from ..device import LINK_SCHEMES, LOCAL_TARGETS, Device, open
 from ..flow import compile_design
@@ -142,6 +143,9 @@ def run_training(
     save: str | None = None,
     board: str | None = None,
     simulator: str = DEFAULT_SIMULATOR,
+    checkpoint: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: Checkpoint | None = None,
 ) -> tuple[dict[str, Any], Device]:
     """Train ``result``'s model on ``target`` for ``epochs`` epochs of ``ds``; return the report
     (module docstring) and the closed device.
@@ -150,11 +154,17 @@ def run_training(
     (``bit_exact``). ``save``: write the trained ``state_dict`` there (``torch.save``).
     ``board``: the board ``result`` was fitted to (reported only). ``simulator``: the RTL
     simulator of the ``sim`` target (:data:`pipetrain.sim.harness.SIMULATORS`).
+    ``checkpoint``, ``checkpoint_every``, ``resume``: :meth:`Device.train`'s checkpoints (flush
+    and write the state every ``checkpoint_every`` samples; continue a run from a
+    :class:`~pipetrain.host.checkpoint.Checkpoint`, refused with another plan before the target
+    is opened; docs/protocol.md §7).
     Raises :class:`PlanError` for an unknown target or data that does not fit the model,
     :class:`TrainCheckError` when the device's trained-sample counter differs from the host's.
     """
     _check_target(target)
     _check_sizes(result, ds)
+    if resume is not None and resume.plan_hash != result.plan.hash:
+        resume.check(result.plan, "", 0, 0)  # names both plan hashes
     t_wall = time.perf_counter()
     if target == "sim":
         check_toolchain(simulator)
@@ -174,7 +184,14 @@ def run_training(
         sim_options=sim_options,
     )
     with dev:
-        rep = dev.train(ds.x_train, ds.y_train, epochs=epochs)
+        rep = dev.train(
+            ds.x_train,
+            ds.y_train,
+            epochs=epochs,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+        )
         test_acc = dev.evaluate(ds.x_test, ds.y_test)
         train_acc = dev.evaluate(ds.x_train, ds.y_train)
         counters = dev.counters()
@@ -220,6 +237,10 @@ def run_training(
     }
     if save:
         report["saved"] = save
+    if checkpoint:
+        report["checkpoint"] = checkpoint
+    if resume is not None:
+        report["resumed_at"] = resume.position
     return report, dev
 
 
@@ -312,6 +333,25 @@ def _file_epochs(model: str) -> int | None:
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."
 )
+@click.option(
+    "--checkpoint",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the run's state to FILE (atomically) at every flush point, for --resume.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Samples between flush points (and checkpoints); default one epoch. The stream is "
+    "flushed there, so a resumed run equals an uninterrupted one with the same value.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Continue the run saved in this checkpoint, bit for bit (same model, data, options).",
+)
 @simulator_option
 @train_config_options
 @json_option
@@ -330,6 +370,9 @@ def train_cmd(
     verify: bool,
     progress: bool | None,
     simulator: str,
+    checkpoint: str | None,
+    checkpoint_every: int | None,
+    resume: str | None,
     json_out: str | None,
     **options: Any,
 ) -> None:
@@ -338,6 +381,9 @@ def train_cmd(
     _check_target(target)
     overrides = config_overrides(options)
     epochs = overrides.pop("epochs", None)
+    ck = Checkpoint.load(resume) if resume else None
+    if epochs is None and ck is not None:
+        epochs = ck.epochs
     if epochs is None:
         epochs = _file_epochs(model) or DEFAULT_EPOCHS
     if epochs < 1:
@@ -345,6 +391,8 @@ def train_cmd(
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
     if save and not Path(save).resolve().parent.is_dir():
         raise PlanError(f"--save {save!r}: the folder does not exist")
+    if checkpoint and not Path(checkpoint).resolve().parent.is_dir():
+        raise PlanError(f"--checkpoint {checkpoint!r}: the folder does not exist")
     ds = load_data(data)
     result = compile_design(
         model,
@@ -371,6 +419,9 @@ def train_cmd(
             save=save,
             board=board_name,
             simulator=simulator,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+            resume=ck,
         )
     except (ToolchainError, RTLSimError, LinkError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -395,6 +446,10 @@ def train_cmd(
     lines += [f"  mismatch: {m}" for m in report["mismatches"]]
     if save:
         lines.append(f"saved: {save}")
+    if resume:
+        lines.append(f"resumed: {resume} from sample {report['resumed_at']} of the run")
+    if checkpoint:
+        lines.append(f"checkpoint: {checkpoint}")
     info("\n".join(lines), json_out)
     emit_json(json_out, report)
     if bit is False:
