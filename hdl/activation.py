@@ -117,7 +117,8 @@ class Activation:
                 q = rhu((1 << (2 * f)) - y * y, f)
             else:
                 q = rhu(y * ((1 << f) - y), f)
-            return rhu(g * q, f)
+            # 0 ≤ q ≤ 2^f: its f + 1 low bits are exact, and g·q is a (d, f + 2)-bit product
+            return rhu(g * q[: f + 1], f)
         return Mux(stashed, g, rhu(const_mul(self.slope.value, g, self.shift_add), self.slope.frac))
 
 

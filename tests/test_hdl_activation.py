@@ -179,3 +179,36 @@ def test_lut_derivative_equals_the_golden_model(function):
     yt = torch.tensor([a for a, _, _ in seen])
     gt = torch.tensor([b for _, b, _ in seen])
     assert [d for _, _, d in seen] == lut_derivative(function, yt, gt, 8).tolist()
+
+
+def test_lut_stage_multipliers_are_the_estimated_ones():
+    """A tanh / sigmoid stage adds exactly 3 variable multipliers per lane to the netlist
+    (interpolation, derivative factor, g × factor; the ReLU net has one forward and one update
+    multiplier per lane, an input-gradient one after stage 1 and the loss unit's,
+    tests/test_hdl_verilog.py), each within the plan's estimate
+    (``compiler.build.multiplier_operands``, from which the board fit counts DSP blocks)."""
+    from collections import Counter
+
+    from pipetrain.compiler.build import multiplier_operands
+    from pipetrain.hdl.resources import design_resources
+
+    plan, _, _ = tiny(acts=("tanh", "sigmoid"))
+    relu = tiny()[0]
+    base = sum(s.lanes * (3 if s.input_gradient else 2) for s in plan.stages) + 1
+    lanes = plan.stages[0].lanes + plan.stages[1].lanes
+    built = Counter(design_resources(plan).variable_multipliers)
+    assert sum(built.values()) == base + 3 * lanes == 35
+    estimated = [
+        op
+        for st, twin in zip(plan.stages[:2], relu.stages[:2], strict=True)
+        for op in multiplier_operands(st)
+        if op not in multiplier_operands(twin)
+    ]
+    assert len(estimated) == 6  # 3 per LUT stage
+    lut_built = [(a, b) for (a, b), n in built.items() for _ in range(n) if max(a, b) < 24]
+    for a, b in lut_built:  # the LUT ones: every other multiplier has a 24-bit w/u operand
+        assert any(max(a, b) <= max(x, y) and min(a, b) <= min(x, y) for x, y in estimated), (
+            a,
+            b,
+            estimated,
+        )
