@@ -16,7 +16,11 @@ field (a JSON path such as ``stages[1].formats.w.bits``) and its valid values ot
 * consistency: the derived quantities the HDL, the golden model and the host read
   (row groups, cycles, stash geometry, stream word widths, pass cycles, memory totals, the
   lanes and formats that link stages and the loss unit, the tick, the training settings) agree
-  with the numbers they are derived from (the formulas of ``compiler/build.py``).
+  with the numbers they are derived from (the formulas of ``compiler/build.py``); the update
+  constants, ŵ / operand / accumulator widths, pipeline stages, multipliers, LFSR seeds,
+  LeakyReLU slope, activation LUT and the loss unit (exp LUT included) must be exactly what
+  the compiler derives from the plan's formats, delays and training settings — so an accepted
+  plan is one the compiler can produce, and the golden model and the HDL agree on it.
 
 Source: *derived* (docs/architecture.md §1.2: the plan is the one source of every hardware
 decision; §1.4: a user error names the problem and the fix).
@@ -33,17 +37,28 @@ import typing
 from enum import Enum
 from typing import Any
 
+from .act_lut import activation_lut
 from .build import (
     HOST_ONLY_SETTINGS,
     MAX_SUM_BITS,
     RAM_FAMILIES,
+    SLOPE_FRAC,
     PlanError,
+    _ceil_log2,
+    _loss_unit,
+    _update_constants,
+    forward_weight_bits,
+    lfsr_seeds,
+    multipliers_per_lane,
     pass_cycles,
     sequential_cycles,
     tick_cycles,
+    update_stage,
+    write_stage,
+    x_operand_bits,
 )
 from .config import ConfigError, TrainConfig
-from .plan import MEMORY_KINDS, PLAN_VERSION, Plan
+from .plan import MEMORY_KINDS, PLAN_VERSION, Const, Plan
 
 __all__ = ["INT_RANGES", "plan_from_dict", "plan_from_json"]
 
@@ -298,6 +313,19 @@ def _same(path: str, value: Any, expected: Any, rule: str) -> None:
         raise _err(path, value, f"must be {rule} = {expected!r}")
 
 
+def _same_fields(path: str, value: Any, expected: Any, rule: str) -> None:
+    """``value == expected`` for two dataclasses, naming the first field that differs."""
+    if value == expected:
+        return
+    for f in dataclasses.fields(expected):
+        a, b = getattr(value, f.name), getattr(expected, f.name)
+        if a != b:
+            if dataclasses.is_dataclass(b) and type(a) is type(b):
+                _same_fields(_join(path, f.name), a, b, rule)
+            _same(_join(path, f.name), a, b, rule)
+    _same(path, value, expected, rule)  # pragma: no cover (a difference outside the fields)
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -312,7 +340,7 @@ def _check_memories(path: str, memories: Any) -> None:
         _same(f"{p}.blocks", m.blocks, m.banks * m.blocks_per_bank, "banks × blocks_per_bank")
 
 
-def _check_stage(plan: Plan, i: int) -> None:
+def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     st = plan.stages[i]
     p = f"stages[{i}]"
     N, M, L = st.in_features, st.out_features, st.lanes
@@ -334,7 +362,35 @@ def _check_stage(plan: Plan, i: int) -> None:
     gin_bits = f.gin.bits if st.input_gradient and f.gin is not None else 0
     _same(f"{p}.gin_bits", st.gin_bits, gin_bits, "gin.bits with an input gradient, else 0")
     _same(f"{p}.lfsr_seeds", len(st.lfsr_seeds), L, "one seed per lane: its length")
+    # the arithmetic's constants and widths: what the compiler derives from the formats, the
+    # delay and the training settings (golden model and HDL both read them, so a changed one
+    # would be a different design than the one these settings describe)
+    seeds = lfsr_seeds(cfg.seed, st.index, L)
+    _same(f"{p}.lfsr_seeds", st.lfsr_seeds, seeds, "build.lfsr_seeds of train.seed")
+    slope = Const.of(st.negative_slope.real, SLOPE_FRAC)
+    _same_fields(f"{p}.negative_slope", st.negative_slope, slope, "Const.of(real, 16)")
+    upd = _update_constants(cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits)
+    _same_fields(f"{p}.update", st.update, upd, "what build derives from train, delay, formats")
+    what = forward_weight_bits(f.w, upd.lwp_horizon, f.u)
+    _same(f"{p}.what_bits", st.what_bits, what, "build.forward_weight_bits")
+    _same(f"{p}.x_operand_bits", st.x_operand_bits, x_operand_bits(f.x), "build.x_operand_bits")
+    acc_fwd = what + f.x.bits + _ceil_log2(N + 1) + 1
+    _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "what_bits + x.bits + ⌈log2(N+1)⌉ + 1")
+    acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+    _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w.bits + d.bits + ⌈log2 M⌉ + 1")
+    _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc), "build.update_stage")
+    ws = write_stage(upd.sc, st.slot_cycles)
+    _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")
     _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
+    mults = L * multipliers_per_lane(st.input_gradient, upd.sc, st.activation)
+    _same(f"{p}.multipliers", st.multipliers, mults, "lanes × build.multipliers_per_lane")
+    if st.activation.lut:
+        if st.activation_lut is None:
+            raise _err(f"{p}.activation_lut", None, f"must be the {st.activation} LUT")
+        lut = activation_lut(st.activation, f.y)
+        _same_fields(f"{p}.activation_lut", st.activation_lut, lut, "build's LUT for y")
+    elif st.activation_lut is not None:
+        raise _err(f"{p}.activation_lut", "{...}", f"must be absent for {st.activation}")
     _check_memories(f"{p}.memories", st.memories)
     _same(f"{p}.memory_bits", st.memory_bits, sum(m.bits for m in st.memories), "Σ memory bits")
     blocks = sum(m.blocks for m in st.memories if m.kind == "bram")
@@ -371,9 +427,13 @@ def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:
     _same(f"{path}.z_words", lu.z_words, _ceil(lu.classes, lu.z_lanes), "⌈classes / z_lanes⌉")
     _same(f"{path}.z_word_bits", lu.z_word_bits, lu.z_lanes * lu.z.bits, "z_lanes·z.bits")
     _check_memories(f"{path}.memories", lu.memories)
+    family = RAM_FAMILIES[plan.ram_family]
+    key = f"s{feeder.index}.y"
+    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family)
+    _same_fields(path, lu, want, "what build derives from kind, classes, formats, lanes")
 
 
-def _check_train(plan: Plan) -> None:
+def _check_train(plan: Plan) -> TrainConfig:
     expect = {f.name for f in dataclasses.fields(TrainConfig)} - set(HOST_ONLY_SETTINGS)
     expect |= {"lr1", "momentum1"}
     keys = set(plan.train)
@@ -393,6 +453,7 @@ def _check_train(plan: Plan) -> None:
         raise PlanError(f"plan field train: {exc} ({_FIX})") from None
     for name in ("schedule", "mitigation", "lwp_form", "strategy", "distance", "rule", "rounding"):
         _same(name, getattr(plan, name), getattr(cfg, name), f"train.{name}")
+    return cfg
 
 
 def _check_plan(plan: Plan) -> None:
@@ -402,8 +463,9 @@ def _check_plan(plan: Plan) -> None:
     S = roles.count("main")
     if S == 0 or roles[:S] != ["main"] * S:
         raise _err("stages", roles, "must list the main stages first, then the heads")
+    cfg = _check_train(plan)
     for i in range(len(plan.stages)):
-        _check_stage(plan, i)
+        _check_stage(plan, i, cfg)
     last = plan.stages[S - 1]
     _check_loss(plan, "loss", plan.loss, last)
     heads = [s for s in plan.stages[S:] if s.activation == "identity"]
@@ -433,4 +495,3 @@ def _check_plan(plan: Plan) -> None:
     if fifo is not None:
         _same("memories[results].entries", fifo.entries, plan.result_fifo_depth, "the depth")
         _same("memories[results].width", fifo.width, plan.result_bits, "result_bits")
-    _check_train(plan)

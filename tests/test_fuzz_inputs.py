@@ -154,6 +154,14 @@ def test_every_plan_round_trips_exactly():
         (lambda d: d.update(schedule="sequential"), "schedule"),  # train says pb
         (lambda d: d.update(memory_bits=d["memory_bits"] + 1), "memory_bits"),
         (lambda d: d["stages"][1].update(pass_cycles=1), "stages[1].pass_cycles"),
+        # the arithmetic: constants and widths the compiler derives
+        (lambda d: d["stages"][2]["update"]["lr"].update(value=7), "stages[2].update.lr.value"),
+        (lambda d: d["stages"][0]["update"].update(sc=False), "stages[0].update.sc"),
+        (lambda d: d["stages"][1].update(acc_fwd_bits=20), "stages[1].acc_fwd_bits"),
+        (lambda d: d["stages"][1].update(what_bits=20), "stages[1].what_bits"),
+        (lambda d: d["stages"][3]["lfsr_seeds"].__setitem__(0, 12345), "stages[3].lfsr_seeds"),
+        (lambda d: d["loss"]["exp_lut"].__setitem__(3, 1), "loss.exp_lut"),
+        (lambda d: d["stages"][0]["negative_slope"].update(value=3), "negative_slope.value"),
     ],
 )
 def test_a_bad_field_is_named(edit, named):
