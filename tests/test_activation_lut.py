@@ -172,3 +172,22 @@ def test_functional_tanh_and_sigmoid_compile_like_the_modules():
         for i in (ir, ir2)
     ]
     assert luts[0] == luts[1] and luts[0][0] is not None and luts[0][1] is not None
+
+
+def test_board_fit_counts_the_lut_multipliers():
+    """The fit counts the 3 LUT multipliers per lane: a 64 → 16 Sigmoid → 10 net needs 9
+    iCE40 SB_MAC16s (the same ReLU net 6) of the iCEBreaker's 8, a FitError with the numbers."""
+    from pipetrain.compiler.fit import FitError
+    from pipetrain.compiler.models import build_mlp
+    from pipetrain.host.flow import compile_design
+
+    with pytest.raises(FitError, match="9 multipliers needed, 8 available") as e:
+        compile_design(build_mlp([64, 16, 10], nn.Sigmoid), board="icebreaker", formats="default")
+    assert e.value.rows["multipliers"] == {"needed": 9, "available": 8}
+    assert isinstance(e.value, UserError)
+    relu = compile_design(build_mlp([64, 16, 10]), board="icebreaker", formats="default").plan
+    assert [s.activation_lut for s in relu.stages] == [None, None]
+    from pipetrain.compiler.fit import plan_totals
+    from pipetrain.compiler.targets import BOARDS
+
+    assert plan_totals(relu, BOARDS["icebreaker"])["hard_multipliers"] == 6
