@@ -859,8 +859,14 @@ def local_trainer(target: str, plan: Plan, model: nn.Module, config: TrainConfig
     if target == "golden":
         return GoldenModel(plan, model, config)
     if target == "reference":
+        from ..compiler.frontend import trace
+        from ..sim.calibrate import ir_sequential
         from ..sim.reference import ReferenceTrainer
 
+        if type(model) not in (nn.Sequential, nn.Linear):
+            # a model class of the user's (functional forms, views): the chain the front end
+            # accepted, sharing the model's Linear modules
+            model = ir_sequential(model, trace(model, plan.name))
         return ReferenceTrainer(model, config, plan=plan, profile=False)
     raise DeviceError(f"{target!r} is not a local target; use one of {', '.join(LOCAL_TARGETS)}")
 

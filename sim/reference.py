@@ -454,7 +454,12 @@ class ReferenceTrainer:
         self.config = config
         self.plan = plan
         parsed = parse_model(model)
-        self._linears = [(spec.name, lin) for spec, lin in parsed]
+        # state_dict keys: the plan's stage names (the user's module paths) when compiled, so a
+        # model class of the user's, run here as the front end's chain, gets its own keys back
+        names = [st.name for st in plan.main_stages] if plan is not None else []
+        if len(names) != len(parsed):
+            names = [spec.name for spec, _ in parsed]
+        self._linears = [(nm, lin) for nm, (_, lin) in zip(names, parsed, strict=True)]
         main_specs = [spec for spec, _ in parsed]
         S = len(main_specs)
         dtype = parsed[0][1].weight.dtype

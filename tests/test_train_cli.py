@@ -141,3 +141,57 @@ def test_board_option_trains_the_bitstreams_plan():
     assert (
         res.exit_code == 2 and "unknown board 'nope'" in res.output and "icebreaker" in res.output
     )
+
+
+FUNCTIONAL_NET = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(40, 8)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = x.view(x.size(0), -1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+torch.manual_seed(0)
+model = Net()
+"""
+
+SEQUENTIAL_TWIN = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(40, 8), nn.ReLU(), nn.Linear(8, 4))
+"""
+
+
+def test_reference_target_trains_a_model_class_with_its_own_keys(npz40, tmp_path):
+    """A model class of the user's (functional ReLU, a view) runs on the float reference
+    trainer as the chain the front end accepted, and its saved state_dict has the class's own
+    keys (fc1.*, fc2.*). Regression: the reference trainer refused anything but
+    nn.Sequential, and its keys were the Sequential's (0.*, 2.*)."""
+    reports = {}
+    for name, text in (("fnet", FUNCTIONAL_NET), ("seq", SEQUENTIAL_TWIN)):
+        (tmp_path / f"{name}.py").write_text(text)
+        out = tmp_path / f"{name}.pt"
+        res = run(
+            "train", str(tmp_path / f"{name}.py"), "--data", npz40, "--target", "reference",
+            "--lr", "0.02", "--save", str(out), "--json", "-",
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        reports[name] = (report_of(res), torch.load(out, weights_only=True))
+    (frep, fstate), (srep, sstate) = reports["fnet"], reports["seq"]
+    assert sorted(fstate) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+    # same initial weights (same seed, same layer order), same reference arithmetic
+    assert frep["test_accuracy"] == srep["test_accuracy"] >= 0.9  # easy problem, chance 0.25
+    for a, b in (("fc1", "0"), ("fc2", "2")):
+        for k in ("weight", "bias"):
+            assert torch.equal(fstate[f"{a}.{k}"], sstate[f"{b}.{k}"])
