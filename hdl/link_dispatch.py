@@ -5,19 +5,22 @@ For each ``frame`` beat: count it (``frames_ok``, ``bad_crc``, ``bad_header`` or
 ``rx_timeouts``); drop a bad frame; answer a retransmission (same seq as the last executed
 command, HELLO excepted) from the response buffer, which is the response cache, without
 executing it; otherwise execute the command, write its response into the response buffer and
-send it. HELLO, FLUSH and the counter commands run here; SAMPLES, READ_RESULTS and the weight
-commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesCommand`,
+send it. HELLO, SESSION, FLUSH and the counter commands run here; SAMPLES, READ_RESULTS and the
+weight commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesCommand`,
 :class:`~pipetrain.hdl.link_results.ReadResults`,
 :class:`~pipetrain.hdl.link_weights.WeightsCommand`), through held ``cmd`` requests.
 
 State memory (*derived*: area on the iCE40UP5K, one EBR): one byte memory holds the response
 buffer (0 .. tx_max−1), then two regions of counters, counter c at byte 4c (LE): the offsets
 latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by a 4-cycle
-read-modify-write). The value slots of the network counters are unused; the constant HELLO
-bytes sit there, ending right before ``accepted``, so HELLO is one 26-byte copy (constants,
-``accepted``, ``results_read``). READ_COUNTERS forms ``value − offset`` a byte per cycle (a
+read-modify-write). The value slots of the network counters are unused; the session tag (4
+bytes, written by SESSION) and the constant HELLO bytes sit there, ending right before
+``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``, ``results_read``);
+the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly all used).
+READ_COUNTERS forms ``value − offset`` a byte per cycle (a
 network counter is latched whole first: it may change while it is read). After reset the
-dispatcher zeroes the counters and offsets (a few hundred cycles, ``busy`` high).
+dispatcher zeroes the counters, offsets and the session tag (a few hundred cycles, ``busy``
+high), so a reset device answers HELLO with tag 0.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import Plan
-from ..protocol.wire import ENGINE_COUNTERS, HELLO_BYTES, NAK, Cmd, LinkParams, NakReason
+from ..protocol.wire import (
+    ENGINE_COUNTERS,
+    HELLO_BYTES,
+    NAK,
+    SESSION_BYTES,
+    Cmd,
+    LinkParams,
+    NakReason,
+)
 from .link_ports import (
     FrameStatus,
     byte_layout,
@@ -72,11 +83,13 @@ class _StateMemory:
         self.cb = max(1, (P.num_counters - 1).bit_length())
         Z = 4 << self.cb  # bytes of a counter region
         self.OB = -(-P.tx_max // (2 * Z)) * (2 * Z)  # offsets region; values at OB + Z
-        self.HB = self.OB + Z + 4 * self.E - (HELLO_BYTES - 8)  # the HELLO constants
+        self.NC = HELLO_BYTES - SESSION_BYTES - 8  # constant HELLO bytes (hash, version, sizes)
+        self.HB = self.OB + Z + 4 * self.E - self.NC  # the HELLO constants
+        self.TB = self.HB - SESSION_BYTES  # the session tag; HELLO copies from here
         self.depth = self.OB + 2 * Z
-        assert self.HB >= self.OB + 4 * P.num_counters  # the constants overlap no used slot
+        assert self.TB >= self.OB + 4 * P.num_counters  # tag and constants overlap no used slot
         init = [0] * self.depth
-        init[self.HB : self.HB + HELLO_BYTES - 8] = P.hello_payload(0, 0)[: HELLO_BYTES - 8]
+        init[self.HB : self.HB + self.NC] = P.hello_payload(0, 0)[SESSION_BYTES : HELLO_BYTES - 8]
         m.submodules.mem = mem = Memory(shape=8, depth=self.depth, init=init)
         self.wr, self.rd = mem.write_port(), mem.read_port()
         self.ra = Signal(range(self.depth), init=self.OB)
@@ -143,10 +156,11 @@ class _StateMemory:
                 m.next = "DONE"
 
     def clear_state(self) -> None:
-        """CLEAR, after reset: zero the counters and offsets (not the HELLO bytes), then IDLE."""
+        """CLEAR, after reset: zero the counters, offsets and session tag (not the constant HELLO
+        bytes), then IDLE."""
         m, ra = self.m, self.ra
         with m.State("CLEAR"):
-            with m.If((ra < self.HB) | (ra >= self.HB + HELLO_BYTES - 8)):
+            with m.If((ra < self.HB) | (ra >= self.HB + self.NC)):
                 self.write(0)
             m.d.comb += self.ra_next.eq(ra + 1)
             with m.If(ra == self.depth - 1):
@@ -198,8 +212,11 @@ class LinkDispatcher(wiring.Component):
             }
         )
 
-    def _parts(self, m: Module, sh: Signal) -> tuple[SamplesCommand, ReadResults, WeightsCommand]:
-        """The command parts, connected to ``net``, ``args`` and the shift register ``sh``."""
+    def _parts(
+        self, m: Module, sh: Signal, args_ready: Signal
+    ) -> tuple[SamplesCommand, ReadResults, WeightsCommand]:
+        """The command parts, connected to ``net``, ``args`` (also taken when ``args_ready``)
+        and the shift register ``sh``."""
         net, args, f = self.net, self.args, self.frame.payload
         m.submodules.samples = samples = SamplesCommand(self.plan, self.params)
         m.submodules.read_results = results = ReadResults(self.params)
@@ -212,7 +229,9 @@ class LinkDispatcher(wiring.Component):
         for part in parts:
             m.d.comb += [part.args.valid.eq(args.valid), part.args.payload.eq(args.payload)]
         m.d.comb += [
-            args.ready.eq(samples.args.ready | results.args.ready | weights.args.ready),
+            args.ready.eq(
+                samples.args.ready | results.args.ready | weights.args.ready | args_ready
+            ),
             samples.word.eq(sh),
             weights.word.eq(sh),
             weights.cmd.payload.write.eq(f.type[3]),  # WRITE_WEIGHTS = 8, READ_WEIGHTS = 7
@@ -228,7 +247,8 @@ class LinkDispatcher(wiring.Component):
         st = _StateMemory(m, self.params)
         f, net = self.frame.payload, self.net
         sh = Signal(32)  # shift register: bytes taken from `args`, counter snapshots
-        samples, results, weights = self._parts(m, sh)
+        args_ready = Signal()  # the dispatcher itself takes `args` (SESSION)
+        samples, results, weights = self._parts(m, sh, args_ready)
         part = _PartSelect(f.type)
         last_seq, have_last = Signal(8), Signal()
         rsp_type = Signal(8)
@@ -279,6 +299,15 @@ class LinkDispatcher(wiring.Component):
                 m.next = "DONE"
 
             st.copy_state("HELLO", HELLO_BYTES)
+
+            with m.State("SESSION"):  # the tag's bytes from `args` into the state memory
+                m.d.comb += args_ready.eq(1)
+                with m.If(self.args.valid):
+                    st.write(self.args.payload.data)
+                    m.d.comb += st.ra_next.eq(st.ra + 1)
+                    m.d.sync += st.bi.eq(st.bi + 1)
+                    with m.If(st.bi == SESSION_BYTES - 1):
+                        m.next = "DONE"
             st.copy_state("ACK", 4)  # SAMPLES: `accepted`
 
             with m.State("FLUSH"):
@@ -309,8 +338,11 @@ class LinkDispatcher(wiring.Component):
         f = self.frame.payload
         with m.Switch(f.type):
             with m.Case(Cmd.HELLO):
-                m.d.comb += st.ra_next.eq(st.HB)
+                m.d.comb += st.ra_next.eq(st.TB)
                 m.next = "HELLO"
+            with m.Case(Cmd.SESSION):  # bi is 0 (set with the DISPATCH defaults)
+                m.d.comb += st.ra_next.eq(st.TB)
+                m.next = "SESSION"
             with m.Case(Cmd.SAMPLES):  # NAK FULL unless the result buffer has room for all
                 with m.If(outstanding + f.records > self.params.result_depth):
                     m.next = "NAK0"

@@ -18,7 +18,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..protocol.wire import SYNC, WEIGHT_HEADER_BYTES, Cmd, LinkParams
+from ..protocol.wire import SESSION_BYTES, SYNC, WEIGHT_HEADER_BYTES, Cmd, LinkParams
 from .link_crc import crc_port_signature
 from .link_ports import FrameStatus, byte_layout, frame_layout
 
@@ -76,6 +76,8 @@ class LinkReceiver(wiring.Component):
                 m.d.comb += ok.eq(length == 0)
             with m.Case(Cmd.READ_RESULTS):
                 m.d.comb += ok.eq(length == 1)
+            with m.Case(Cmd.SESSION):
+                m.d.comb += ok.eq(length == SESSION_BYTES)
             with m.Case(Cmd.READ_WEIGHTS):
                 m.d.comb += ok.eq(length == WEIGHT_HEADER_BYTES)
             with m.Case(Cmd.WRITE_WEIGHTS):

@@ -8,6 +8,7 @@ retransmitted with the same sequence number until its response arrives.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from ..protocol.wire import (
     NAK,
     PROTOCOL_VERSION,
     RESULT_BYTES,
+    SESSION_BYTES,
     Cmd,
     Counters,
     DeviceInfo,
@@ -132,15 +134,17 @@ class LinkClient:
     fails (``ConnectionError``/``OSError``, e.g. a dropped TCP connection or a USB-serial
     adapter that re-enumerated) the client opens a new one (at most ``max_reconnects`` times
     in a row) and sends the outstanding command again with the same sequence number, so the
-    device's response cache keeps it exactly once (docs/protocol.md §3). Before the next
-    command it checks with HELLO that the device's raw ``accepted`` and ``results_read``
-    counters are this session's, and raises :class:`DeviceResetError` otherwise (the device was
-    reset or re-flashed mid-run). Without ``reconnect`` the transport's error propagates.
+    device's response cache keeps it exactly once (docs/protocol.md §3). Before its answer is
+    used it checks with HELLO that the device still carries this session's tag
+    (:meth:`start_session`) and that its raw ``accepted`` and ``results_read`` counters are
+    this session's, and raises :class:`DeviceResetError` otherwise (the device was reset or
+    re-flashed mid-run). Without ``reconnect`` the transport's error propagates.
 
     Members
     -------
     retransmits: commands sent again after a timeout or a reconnect (whole session).
     reconnects: transports opened again after the link failed.
+    session: the tag :meth:`start_session` gave the device (None before).
     samples_sent, train_samples_sent: samples the device acknowledged (exactly once each).
     info: the HELLO response (None before HELLO).
     """
@@ -160,6 +164,7 @@ class LinkClient:
         self._reconnect = reconnect
         self.max_reconnects = max_reconnects
         self.reconnects = 0
+        self.session: int | None = None  # this session's tag on the device (start_session)
         self._recheck = False  # a reconnect happened: check the device before the next command
         self.plan = plan
         self.timeout = timeout
@@ -188,9 +193,6 @@ class LinkClient:
     # -- transactions
     def _transact(self, cmd: Cmd, payload: bytes = b"") -> bytes:
         """Send one command and return the payload of its response (retransmitting as needed)."""
-        if self._recheck and cmd != Cmd.HELLO:
-            self._recheck = False
-            self._check_session(self._accepted, self._read)
         seq = self._seq
         wire = encode_frame(Frame(cmd, seq, payload))
         want = response_type(cmd)
@@ -230,6 +232,8 @@ class LinkClient:
                         continue  # a stale answer to an earlier retransmission
                     if fr.type == want:
                         self._seq = (seq + 1) & 0xFF
+                        if self._recheck and cmd != Cmd.HELLO:
+                            self._after_reconnect(cmd, payload, fr.payload)
                         return fr.payload
                     if fr.type == NAK and len(fr.payload) == 2 and fr.payload[0] == cmd:
                         self._seq = (seq + 1) & 0xFF
@@ -260,10 +264,46 @@ class LinkClient:
         self._recheck = True
         return failures + 1
 
+    def _after_reconnect(self, cmd: Cmd, payload: bytes, response: bytes) -> None:
+        """The command sent again after a reconnect was answered: check the device before its
+        answer is used (the host's books as they will be after this command)."""
+        self._recheck = False
+        accepted, read = self._accepted, self._read
+        if cmd == Cmd.SAMPLES:
+            accepted += len(payload) // self.params.record_bytes
+        elif cmd == Cmd.READ_RESULTS and response:
+            read += response[0]
+        self._check_session(accepted, read & 0xFFFFFFFF)
+
+    def start_session(self, tag: int | None = None) -> int:
+        """Tag the device with this session (SESSION; ``tag``: u32, default a random non-zero
+        one) and return the tag. HELLO reports it until the device is reset (tag 0) or
+        another host sets its own, so a reconnect can tell (docs/protocol.md §3)."""
+        self._ensure()
+        tag = (secrets.randbits(32) or 1) if tag is None else tag & 0xFFFFFFFF
+        self._transact(Cmd.SESSION, tag.to_bytes(SESSION_BYTES, "little"))
+        self.session = tag
+        return tag
+
     def _check_session(self, accepted: int, results_read: int) -> None:
-        """HELLO, and raise :class:`DeviceResetError` unless the device's raw counters are
-        ``accepted`` and ``results_read`` (the host's books after a reconnect)."""
+        """HELLO, and raise :class:`DeviceResetError` unless the device still carries this
+        session's tag (:meth:`start_session`) and its raw counters are ``accepted`` and
+        ``results_read`` (the host's books after a reconnect). The books are left as they were
+        (the caller moves them on)."""
+        books = self._accepted, self._read
         info = self.hello()
+        self._accepted, self._read = books
+        if self.session is not None and info.session != self.session:
+            what = (
+                "it was reset or re-flashed mid-run (tag 0)"
+                if info.session == 0
+                else f"another host tagged it with session {info.session:08x}"
+            )
+            raise DeviceResetError(
+                f"after reconnecting, the device does not carry this session's tag "
+                f"{self.session:08x}: {what}, so its state is not the run's; resume from a "
+                "checkpoint (pipetrain train --resume FILE)"
+            )
         if (info.accepted, info.results_read) != (accepted & 0xFFFFFFFF, results_read):
             raise DeviceResetError(
                 f"after reconnecting, the device reports accepted={info.accepted}, "
@@ -371,9 +411,6 @@ class LinkClient:
                 continue
             acc = int.from_bytes(p[:4], "little")
             if acc != (self._accepted + k) & 0xFFFFFFFF:
-                if self._recheck:  # a reconnect: a reset device names itself here
-                    self._recheck = False
-                    self._check_session(self._accepted + k, self._read)
                 raise LinkError(
                     f"device accepted-sample counter is {acc}, expected {self._accepted + k}: "
                     "a sample was lost or applied twice"

@@ -927,8 +927,8 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
     ``plan_or_model``: a built-in model name, a ``.py`` model file or an ``nn.Module`` (compiled
     here with ``config`` and ``compile_options`` of
     :func:`~pipetrain.host.flow.compile_design`, e.g. ``formats``, ``data``, ``lanes``;
-    without ``data`` a built-in model calibrates on digits and a model file or module compiles
-    with static, uncalibrated formats, with a ``UserWarning`` naming ``data=``);
+    without ``data`` a model that digits fits calibrates on digits, any other compiles with
+    static, uncalibrated formats, with a ``UserWarning`` naming ``data=``);
     a :class:`CompileResult`; or a :class:`Plan` together with ``model=`` (the module whose
     weights start the device and receive :meth:`Device.state_dict`; optional for link targets,
     which then keep the weights they hold).
@@ -990,6 +990,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
             transport, plan, timeout=link_timeout, max_retries=retries, reconnect=reopen
         )
         client.hello()
+        client.start_session()
         client.reset_counters()
         if write_weights and golden is not None:
             mem = golden.memories()

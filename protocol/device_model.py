@@ -174,6 +174,7 @@ class LinkDeviceModel:
         self._crc = bytearray()
         self._last_seq: int | None = None
         self._cached = b""
+        self.session = 0  # the SESSION tag (0 after reset)
         self.accepted = 0
         self.results_read = 0
         self.frames_ok = self.bad_crc = self.bad_header = self.rx_timeouts = self.duplicates = 0
@@ -285,7 +286,10 @@ class LinkDeviceModel:
         P = self.params
         ok = response_type(cmd)
         if cmd == Cmd.HELLO:
-            return ok, P.hello_payload(self.accepted, self.results_read)
+            return ok, P.hello_payload(self.accepted, self.results_read, self.session)
+        if cmd == Cmd.SESSION:
+            self.session = int.from_bytes(p, "little")
+            return ok, b""
         if cmd == Cmd.SAMPLES:
             n = len(p) // P.record_bytes
             if (self.accepted - self.results_read) % (1 << 32) + n > P.result_depth:

@@ -40,6 +40,7 @@ __all__ = [
     "RESULT_BYTES",
     "WEIGHT_HEADER_BYTES",
     "HELLO_BYTES",
+    "SESSION_BYTES",
     "ENGINE_COUNTERS",
     "KIND_NAMES",
     "KIND_CODES",
@@ -61,8 +62,9 @@ __all__ = [
 
 #: Two-byte sync marker that starts every frame.
 SYNC = b"\xa5\x5a"
-#: Protocol version reported by HELLO; the client refuses another one.
-PROTOCOL_VERSION = 1
+#: Protocol version reported by HELLO; the client refuses another one (2: HELLO reports the
+#: session tag that SESSION sets).
+PROTOCOL_VERSION = 2
 #: Bytes before the payload: sync (2), type, seq, len (2).
 HEADER_BYTES = 6
 #: Bytes after the payload: CRC-32, little endian.
@@ -76,8 +78,10 @@ CRC_POLY_REFLECTED = 0xEDB88320
 RESULT_BYTES = 11
 #: Bytes of the fixed header of READ_WEIGHTS / WRITE_WEIGHTS: stage, kind, row, col, count.
 WEIGHT_HEADER_BYTES = 7
-#: Bytes of a HELLO response.
-HELLO_BYTES = 26
+#: Bytes of a HELLO response: session tag (4), hash (8), 10 bytes of sizes, two counters (8).
+HELLO_BYTES = 30
+#: Bytes of the session tag (SESSION payload, first field of HELLO).
+SESSION_BYTES = 4
 #: Engine-side counters appended to the network's counters in READ_COUNTERS, in order.
 ENGINE_COUNTERS = (
     "accepted",
@@ -106,6 +110,7 @@ class Cmd(IntEnum):
     RESET_COUNTERS = 0x06
     READ_WEIGHTS = 0x07
     WRITE_WEIGHTS = 0x08
+    SESSION = 0x09
 
 
 class NakReason(IntEnum):
@@ -323,6 +328,8 @@ class LinkParams:
             return length == 0
         if cmd == Cmd.READ_RESULTS:
             return length == 1
+        if cmd == Cmd.SESSION:
+            return length == SESSION_BYTES
         if cmd == Cmd.READ_WEIGHTS:
             return length == WEIGHT_HEADER_BYTES
         if cmd == Cmd.WRITE_WEIGHTS:
@@ -348,7 +355,7 @@ class LinkParams:
             return length == 4
         if cmd == Cmd.READ_RESULTS:
             return length % RESULT_BYTES == 1 and length <= 1 + RESULT_BYTES * 255
-        if cmd in (Cmd.FLUSH, Cmd.RESET_COUNTERS, Cmd.WRITE_WEIGHTS):
+        if cmd in (Cmd.FLUSH, Cmd.RESET_COUNTERS, Cmd.WRITE_WEIGHTS, Cmd.SESSION):
             return length == 0
         if cmd == Cmd.READ_COUNTERS:
             return length == 4 * self.num_counters
@@ -356,10 +363,11 @@ class LinkParams:
             return length % 4 == 0 and 4 <= length <= 4 * max_words
         return False
 
-    def hello_payload(self, accepted: int, results_read: int) -> bytes:
-        """The HELLO response: hash, version, sizes, then the raw sample counters."""
+    def hello_payload(self, accepted: int, results_read: int, session: int = 0) -> bytes:
+        """The HELLO response: session tag, hash, version, sizes, then the raw sample counters."""
         return (
-            self.plan_hash
+            (session & 0xFFFFFFFF).to_bytes(SESSION_BYTES, "little")
+            + self.plan_hash
             + bytes((PROTOCOL_VERSION, self.max_batch, self.max_words, self.num_stages))
             + self.result_depth.to_bytes(2, "little")
             + self.in_features.to_bytes(2, "little")
@@ -484,12 +492,14 @@ class DeviceInfo:
 
     Members
     -------
+    session: the tag the last SESSION command set (0 after reset or power-up).
     plan_hash: hex string (16 digits) of the plan the design was built from.
     version: protocol version.
     max_batch, max_words, num_stages, result_depth, in_features, x_bits, x_bytes: link sizes.
     accepted, results_read: raw (never reset) sample counters of the engine.
     """
 
+    session: int
     plan_hash: str
     version: int
     max_batch: int
@@ -507,16 +517,18 @@ class DeviceInfo:
         """Parse a HELLO response payload. Raises ValueError on a wrong length."""
         if len(p) != HELLO_BYTES:
             raise ValueError(f"HELLO response has {len(p)} bytes, expected {HELLO_BYTES}")
+        q = p[SESSION_BYTES:]
         return cls(
-            plan_hash=p[0:8].hex(),
-            version=p[8],
-            max_batch=p[9],
-            max_words=p[10],
-            num_stages=p[11],
-            result_depth=int.from_bytes(p[12:14], "little"),
-            in_features=int.from_bytes(p[14:16], "little"),
-            x_bits=p[16],
-            x_bytes=p[17],
-            accepted=int.from_bytes(p[18:22], "little"),
-            results_read=int.from_bytes(p[22:26], "little"),
+            session=int.from_bytes(p[:SESSION_BYTES], "little"),
+            plan_hash=q[0:8].hex(),
+            version=q[8],
+            max_batch=q[9],
+            max_words=q[10],
+            num_stages=q[11],
+            result_depth=int.from_bytes(q[12:14], "little"),
+            in_features=int.from_bytes(q[14:16], "little"),
+            x_bits=q[16],
+            x_bytes=q[17],
+            accepted=int.from_bytes(q[18:22], "little"),
+            results_read=int.from_bytes(q[22:26], "little"),
         )

@@ -242,6 +242,8 @@ def test_sim_resume_is_bit_exact(sim_design, tmp_path):
         v = dev.verify()
         assert v.bit_exact, v.mismatches
         assert dev.counters()["samples_trained"] == 160 == rep.samples
+        # the RTL keeps the session tag the host set (SESSION; HELLO reports it)
+        assert dev.client.hello().session == dev.client.session != 0
     want, got = read(a), read(b)
     for key in ("memories", "lfsr", "lfsr_updates", "counters", "results", "golden"):
         assert got[key] == want[key], key

@@ -168,5 +168,6 @@ def test_bridge_serves_frames_split_across_writes(compiled):
             frames += dec.feed(tr.read(1.0))
         tr.close()
     assert [(f.type, f.seq) for f in frames] == [(0x80 | Cmd.HELLO, 5)]
-    assert frames[0].payload[:8] == bytes.fromhex(result.plan.hash)
+    # session tag 0 (fresh from reset), then the plan hash
+    assert frames[0].payload[:12] == bytes(4) + bytes.fromhex(result.plan.hash)
     assert sim.stats is not None and sim.stats["bytes_in"] == len(wire) + 3

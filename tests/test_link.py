@@ -236,7 +236,9 @@ def _script(params: LinkParams, rng: random.Random, n_cmds: int) -> list[bytes]:
     out.append(frame(Cmd.HELLO))
     out.append(frame(Cmd.RESET_COUNTERS))
     for _ in range(n_cmds):
-        kind = rng.choice(["samples"] * 4 + ["flushread", "counters", "wread", "wwrite", "bad"])
+        kind = rng.choice(
+            ["samples"] * 4 + ["flushread", "counters", "wread", "wwrite", "bad", "session"]
+        )
         if kind == "samples":
             k = rng.randint(1, params.max_batch)
             recs = b"".join(
@@ -270,6 +272,9 @@ def _script(params: LinkParams, rng: random.Random, n_cmds: int) -> list[bytes]:
             vals = b"".join(rng.getrandbits(32).to_bytes(4, "little") for _ in range(n))
             hdr = weight_header(s, rng.randrange(2), rng.randrange(params.stage_rows[s]), col, n)
             out.append(frame(Cmd.WRITE_WEIGHTS, hdr + vals))
+        elif kind == "session":  # set a tag, read it back in HELLO
+            out.append(frame(Cmd.SESSION, rng.getrandbits(32).to_bytes(4, "little")))
+            out.append(frame(Cmd.HELLO))
         else:  # NAK: a weight access out of range
             out.append(frame(Cmd.READ_WEIGHTS, weight_header(params.num_stages, 0, 0, 0, 1)))
         if rng.random() < 0.2:

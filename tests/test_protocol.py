@@ -211,7 +211,10 @@ def _cmd(dev, cmd, seq, payload=b""):
 def test_device_hello_and_duplicate_is_not_reapplied():
     dev, net = make_device()
     r = _cmd(dev, Cmd.HELLO, 0)
-    assert r.type == response_type(Cmd.HELLO) and r.payload[:8] == PARAMS.plan_hash
+    assert r.type == response_type(Cmd.HELLO) and r.payload[4:12] == PARAMS.plan_hash
+    assert r.payload[:4] == bytes(4)  # no session tag since reset
+    assert _cmd(dev, Cmd.SESSION, 9, (0xC0FFEE01).to_bytes(4, "little")).payload == b""
+    assert _cmd(dev, Cmd.HELLO, 9).payload[:4] == (0xC0FFEE01).to_bytes(4, "little")
     rec = encode_record(PARAMS, [1, 2, 3, 4], 1, True)
     first = _cmd(dev, Cmd.SAMPLES, 1, rec * 2)
     again = _cmd(dev, Cmd.SAMPLES, 1, rec * 2)  # retransmission: cached answer
@@ -390,5 +393,5 @@ def test_client_timeout_includes_serial_line_time():
     tr = Slow(dev)
     cli = LinkClient(tr, PLAN, timeout=0.1)
     cli.hello()
-    # HELLO: 10-byte frame + 10 + 26-byte answer = 46 bytes ≈ 47.9 ms at 9600 baud
-    assert 0.1 + 0.040 < tr.seen[0] <= 0.1 + 46 * 10 / 9600
+    # HELLO: 10-byte frame + 10 + 30-byte answer = 50 bytes ≈ 52.1 ms at 9600 baud
+    assert 0.1 + 0.045 < tr.seen[0] <= 0.1 + 50 * 10 / 9600

@@ -108,3 +108,23 @@ def test_reconnects_answer_a_lost_response_from_the_cache():
     assert cli.train(xs, ys) == _expected(xs, ys, 0, True)
     assert len(net.applied) == 30
     assert cli.reconnects >= 5 and dev.duplicates >= 1  # measured: 16 and 5 with this seed
+
+
+def test_the_session_tag_names_a_reset_or_another_host():
+    """With a session tag (SESSION, reported by HELLO) a reset device is recognised even when its
+    counters happen to match, and a device another host tagged is named as such."""
+    for new_tag, what in (
+        (None, r"it was reset or re-flashed mid-run \(tag 0\)"),
+        (7, "another host tagged it with session 00000007"),
+    ):
+        state = {"dev": LinkDeviceModel(PARAMS, ToyNetwork(PARAMS))}
+        first = Dropping(state["dev"], random.Random(0), 0.0)
+        cli = LinkClient(first, PLAN, reconnect=lambda s=state: LoopbackTransport(s["dev"]))
+        tag = cli.start_session(0x5E55)
+        assert tag == 0x5E55 and cli.hello().session == 0x5E55
+        state["dev"] = LinkDeviceModel(PARAMS, ToyNetwork(PARAMS))  # counters 0, like ours
+        if new_tag is not None:
+            state["dev"].session = new_tag
+        first.p = 1.0
+        with pytest.raises(DeviceResetError, match=f"tag 00005e55: {what}"):
+            cli.counters()

@@ -153,7 +153,8 @@ def test_uart_sim_frame_split_across_writes_keeps_the_clock_stopped(tiny_net) ->
             more += dec.feed(tr.read(1.0))
         tr.close()
     assert [(f.type, f.seq) for f in frames] == [(0x80 | Cmd.HELLO, 5)]
-    assert frames[0].payload[:8] == bytes.fromhex(plan.hash)
+    # session tag 0 (fresh from reset), then the plan hash
+    assert frames[0].payload[:12] == bytes(4) + bytes.fromhex(plan.hash)
     counters = Counters.from_words(np.frombuffer(more[0].payload, "<u4").tolist()).to_dict()
     # both frames arrived whole: the split one was not dropped by the receive timeout
     assert counters["frames_ok"] == 2 and counters["rx_timeouts"] == 0, counters
