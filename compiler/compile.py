@@ -114,8 +114,10 @@ def write_report_md(result: CompileResult, folder: Path) -> Sequence[str]:
 ARTIFACT_WRITERS: list[ArtifactWriter] = [write_plan_json, write_report_md]
 
 #: The calibration step: ``calibrate(model, ir, config)`` returns the ranges the auto formats
-#: are chosen from (:class:`pipetrain.sim.calibrate.Calibrator`).
-Calibrate = Callable[[nn.Module, NetworkIR, TrainConfig], Ranges]
+#: are chosen from (:class:`pipetrain.sim.calibrate.Calibrator`), or None when it has no data
+#: for this network (the formats are then :func:`~pipetrain.compiler.formats.static_formats`).
+#: A ``notes`` attribute, read after the call, adds lines to the report's format notes.
+Calibrate = Callable[[nn.Module, NetworkIR, TrainConfig], Ranges | None]
 
 
 def _load(
@@ -201,7 +203,12 @@ def compile_result(
                     "calibrate=pipetrain.sim.calibrate.Calibrator(dataset), or use "
                     "formats='static' or 'default'"
                 )
-            spec = formats_from_ranges(calibrate(model, ir, config), config, ir, fmt_over)
+            ranges = calibrate(model, ir, config)
+            notes = (*notes, *getattr(calibrate, "notes", ()))
+            if ranges is None:  # the calibrator's (default) data does not fit this network
+                spec = static_formats(_weight_max(model, ir), config, ir, fmt_over)
+            else:
+                spec = formats_from_ranges(ranges, config, ir, fmt_over)
         else:
             raise PlanError(
                 f"formats must be 'auto', 'static', 'default' or a FormatSpec, got {formats!r}"

@@ -21,7 +21,9 @@ from torch import nn
 from ..compiler.build import PlanError
 from ..compiler.compile import ARTIFACT_WRITERS, ArtifactWriter, CompileResult, compile_result
 from ..compiler.config import TrainConfig
-from ..compiler.models import BUILTIN_MODELS, build_mlp
+from ..compiler.formats import Ranges
+from ..compiler.ir import NetworkIR
+from ..compiler.models import build_mlp
 from ..compiler.targets import Board, get_board
 from ..data import Dataset, load_data
 from ..hdl.verilog import write_verilog
@@ -33,7 +35,7 @@ __all__ = [
     "DESIGN_WRITERS",
     "compile_design",
     "data_mlp",
-    "default_data",
+    "DefaultDataCalibrator",
 ]
 
 #: Hidden layer sizes of the data-sized ``mlp`` model.
@@ -58,13 +60,33 @@ def data_mlp(ds: Dataset, hidden: str, seed: int) -> nn.Module:
     return build_mlp([ds.features, *sizes, ds.classes])
 
 
-def default_data(model: str | nn.Module) -> str | None:
-    """The data set ``model`` uses when none is given: :data:`DEFAULT_DATA` for a built-in
-    model (they are digits networks) and for ``mlp``; None for a model file or module (its
-    data is unknown: :func:`compile_design` then uses static formats)."""
-    if isinstance(model, str) and (model == "mlp" or model in BUILTIN_MODELS):
-        return DEFAULT_DATA
-    return None
+class DefaultDataCalibrator:
+    """The ``calibrate`` step when the caller gave no data: calibrate on the default data set
+    (:data:`DEFAULT_DATA`) if it fits the network (its features are the network's inputs and
+    its classes fit the outputs), with a note saying so; otherwise return None, so the compile
+    uses static formats (:func:`~pipetrain.compiler.formats.static_formats`, whose note names
+    ``--data FILE.npz``). Source: *derived* (every command's default data set is digits).
+
+    Members
+    -------
+    calibrator: the :class:`~pipetrain.sim.calibrate.Calibrator` on the default data.
+    notes: after a call, the format notes for the report (empty before).
+    """
+
+    def __init__(self, dataset: Dataset, samples: int | None = None) -> None:
+        self.calibrator = Calibrator(dataset, samples)
+        self.notes: tuple[str, ...] = ()
+
+    def __call__(self, model: nn.Module, ir: NetworkIR, config: TrainConfig) -> Ranges | None:
+        ds = self.calibrator.dataset
+        if ds.features != ir.in_features or ds.classes > ir.classes:
+            self.notes = ()
+            return None
+        self.notes = (
+            f"formats calibrated on {ds.name!r}, the default data set (no data given; "
+            "--data FILE.npz calibrates on other data)",
+        )
+        return self.calibrator(model, ir, config)
 
 
 def compile_design(
@@ -85,10 +107,10 @@ def compile_design(
 
     ``data``: ``digits``, a ``.npz`` path or a :class:`~pipetrain.data.Dataset`; it calibrates
     the ``auto`` formats (``calib_samples`` samples, default the whole training run) and sizes
-    ``mlp`` (hidden layers ``hidden``). Without ``data`` (None), a built-in model and ``mlp``
-    use their default data set (:func:`default_data`: digits, said in the format notes), and
-    any other model compiles uncalibrated: ``formats="auto"`` becomes ``"static"`` (the static
-    defaults widened for the initial weights,
+    ``mlp`` (hidden layers ``hidden``). Without ``data`` (None) the default data set
+    :data:`DEFAULT_DATA` (digits) sizes ``mlp`` and calibrates a network it fits (the built-ins
+    and any 64-input model with ≥ 10 outputs; a note says so); any other network compiles
+    uncalibrated with static formats (:class:`DefaultDataCalibrator`,
     :func:`~pipetrain.compiler.formats.static_formats`; its note says how to calibrate).
     ``board``: a board name or
     :class:`~pipetrain.compiler.targets.Board`; the plan is fitted to it (the plan ``pipetrain
@@ -102,19 +124,14 @@ def compile_design(
     :class:`~pipetrain.compiler.fit.FitError`), :class:`~pipetrain.compiler.targets.BoardError`
     for an unknown board and :class:`~pipetrain.data.DataError` for bad data.
     """
-    notes: list[str] = list(options.pop("notes", ()))
+    defaulted = data is None
+    data = DEFAULT_DATA if data is None else data
     auto = isinstance(formats, str) and formats == "auto"
-    if data is None:
-        data = default_data(model)
-        if data is not None and auto:
-            notes.append(
-                f"formats calibrated on {data!r}, the default data set of the built-in model "
-                f"(--data FILE.npz calibrates on other data)"
-            )
-        elif auto:
-            formats = "static"
-    needs_data = model == "mlp" or (isinstance(formats, str) and formats == "auto")
+    needs_data = model == "mlp" or auto
     ds = (data if isinstance(data, Dataset) else load_data(data)) if needs_data else None
+    calibrate = None
+    if ds is not None and auto:
+        calibrate = (DefaultDataCalibrator if defaulted else Calibrator)(ds, calib_samples)
     if model == "mlp":
         assert ds is not None
         seed = (options.get("config_overrides") or {}).get("seed", options.get("seed"))
@@ -127,9 +144,8 @@ def compile_design(
         config,
         out_dir,
         formats=formats,
-        calibrate=Calibrator(ds, calib_samples) if ds is not None else None,
+        calibrate=calibrate,
         board=board,
         writers=DESIGN_WRITERS if writers is None else writers,
-        notes=notes,
         **options,
     )

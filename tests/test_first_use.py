@@ -243,3 +243,19 @@ def test_usage_errors_are_one_line(args, needle, capsys):
     cmd = " ".join(["pipetrain", *args[:1]])
     assert err.count("\n") == 1 and err.startswith("Error: ") and needle in err
     assert err.endswith(f"(see '{cmd} --help')\n")
+
+
+def test_a_model_digits_fits_calibrates_on_digits_without_data():
+    """64 inputs, 10 outputs: the default data set fits, so (as train and build do) the formats
+    are calibrated on digits, with a note; the plan equals the one with data='digits'."""
+    from pipetrain.host.flow import compile_design
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10))
+
+    res = compile_design(net(), calib_samples=100, writers=())
+    assert res.formats.source == "auto"
+    assert res.formats.notes[0].startswith("formats calibrated on 'digits', the default data set")
+    given = compile_design(net(), data="digits", calib_samples=100, writers=())
+    assert given.plan.hash == res.plan.hash and not given.formats.notes

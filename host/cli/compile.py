@@ -8,10 +8,11 @@ the plan to the board (:mod:`pipetrain.compiler.fit`: the plan ``build --board``
 bitstream) and prints the board's needed vs available resources. ``--json FILE`` gets
 :func:`pipetrain.compiler.report.plan_summary` (plus ``board`` and ``fit``).
 
-Formats: calibrated on ``--data`` (``digits`` or a ``FILE.npz``); without it a built-in model
-(and ``mlp``, sized from that data) calibrates on its default data set, digits, and a model
-file compiles uncalibrated with static formats (:func:`pipetrain.compiler.formats.
-static_formats`), which the printed note and ``report.md`` say, with the ``--data`` hint.
+Formats: calibrated on ``--data`` (``digits`` or a ``FILE.npz``); without it a model that the
+default data set, digits, fits (the built-ins, ``mlp`` sized from it, any 64-input model with
+≥ 10 outputs) calibrates on digits, and any other model compiles uncalibrated with static
+formats (:func:`pipetrain.compiler.formats.static_formats`); the printed note and
+``report.md`` say which, with the ``--data`` hint.
 
 Every :class:`~pipetrain.compiler.config.TrainConfig` field has an option here
 (:func:`train_config_options`); they override the model file's ``config``.

@@ -85,9 +85,9 @@ def plan_format_options(func: Callable) -> Callable:
             type=click.Choice(["auto", "static", "default"]),
             default="auto",
             show_default=True,
-            help="auto: calibrate on --data with the float reference trainer (a model file "
-            "without --data: static); static: uncalibrated defaults, w widened for the initial "
-            "weights; default: the static defaults as they are.",
+            help="auto: calibrate on --data with the float reference trainer (no --data and "
+            "a model digits does not fit: static); static: uncalibrated defaults, w widened for "
+            "the initial weights; default: the static defaults as they are.",
         ),
         click.option(
             "--format",
@@ -150,13 +150,13 @@ def parse_memory(text: str) -> int:
 
 def data_option(func: Callable) -> Callable:
     """Add ``--data`` to a command that compiles (``compile``, ``build``): calibration data,
-    default none (:func:`pipetrain.host.flow.compile_design`: a built-in model's own data set,
-    static formats for a model file)."""
+    default none (:func:`pipetrain.host.flow.compile_design`: digits where it fits the model,
+    else static formats)."""
     return click.option(
         "--data",
         default=None,
-        help="Calibration data: digits or a FILE.npz [default: digits for the built-in models "
-        "and mlp; none for a model file: static, uncalibrated formats].",
+        help="Calibration data: digits or a FILE.npz [default: digits where it fits the model "
+        "(and sizes mlp); for any other model static, uncalibrated formats].",
     )(func)
 
 
