@@ -15,22 +15,68 @@ stages take the last main stage's formats. Source: *derived* (range profiling as
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from ..compiler.build import PlanError
+from ..compiler.build import EXP_LUT_FRAC, PlanError, build_plan
 from ..compiler.config import TrainConfig
 from ..compiler.enums import Activation, unknown
-from ..compiler.formats import HEADROOM, Ranges, formats_from_ranges
+from ..compiler.formats import DATA_BITS, HEADROOM, Ranges, format_for_range, formats_from_ranges
 from ..compiler.frontend import trace
 from ..compiler.ir import NetworkIR
 from ..compiler.plan import QFormat
 from ..data import Dataset
+from .golden import GoldenModel
 from .reference import ReferenceTrainer
 
-__all__ = ["Calibrator", "calibrate_ranges", "auto_formats", "ir_sequential"]
+__all__ = [
+    "Calibrator",
+    "InputScaleError",
+    "calibrate_ranges",
+    "golden_ranges",
+    "merge_ranges",
+    "auto_formats",
+    "input_scale_note",
+    "ir_sequential",
+    "GOLDEN_PASSES",
+    "INPUT_SCALE_LIMIT",
+]
+
+#: Golden passes of the calibration (:func:`golden_ranges`) after the float run, at most.
+GOLDEN_PASSES = 2
+#: Inputs whose largest per-feature RMS exceeds this are "far from unit scale": the default
+#: hyperparameters (lr 0.002, momentum 0.9 at batch 1) were chosen on inputs in [0, 1]
+#: (digits), and on the benchmark's ``unscaled`` set (RMS 4.9) the float reference itself
+#: loses 18 pp to the standardised set (derived; benchmarks/formats_check.py).
+INPUT_SCALE_LIMIT = 4.0
+
+
+class InputScaleError(PlanError):
+    """The calibration run on inputs far from unit scale needs logits no 16-bit format holds
+    with the exp LUT's fraction bits; the fix is to standardise the inputs."""
+
+
+def input_scale_note(x: torch.Tensor) -> str | None:
+    """A one-line note when the training inputs x float (n, N) are far from unit scale (a
+    feature's RMS above :data:`INPUT_SCALE_LIMIT`), naming that feature and the fix
+    (standardise per feature over the training set); None otherwise."""
+    if x.numel() == 0:
+        return None
+    xd = x.detach().to(torch.float64)
+    rms = xd.square().mean(dim=0).sqrt()
+    k = int(rms.argmax())
+    if float(rms[k]) <= INPUT_SCALE_LIMIT:
+        return None
+    mean, std = float(xd[:, k].mean()), float(xd[:, k].std())
+    return (
+        f"inputs are far from unit scale (feature {k}: RMS {float(rms[k]):.3g}, mean "
+        f"{mean:.3g}, std {std:.3g}; limit {INPUT_SCALE_LIMIT:g}); training and the formats "
+        "follow these values — standardise each feature over the training set, x = (x - "
+        "mean) / std, before saving the .npz"
+    )
 
 
 def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
@@ -84,12 +130,69 @@ def calibrate_ranges(
         raise PlanError(f"calibration needs at least one sample, got {total}")
     # the trainer copies the parameters: the user's model is not modified
     trainer = ReferenceTrainer(ir_sequential(model, ir), config, profile=True)
+    _stream(trainer, x_sample, y_sample, total)
+    return {s: dict(v) for s, v in trainer.ranges.items()}
+
+
+def merge_ranges(a: Ranges, b: Ranges) -> dict[int, dict[str, float]]:
+    """Per stage and tensor the larger of two range records (tensors of either)."""
+    out = {int(s): {k: float(v) for k, v in t.items()} for s, t in a.items()}
+    for s, t in b.items():
+        row = out.setdefault(int(s), {})
+        for k, v in t.items():
+            row[k] = max(row.get(k, 0.0), float(v))
+    return out
+
+
+def _stream(trainer, x: torch.Tensor, y: torch.Tensor, total: int) -> None:
+    """Train ``total`` samples of x, y: full passes, then the first samples for the rest."""
+    n = int(x.shape[0])
     full, rest = divmod(total, n)
     if full:
-        trainer.train(x_sample, y_sample, epochs=full)
+        trainer.train(x, y, epochs=full)
     if rest:
-        trainer.train(x_sample[:rest], y_sample[:rest], epochs=1)
-    return {s: dict(v) for s, v in trainer.ranges.items()}
+        trainer.train(x[:rest], y[:rest], epochs=1)
+
+
+def golden_ranges(
+    model: nn.Module,
+    ir: NetworkIR,
+    config: TrainConfig,
+    ranges: Ranges,
+    x_sample: torch.Tensor,
+    y_sample: torch.Tensor,
+    samples: int | None = None,
+    passes: int = GOLDEN_PASSES,
+    headroom: float = HEADROOM,
+) -> dict[int, dict[str, float]]:
+    """Widen float-calibrated ``ranges`` by the fixed-point trajectory: build the plan of the
+    formats the ranges give (:func:`formats_from_ranges`, the compiler's default lanes and
+    constants), train the golden model (``profile=True``) on the same ``samples`` samples of
+    x (n, N), y (n,), and take per tensor the larger of the two maxima (:func:`merge_ranges`;
+    the golden maxima are before the clamp, so a tensor the run saturated gets the range it
+    needed). Repeat, at most ``passes`` golden runs, until the formats stop changing.
+
+    Why: the float reference's ranges are those of the float trajectory; the fixed-point run
+    rounds every product and update, drifts from it, and a tensor whose float maximum sat
+    close to its format's edge can leave it (derived; measured in benchmarks/formats_check.py,
+    docs/architecture.md §4.2). Ranges only grow, so the formats only widen and the loop ends.
+    Returns the merged ranges (those of ``ranges`` kept, e.g. ``p``). Raises
+    :class:`PlanError` for a plan the ranges cannot build (a diverged float run).
+    """
+    total = int(x_sample.shape[0]) * config.epochs if samples is None else int(samples)
+    merged = merge_ranges(ranges, {})
+    formats = formats_from_ranges(merged, config, ir, headroom=headroom)
+    for _ in range(passes):
+        plan = build_plan(ir, config, formats)
+        g = GoldenModel(plan, model, config, profile=True)
+        _stream(g, x_sample, y_sample, total)
+        merged = merge_ranges(merged, g.ranges)
+        wider = formats_from_ranges(merged, config, ir, headroom=headroom)
+        if wider.x == formats.x and wider.d == formats.d and wider.w == formats.w:
+            if wider.u == formats.u and wider.logits == formats.logits:
+                break
+        formats = wider
+    return merged
 
 
 def auto_formats(
@@ -101,8 +204,11 @@ def auto_formats(
     overrides: Mapping[str, QFormat] | None = None,
     headroom: float = HEADROOM,
     ir: NetworkIR | None = None,
+    golden_passes: int = 0,
 ):
-    """Calibrate on the data and pick the formats: :func:`calibrate_ranges` then
+    """Calibrate on the data and pick the formats: :func:`calibrate_ranges`, with
+    ``golden_passes`` > 0 widened by :func:`golden_ranges` (the compile flow's
+    :class:`Calibrator` runs :data:`GOLDEN_PASSES`; 0 here keeps the float ranges), then
     :func:`~pipetrain.compiler.formats.formats_from_ranges` (a
     :class:`~pipetrain.compiler.build.FormatSpec` with ``ranges`` kept).
 
@@ -112,21 +218,33 @@ def auto_formats(
     if ir is None:
         ir = trace(model, type(model).__name__, config.loss)
     ranges = calibrate_ranges(model, ir, config, x_sample, y_sample, samples)
+    if golden_passes > 0:
+        ranges = golden_ranges(
+            model, ir, config, ranges, x_sample, y_sample, samples, golden_passes, headroom
+        )
     return formats_from_ranges(ranges, config, ir, overrides, headroom)
 
 
 class Calibrator:
     """The ``calibrate`` callable of :func:`~pipetrain.compiler.compile.compile_result`.
 
-    ``Calibrator(dataset, samples)(model, ir, config)`` checks that the data fits the network
-    and returns :func:`calibrate_ranges` on its training set.
+    ``Calibrator(dataset, samples, golden_passes)(model, ir, config)`` checks that the data
+    fits the network, runs :func:`calibrate_ranges` on its training set (``samples`` samples,
+    default the whole training run) and widens the ranges by up to ``golden_passes`` golden
+    runs (:func:`golden_ranges`; 0 keeps the float ranges; skipped for auxiliary heads, which
+    the golden model does not run). Inputs far from unit scale (:func:`input_scale_note`) give
+    a warning (``warnings.warn``: the compile result's warnings).
 
     Raises :class:`PlanError` naming the data and the model when the feature or class counts
-    differ (fix: ``--data FILE.npz`` with matching data, or the data-sized model ``mlp``).
+    differ (fix: ``--data FILE.npz`` with matching data, or the data-sized model ``mlp``), and
+    :class:`InputScaleError` when such inputs drove the float run's logits beyond what a
+    16-bit logit format holds with the exp LUT's fraction bits (fix: standardise).
     """
 
-    def __init__(self, dataset: Dataset, samples: int | None = None) -> None:
-        self.dataset, self.samples = dataset, samples
+    def __init__(
+        self, dataset: Dataset, samples: int | None = None, golden_passes: int = GOLDEN_PASSES
+    ) -> None:
+        self.dataset, self.samples, self.golden_passes = dataset, samples, golden_passes
 
     def __call__(self, model: nn.Module, ir: NetworkIR, config: TrainConfig) -> Ranges:
         ds = self.dataset
@@ -141,4 +259,20 @@ class Calibrator:
                 f"data {ds.name!r} has {ds.classes} classes but model {ir.name!r} has "
                 f"{ir.classes} outputs; give the model {ds.classes} outputs or use 'mlp'"
             )
-        return calibrate_ranges(model, ir, config, ds.x_train, ds.y_train, self.samples)
+        note = input_scale_note(ds.x_train)
+        if note:
+            warnings.warn(note, stacklevel=2)
+        ranges = calibrate_ranges(model, ir, config, ds.x_train, ds.y_train, self.samples)
+        S = len(ir.layers)
+        logits = float(ranges.get(S, {}).get("y", 0.0))
+        if note and format_for_range(logits, DATA_BITS).frac <= EXP_LUT_FRAC:
+            raise InputScaleError(
+                f"the calibration run's logits reach {logits:.4g}, more than a {DATA_BITS}-bit "
+                f"logit format with {EXP_LUT_FRAC + 1} fraction bits holds, because the {note}"
+            )
+        heads = config.strategy != "global"
+        if self.golden_passes < 1 or heads:
+            return ranges
+        return golden_ranges(
+            model, ir, config, ranges, ds.x_train, ds.y_train, self.samples, self.golden_passes
+        )
