@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import board_cache  # noqa: E402
+import link_soak  # noqa: E402
 import measure  # noqa: E402
 import memory_scaling  # noqa: E402
 import run as bench  # noqa: E402
@@ -200,3 +201,19 @@ def test_board_result_reuses_a_report_of_the_same_hardware(tmp_path: Path) -> No
     )
     rec = board_cache.board_result("mlp-digits", board.name, cache_dir=tmp_path, build=False)
     assert rec["status"] == "missing"
+
+
+@pytest.mark.parametrize("rate", link_soak.RATES)
+def test_link_soak_loses_and_doubles_nothing(rate) -> None:
+    """A tiny run of benchmarks/link_soak.py through the device model at each error rate:
+    lost = 0, applied twice = 0, weights read back, counters agree; faults were injected
+    (every rate but 0) and cost retransmissions."""
+    row = link_soak.soak_model(600, rate, seed=1)
+    assert row["frames"] >= 600 and row["samples_sent"] > 0
+    assert row["lost"] == 0 and row["applied_twice"] == 0
+    assert row["weights_ok"] and row["counters_ok"]
+    assert row["trained"] <= row["samples_sent"]
+    if rate >= 0.01:
+        assert row["faults"] > 0 and row["retransmits"] > 0
+    if rate == 0:
+        assert row["faults"] == row["retransmits"] == 0
