@@ -54,6 +54,7 @@ __all__ = [
     "synth_cache_root",
     "synth_cells",
     "synth_commands",
+    "design_rtlil",
     "synthesize",
     "synthesize_board_design",
     "yosys_command",
@@ -283,6 +284,16 @@ def synthesize(
     return Netlist(
         board.family, board.name, top, entry / "netlist.v", cells, script, synth_s, False
     )
+
+
+def design_rtlil(top: Any, board: Board, name: str) -> str:
+    """The RTLIL of ``top`` (e.g. ``NetworkTop(plan)``, whose ports become the module's) as
+    elaborated for ``board``'s platform, so platform-dependent parts take their vendor form
+    (:class:`~pipetrain.hdl.spram.SinglePortRAM` → ``SB_SPRAM256KA`` on iCE40, as in the
+    bitstream)."""
+    from amaranth.back import rtlil
+
+    return rtlil.convert(top, name=name, platform=platform_class(board)(), emit_src=False)
 
 
 def synthesize_board_design(

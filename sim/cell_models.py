@@ -283,6 +283,14 @@ def cell_models(family: str) -> str:
     if family not in ("ice40", "ecp5"):
         raise ValueError(f"unknown FPGA family {family!r}: use ice40 or ecp5")
     text = _inline(yosys_share() / family / "cells_sim.v", set())
+    # ``$error`` in a generate branch (TRELLIS_COMB's unsupported modes) is SystemVerilog: the
+    # same stop at time 0 in Verilog-2005
+    text = re.sub(
+        r"^(\s*)\$error\((.*)\);\s*$",
+        r"\1initial begin $display(\2); $finish; end",
+        text,
+        flags=re.M,
+    )
     if family == "ecp5":
         text = _drop_module(text, "DP16KD") + dp16kd_verilog() + MULT18X18D_V
     return text

@@ -8,8 +8,10 @@ the board's bitstream synthesis (:func:`pipetrain.hdl.synth.synthesize`: the sam
 (vendor cells) + the cell models (:func:`pipetrain.sim.cell_models.cell_models`) → the RTL
 harness (:func:`pipetrain.sim.harness.cached_design`, Verilator or Icarus) → the same run and
 comparison as ``pipetrain sim`` (:func:`pipetrain.sim.tb.network.check_network` with the
-design). Only the network top is synthesised (the ports of docs/ports.md survive synthesis);
-the board top's UART and link engine are not part of it.
+design). Only the network top is synthesised (the ports of docs/ports.md survive synthesis),
+elaborated for the board's platform (so the iCEBreaker plan's SPRAM stages are
+``SB_SPRAM256KA`` cells, as in the bitstream); the board top's UART and link engine are not
+part of it.
 
 Simulators: both work; Verilator (the default) is the one to use beyond the tiny nets — the
 netlist is thousands of cell instances, which Icarus interprets one event at a time (measured:
@@ -99,12 +101,10 @@ def build_postsynth_network(
     facts: dict[str, Any] = {}
 
     def generate() -> str:
-        from amaranth.back import rtlil
-
-        from ..hdl.synth import synthesize
+        from ..hdl.synth import design_rtlil, synthesize
         from ..hdl.top import NetworkTop
 
-        text = rtlil.convert(NetworkTop(plan), name=TOPLEVEL, emit_src=False)
+        text = design_rtlil(NetworkTop(plan), board, TOPLEVEL)
         net = synthesize(text, board, TOPLEVEL, timeout_s=synth_timeout_s)
         facts.update(
             cells=net.cells, script=list(net.script), synth_s=net.synth_s, synth_cached=net.cached

@@ -68,3 +68,141 @@ def test_mult18x18d_model_is_multiplication() -> None:
     want = [[(_value(a, sa) * _value(b, sb)) % (1 << 36), sa | sb] for a, b, sa, sb in vectors]
     bad = [(v, g, w) for v, g, w in zip(vectors, got, want, strict=True) if g != w]
     assert not bad, bad[:5]
+
+
+def test_synth_commands_are_the_bitstream_scripts() -> None:
+    """The netlist's synthesis commands are those of the board's bitstream build: the lines
+    Amaranth's platform template renders for the overrides ``build_design`` passes (board
+    ``synth_opts`` included; nextpnr's options do not reach the Yosys script)."""
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.hdl.board import BoardTop, Loopback
+    from pipetrain.hdl.boards import platform_class
+    from pipetrain.hdl.synth import platform_overrides, synth_commands
+
+    want = {"icebreaker": ("synth_ice40 -dsp -top top",), "ulx3s-85f": ("synth_ecp5 -top top",)}
+    for name, commands in want.items():
+        board = get_board(name)
+        assert synth_commands(board, "top") == commands
+        overrides = {"nextpnr_opts": "--report report.json"} | platform_overrides(board)
+        plan = platform_class(board)().prepare(BoardTop(board, Loopback), "top", **overrides)
+        script = [" ".join(ln.split()) for ln in plan.files["top.ys"].splitlines()]
+        assert all(c in script for c in commands), script
+
+
+@pytest.fixture(scope="module")
+def tiny_net():
+    from pipetrain.sim.fixed import quantise
+    from tiny_net import tiny, tiny_stream
+
+    plan, model, _ = tiny()
+    x, y, train = tiny_stream(4)
+    return plan, model, quantise(x, plan.stages[0].formats.x)[0], y.tolist(), train
+
+
+#: Hard blocks the tiny net's netlist must contain (else the cell models are not exercised).
+_HARD = {"ice40": ("SB_MAC16", "SB_RAM40_4K"), "ecp5": ("MULT18X18D",)}
+
+
+@needs_yosys
+@pytest.mark.icarus
+@pytest.mark.parametrize("family", ["ice40", "ecp5"])
+def test_tiny_net_post_synth_bit_exact(family: str, tiny_net) -> None:
+    """The tiny net synthesised for ``family`` (the family's board's bitstream synthesis) and
+    simulated with the vendor cell models in Icarus equals the golden model bit for bit:
+    results, weights, velocities, counters. Four samples: the netlist simulates at tens of
+    cycles per second in Icarus (docs/architecture.md §6)."""
+    from pipetrain.hdl.synth import family_board
+    from pipetrain.sim.postsynth import build_postsynth_network
+    from pipetrain.sim.tb.network import check_network
+
+    plan, model, x, y, train = tiny_net
+    design, synth = build_postsynth_network(plan, family_board(family), simulator="icarus")
+    assert synth["family"] == family and all(synth["cells"].get(c, 0) > 0 for c in _HARD[family])
+    rep = check_network(plan, model, x, y, train, design=design, localise_first=False)
+    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
+    S = len(plan.stages)
+    assert rep.extra["ticks"] == len(x) + 2 * S - 1  # docs/ports.md: bubbles count, flush too
+    assert rep.extra["samples_trained"] == sum(train)
+
+
+#: Fit-guard calibration (derived): the iCEBreaker ``mlp-digits`` board design (plan
+#: 1474a47a663528de) synthesises to 3,617 SB_LUT4 + 2,333 SB_DFF* + 1,143 SB_CARRY = 7,093 cells
+#: and nextpnr packs it into 5,147 logic cells (docs/boards.md §4): 0.7257 LC per synthesised
+#: logic cell. A logic cell holds one LUT4, one flip-flop and one carry, so the count packing
+#: reaches lies between max(LUT4, FF, CARRY) and their sum; the guard scales the sum.
+_LC_PER_CELL = 5147 / 7093
+
+
+def _logic_cells(cells: dict[str, int]) -> int:
+    lut = cells.get("SB_LUT4", 0)
+    ff = sum(n for c, n in cells.items() if c.startswith("SB_DFF"))
+    return round((lut + ff + cells.get("SB_CARRY", 0)) * _LC_PER_CELL)
+
+
+@needs_yosys
+def test_icebreaker_mlp_digits_fits_after_synthesis() -> None:
+    """Fit guard: the iCEBreaker ``mlp-digits`` board design (UART + link engine + network,
+    the plan ``pipetrain build mlp-digits --board icebreaker`` uses), synthesised exactly as
+    the bitstream build does (Yosys only, no place and route), fits the UP5K: the estimated
+    logic cells (:data:`_LC_PER_CELL`) and every hard block within the device. Margin when
+    calibrated: 5,147 of 5,280 LCs (133 LCs, 2.5 %). Cold: Yosys 2–8 min on a loaded 2-core
+    machine; the netlist is cached by the design's RTLIL (hdl/synth.py), so a run whose HDL is
+    unchanged takes seconds."""
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.hdl.board import BoardTop, network_core
+    from pipetrain.hdl.synth import synthesize_board_design
+    from pipetrain.host.bitstream import synth_overflow
+    from pipetrain.host.flow import compile_design
+
+    board = get_board("icebreaker")
+    plan = compile_design("mlp-digits", board=board, writers=()).plan
+    net = synthesize_board_design(board, BoardTop(board, lambda: network_core(plan)))
+    assert net.cells["SB_LUT4"] > 1000 and net.cells.get("SB_SPRAM256KA") == 4  # the real design
+    assert synth_overflow(board, net.cells) == []
+    lcs = _logic_cells(net.cells)
+    assert lcs <= board.luts, (
+        f"~{lcs} logic cells after packing (estimated from {net.cells}), {board.luts} available"
+    )
+
+
+@needs_yosys
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "board", "hard"),
+    [
+        ("ice40", "icebreaker", {"SB_MAC16": 6, "SB_SPRAM256KA": 4}),
+        ("ecp5", "ulx3s-85f", {"MULT18X18D": 38}),
+    ],
+)
+def test_mlp_digits_post_synth_bit_exact_with_board_plan(family, board, hard, tmp_path) -> None:
+    """``pipetrain sim mlp-digits --post-synth FAMILY --board BOARD --samples 20``: the board's
+    fitted plan, synthesised with the board's bitstream synthesis, in Verilator with the vendor
+    cell models, bit-exact with the golden model; the netlist has the board build's hard
+    blocks (docs/boards.md §4: 6 SB_MAC16 and 4 SPRAMs; 38 MULT18X18D)."""
+    import json
+
+    from click.testing import CliRunner
+    from pipetrain.host.cli import cli
+
+    out = tmp_path / "sim.json"
+    args = ["sim", "mlp-digits", "--post-synth", family, "--board", board, "--samples", "20"]
+    res = CliRunner().invoke(cli, [*args, "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert rep["bit_exact"] and rep["samples"] == 20 and rep["mismatches"] == 0
+    assert rep["post_synth"]["board"] == board
+    assert {c: rep["post_synth"]["cells"].get(c) for c in hard} == hard
+
+
+@needs_yosys
+def test_post_synth_family_must_match_the_board() -> None:
+    """``--post-synth ecp5 --board icebreaker`` is a user error (one line, exit 2), raised before
+    anything is compiled."""
+    from click.testing import CliRunner
+    from pipetrain.host.cli import cli
+
+    args = ["sim", "mlp-digits", "--post-synth", "ecp5", "--board", "icebreaker"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2
+    assert "Error: --post-synth ecp5 does not match board icebreaker (ice40)" in res.output
+    assert "Traceback" not in res.output

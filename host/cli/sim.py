@@ -207,6 +207,8 @@ def sim_command(
     except RTLSimError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    if design is not None:
+        report.build_s = design.build_s  # synthesis + netlist build (0 when cached)
     out = report.to_dict()
     if synth is not None:
         out["post_synth"] = synth
