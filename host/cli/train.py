@@ -39,6 +39,13 @@ counts link frames sent again (null for ``golden`` and ``reference``, which have
 ``saturations`` are the fixed-point saturation counters (0 for ``reference``, float);
 ``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
 table. The printed summary shows only the lines that apply to the target.
+
+Checkpoints (docs/protocol.md §7): ``--checkpoint FILE`` flushes every ``--checkpoint-every N``
+samples (default one epoch) and saves the run's state there atomically; ``--resume FILE``
+continues that run bit for bit (same model, data and options; the epochs default to the
+checkpoint's, a larger ``--epochs`` extends the run). With a resume the report covers the whole
+run (``train_samples``, ``online_accuracy``) and adds ``resumed_at`` (the run's sample it
+continued from); ``checkpoint`` names the file written.
 """
 
 from __future__ import annotations
