@@ -24,6 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
         regress_seed()
     except RegressSeedError as exc:
         raise pytest.UsageError(str(exc)) from None
+    global _SEED_LINE
+    _SEED_LINE = _seed_line()  # once: HEAD may move while a long run goes on
     config.addinivalue_line(
         "markers", "icarus: runs the RTL in Icarus Verilog (skipped when iverilog is missing)"
     )
@@ -39,12 +41,15 @@ def _seed_line() -> str:
     )
 
 
+_SEED_LINE = ""
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    return _seed_line()
+    return _SEED_LINE
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(_seed_line())
+    terminalreporter.write_line(_SEED_LINE)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
