@@ -17,6 +17,12 @@ steady-state mean spacing of result records; ``sim_cycles_per_s`` = total_cycles
 ``waves``: the wave file's absolute path (with ``--waves``). Every field: README.md
 (``pipetrain sim --json``).
 Exit status 1 when the RTL is not bit-exact.
+
+``--post-synth ice40|ecp5`` simulates the board's Yosys netlist instead of the RTL
+(:mod:`pipetrain.sim.postsynth`: the bitstream build's synthesis script, the vendor cell
+models); ``--board NAME`` compiles the plan fitted to that board and, with ``--post-synth``,
+takes its synthesis options (default: the family's first board). The JSON adds ``post_synth``
+(``family``, ``board``, ``cells``, ``script``, ``synth_s``, ``synth_cached``).
 """
 
 from __future__ import annotations
