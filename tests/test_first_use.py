@@ -245,6 +245,28 @@ def test_usage_errors_are_one_line(args, needle, capsys):
     assert err.endswith(f"(see '{cmd} --help')\n")
 
 
+def test_an_internal_error_is_one_line_unless_asked(monkeypatch, capsys):
+    """A bug of pipetrain's (not a UserError) reaches the user as one 'Internal error:' line
+    naming the exception and PIPETRAIN_TRACEBACK, exit 1; with PIPETRAIN_TRACEBACK=1 the
+    exception itself propagates (its traceback)."""
+    import pipetrain.host.cli as cli_mod
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("state_dict keys\n  differ")
+
+    monkeypatch.setattr(cli_mod.cli, "main", broken)
+    monkeypatch.delenv("PIPETRAIN_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_mod.main(["train"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("Internal error: RuntimeError: state_dict")
+    assert "keys differ" in err and "PIPETRAIN_TRACEBACK=1" in err
+    monkeypatch.setenv("PIPETRAIN_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="state_dict keys"):
+        cli_mod.main(["train"])
+
+
 def test_a_model_digits_fits_calibrates_on_digits_without_data():
     """64 inputs, 10 outputs: the default data set fits, so (as train and build do) the formats
     are calibrated on digits, with a note; the plan equals the one with data='digits'."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -110,7 +111,9 @@ _NO_ARGS_IS_HELP: type[Exception] = getattr(
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: :data:`cli` on ``args`` (default ``sys.argv[1:]``), with a
     usage error (an unknown option, a bad value) printed as one line — ``Error: <click's
-    message> (see 'pipetrain CMD --help')`` — instead of click's usage block, exit status 2."""
+    message> (see 'pipetrain CMD --help')`` — instead of click's usage block, exit status 2.
+    Any other exception is a pipetrain bug: one ``Internal error:`` line, exit status 1 (the
+    traceback with ``PIPETRAIN_TRACEBACK=1``)."""
     try:
         rv = cli.main(args=args, prog_name="pipetrain", standalone_mode=False)
     except _NO_ARGS_IS_HELP as exc:  # a group called bare: click prints its help
@@ -124,7 +127,16 @@ def main(args: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt):
         click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except Exception as exc:  # a bug of pipetrain's, not the user's: one line, unless asked
+        if os.environ.get("PIPETRAIN_TRACEBACK"):
+            raise
+        click.echo(
+            f"Internal error: {type(exc).__name__}: {' '.join(str(exc).split())} — this is a "
+            "pipetrain bug; rerun with PIPETRAIN_TRACEBACK=1 for the traceback and report it",
+            err=True,
+        )
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
