@@ -15,6 +15,7 @@ stages take the last main stage's formats. Source: *derived* (range profiling as
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 
@@ -225,6 +226,26 @@ def auto_formats(
     return formats_from_ranges(ranges, config, ir, overrides, headroom)
 
 
+def _check_finite(ranges: Ranges, config: TrainConfig, note: str | None) -> None:
+    """Raise when the float calibration run diverged (a range is NaN or infinite), naming the
+    first such tensor (stage, kind) and the fix: standardising when the inputs are far from
+    unit scale (``note``, :class:`InputScaleError`), else a lower learning rate."""
+    bad = [
+        (s, k, v)
+        for s, kinds in sorted(ranges.items())
+        for k, v in sorted(kinds.items())
+        if not math.isfinite(float(v))
+    ]
+    if not bad:
+        return
+    s, k, v = bad[0]
+    where = f"stage {s} tensor {k!r} reached {v}" if s else f"the input reached {v}"
+    head = f"the float calibration run diverged at lr {config.lr:g} ({where})"
+    if note:
+        raise InputScaleError(f"{head}, because the {note}")
+    raise PlanError(f"{head}; train with a lower --lr (or lr= in the config)")
+
+
 class Calibrator:
     """The ``calibrate`` callable of :func:`~pipetrain.compiler.compile.compile_result`.
 
@@ -263,6 +284,7 @@ class Calibrator:
         if note:
             warnings.warn(note, stacklevel=2)
         ranges = calibrate_ranges(model, ir, config, ds.x_train, ds.y_train, self.samples)
+        _check_finite(ranges, config, note)
         S = len(ir.layers)
         logits = float(ranges.get(S, {}).get("y", 0.0))
         if note and format_for_range(logits, DATA_BITS).frac <= EXP_LUT_FRAC:

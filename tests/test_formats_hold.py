@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from pipetrain.compiler.build import PlanError
 from pipetrain.compiler.compile import compile_result
 from pipetrain.data import Dataset
 from pipetrain.host.cli import cli
@@ -184,6 +185,27 @@ def test_input_scale_note_and_error_name_the_fix() -> None:
     assert input_scale_note(z.x_train) is None
     r = compile_design(model, data=z, config_overrides={"epochs": 4}, writers=())
     assert not any("unit scale" in w for w in r.warnings)
+
+
+def test_a_diverged_calibration_names_the_tensor_and_the_fix() -> None:
+    """A float calibration run that diverges (NaN ranges) is one error naming the stage, the
+    tensor and the fix — standardising when the inputs are far from unit scale (a ×50 set),
+    a lower --lr otherwise (lr 1e4 on unit-scale data) — not 'a calibrated range is not
+    finite'. Regression: the trial's ×50 data gave only that message, with no scale warning."""
+    from sklearn.datasets import make_classification
+
+    x, y = make_classification(
+        n_samples=400, n_features=20, n_informative=10, n_classes=5, random_state=0
+    )
+    x, y = torch.tensor(x * 50, dtype=torch.float32), torch.tensor(y)  # the trial's ×50 set
+    far = Dataset("x50", x[:300], y[:300], x[300:], y[300:])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5))
+    with pytest.raises(InputScaleError, match=r"diverged at lr .*stage \d tensor .*standardise"):
+        compile_design(model, data=far, config_overrides={"epochs": 1}, writers=())
+    with pytest.raises(PlanError, match=r"diverged at lr 10000 .*stage \d .*lower --lr") as e:
+        compile_design(_net(), data=_blobs(), config_overrides={"lr": 1e4}, writers=())
+    assert not isinstance(e.value, InputScaleError)
 
 
 def test_far_inputs_warn_in_the_compile_result() -> None:
