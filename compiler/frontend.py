@@ -130,10 +130,24 @@ METHOD_FORMS: dict[str, Form] = {
 }
 
 #: Functions with a module twin the front end accepts: the fix a refusal names.
+#: The loss unit applies softmax and cross-entropy to the last Linear's output (the logits).
+_SOFTMAX_HINT = (
+    "the loss unit applies softmax cross-entropy to the last Linear's output itself, so "
+    "forward returns the logits: remove the softmax (train with nn.CrossEntropyLoss on them)"
+)
+
 _MODULE_HINTS: dict[Callable[..., Any], str] = {
     F.dropout: "use an nn.Dropout module (compiled as identity)",
     F.linear: "use an nn.Linear module",
+    F.softmax: _SOFTMAX_HINT,
+    F.log_softmax: _SOFTMAX_HINT,
+    torch.softmax: _SOFTMAX_HINT,
+    torch.log_softmax: _SOFTMAX_HINT,
 }
+
+#: Hints for methods (``x.softmax(1)``) and module types, by name / type.
+_METHOD_HINTS: dict[str, str] = {"softmax": _SOFTMAX_HINT, "log_softmax": _SOFTMAX_HINT}
+_TYPE_HINTS: dict[type[nn.Module], str] = {nn.Softmax: _SOFTMAX_HINT, nn.LogSoftmax: _SOFTMAX_HINT}
 
 
 def _forms_of(module: type[nn.Module]) -> list[str]:
@@ -562,7 +576,8 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
     Raises :class:`CompileError` (one line, naming the module path or source line and a fix)
     for a non-Module ``model``; a graph fx cannot trace (data-dependent control flow, a
     ``TraceError``); several inputs or outputs; an unsupported module, function, method or
-    operator (``nn.LSTM``, ``nn.Conv2d``, ``nn.Tanh``, ``torch.sin``, ``x + 1``); a direct use of
+    operator (``nn.LSTM``, ``nn.Conv2d``, ``torch.sin``, ``x + 1``; a softmax at the end is
+    named: the loss unit applies it); a bare ``nn.Linear`` as the model (wrap it); a direct use of
     a parameter (``F.linear(x, self.fc.weight)``); a graph that is not a chain (skip
     connections, a step whose result is never used); a module with parameters called twice; a
     Parameter shared by two Linear layers (tied weights, found by identity and by storage — not
@@ -575,6 +590,12 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
         raise CompileError(
             f"model {name!r} is a {type(model).__name__}, not a torch.nn.Module: pass an "
             f"nn.Module; {SUPPORTED_TEXT}"
+        )
+    if type(model) in WEIGHT_MODULES:  # the root itself: its forward reads its own weight
+        raise CompileError(
+            f"model {name!r} is a bare nn.{type(model).__name__}; a stage is a Linear module "
+            f"called inside the model: wrap it, nn.Sequential(nn.Linear(...)) (its state_dict "
+            f"keys become '0.weight', '0.bias'); {SUPPORTED_TEXT}"
         )
     graph = _trace_graph(model, name)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -661,6 +682,8 @@ def _unsupported(node: fx.Node, name: str, model: nn.Module) -> str:
             hint = _MODULE_HINTS.get(node.target)  # type: ignore[arg-type]
         except TypeError:
             hint = None
+    elif node.op == "call_method":
+        hint = _METHOD_HINTS.get(str(node.target))
     return (
         f"model {name!r} uses {_describe_call(node)}{_where(node)}; the hardware has no such "
         f"step: {hint or 'remove it or use a supported step'}; {SUPPORTED_TEXT}"
@@ -699,8 +722,6 @@ def _module_step(chain: _Chain, node: fx.Node) -> None:
         if isinstance(mod, nn.Flatten):
             chain.flatten(desc, mod.start_dim, mod.end_dim, module=True)
     else:
-        raise CompileError(
-            f"{desc} is not supported by the hardware: replace it by a supported layer or "
-            f"remove it; {SUPPORTED_TEXT}"
-        )
+        fix = _TYPE_HINTS.get(type(mod), "replace it by a supported layer or remove it")
+        raise CompileError(f"{desc} is not supported by the hardware: {fix}; {SUPPORTED_TEXT}")
     chain.advance(node, desc, inplace)

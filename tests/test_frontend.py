@@ -379,6 +379,16 @@ REFUSED = {
     ),
     "operator": (_Step(lambda s, h: h * 2), ["operator 'mul'", "remove it"]),
     "len(x)": (_Step(pre=lambda x: x.view(len(x), -1)), ["len(x)", "write x.size(0) instead"]),
+    "F.log_softmax": (
+        _Step(lambda s, h: F.log_softmax(h, 1)),
+        ["log_softmax", "loss unit applies softmax cross-entropy", "returns the logits"],
+    ),
+    "x.softmax": (_Step(lambda s, h: h.softmax(1)), ["softmax", "returns the logits"]),
+    "nn.LogSoftmax": (
+        nn.Sequential(nn.Linear(4, 2), nn.LogSoftmax(1)),
+        ["(LogSoftmax) is not supported", "returns the logits: remove the softmax"],
+    ),
+    "bare nn.Linear": (nn.Linear(4, 2), ["bare nn.Linear", "nn.Sequential(nn.Linear(...))"]),
     "view of the input never used": (
         _Step(pre=lambda x: (x.view(x.size(0), -1), x)[1]),
         ["the result of x.view", "never used", "assign"],
