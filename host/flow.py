@@ -97,7 +97,7 @@ def compile_design(
     data: str | Dataset | None = None,
     calib_samples: int | None = None,
     board: str | Board | None = None,
-    hidden: str = DEFAULT_HIDDEN,
+    hidden: str | None = None,
     formats: Any = "auto",
     writers: Sequence[ArtifactWriter] | None = None,
     **options: Any,
@@ -107,10 +107,10 @@ def compile_design(
 
     ``data``: ``digits``, a ``.npz`` path or a :class:`~pipetrain.data.Dataset`; it calibrates
     the ``auto`` formats (``calib_samples`` samples, default the whole training run) and sizes
-    ``mlp`` (hidden layers ``hidden``). Without ``data`` (None) the default data set
-    :data:`DEFAULT_DATA` (digits) sizes ``mlp`` and calibrates a network it fits (the built-ins
-    and any 64-input model with ≥ 10 outputs; a note says so); any other network compiles
-    uncalibrated with static formats (:class:`DefaultDataCalibrator`,
+    ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`). Without ``data``
+    (None) the default data set :data:`DEFAULT_DATA` (digits) sizes ``mlp`` and calibrates a
+    network it fits (the built-ins and any 64-input model with ≥ 10 outputs; a note says so);
+    any other network compiles uncalibrated with static formats (:class:`DefaultDataCalibrator`,
     :func:`~pipetrain.compiler.formats.static_formats`; its note says how to calibrate).
     ``board``: a board name or
     :class:`~pipetrain.compiler.targets.Board`; the plan is fitted to it (the plan ``pipetrain
@@ -122,8 +122,14 @@ def compile_design(
     Raises the compiler's errors (:class:`~pipetrain.compiler.models.ModelError`,
     :class:`~pipetrain.compiler.config.ConfigError`, :class:`PlanError`,
     :class:`~pipetrain.compiler.fit.FitError`), :class:`~pipetrain.compiler.targets.BoardError`
-    for an unknown board and :class:`~pipetrain.data.DataError` for bad data.
+    for an unknown board, :class:`~pipetrain.data.DataError` for bad data and
+    :class:`PlanError` for ``hidden`` given with a model other than ``mlp``.
     """
+    if hidden is not None and model != "mlp":
+        raise PlanError(
+            f"--hidden {hidden} sizes only the data-sized model 'mlp' (hidden= in the API); "
+            "this model has its own layers: drop --hidden, or use MODEL mlp"
+        )
     defaulted = data is None
     data = DEFAULT_DATA if data is None else data
     auto = isinstance(formats, str) and formats == "auto"
@@ -135,7 +141,7 @@ def compile_design(
     if model == "mlp":
         assert ds is not None
         seed = (options.get("config_overrides") or {}).get("seed", options.get("seed"))
-        model = data_mlp(ds, hidden, int(seed or 0))
+        model = data_mlp(ds, hidden or DEFAULT_HIDDEN, int(seed or 0))
         options.setdefault("name", "mlp")
     if isinstance(board, str):
         board = get_board(board)

@@ -281,3 +281,17 @@ def test_a_model_digits_fits_calibrates_on_digits_without_data():
     assert res.formats.notes[0].startswith("formats calibrated on 'digits', the default data set")
     given = compile_design(net(), data="digits", calib_samples=100, writers=())
     assert given.plan.hash == res.plan.hash and not given.formats.notes
+
+
+def test_hidden_with_a_model_that_is_not_mlp_is_an_error(tmp_path):
+    """--hidden sizes only 'mlp'; with another model it was silently ignored (the trial ran
+    64→32→10 for `train mlp-digits --hidden 64`). Now one line naming the fix, nothing
+    written; with 'mlp' it sizes the hidden layer."""
+    out = tmp_path / "o"
+    res = CliRunner().invoke(cli, ["compile", "mlp-digits", "--hidden", "64", "--out", str(out)])
+    assert res.exit_code == 2 and not out.exists()
+    assert "--hidden 64 sizes only the data-sized model 'mlp'" in res.output
+    from pipetrain.host.flow import compile_design
+
+    plan = compile_design("mlp", hidden="8", formats="default", writers=()).plan
+    assert [s.out_features for s in plan.stages] == [8, 10]

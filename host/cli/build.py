@@ -69,7 +69,7 @@ def build_cmd(
     force: bool,
     timeout_s: float | None,
     data: str | None,
-    hidden: str,
+    hidden: str | None,
     formats: str,
     format_items: tuple[str, ...],
     calib_samples: int | None,

@@ -77,7 +77,7 @@ def compile_cmd(
     formats: str,
     format_items: tuple[str, ...],
     data: str | None,
-    hidden: str,
+    hidden: str | None,
     calib_samples: int | None,
     lanes_text: str | None,
     target_cycles: int | None,

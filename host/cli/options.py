@@ -165,9 +165,11 @@ def hidden_option(func: Callable) -> Callable:
     :func:`pipetrain.host.flow.data_mlp`), shared by every command that takes a MODEL."""
     return click.option(
         "--hidden",
-        default=DEFAULT_HIDDEN,
-        show_default=True,
-        help="Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32.",
+        default=None,
+        help=(
+            "Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32 "
+            f"[default: {DEFAULT_HIDDEN}]; only with MODEL mlp."
+        ),
     )(func)
 
 

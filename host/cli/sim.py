@@ -131,7 +131,7 @@ def sim_command(
     model: str,
     samples: int,
     data: str,
-    hidden: str,
+    hidden: str | None,
     seed: int,
     waves: str | None,
     backpressure: float,

@@ -367,7 +367,7 @@ def train_cmd(
     model: str,
     target: str,
     data: str,
-    hidden: str,
+    hidden: str | None,
     formats: str,
     format_items: tuple[str, ...],
     calib_samples: int | None,
