@@ -10,13 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
 from pipetrain.compiler.build import pass_cycles
 from pipetrain.compiler.plan import Plan
 
 __all__ = [
+    "ceiling_samples_per_s",
     "compile_design",
-    "cpu_torch_speed",
+    "golden_accuracy",
+    "multiplies_per_sample",
     "rtl_run",
     "stage_utilisation",
     "trainer_speed",
@@ -212,40 +213,49 @@ def trainer_speed(result: Any, target: str, samples: int) -> dict[str, float]:
     return {"samples": n, "samples_per_s": n / wall, "samples_per_cpu_s": n / cpu}
 
 
-def cpu_torch_speed(model: str, samples: int, seed: int = 0, warmup: int = 50) -> dict[str, Any]:
-    """PyTorch on this CPU training ``model`` at batch 1 with ``torch.optim.SGD``.
+def multiplies_per_sample(plan: Plan) -> int:
+    """Multiplies one training sample needs: Σ_s W_s·(2 + [s > 1]), W_s = M_s·(N_s + 1).
 
-    Per sample: forward, cross-entropy loss, backward, ``optimizer.step()`` (lr 0.01, momentum
-    0.9 — the values do not change the cost), ``zero_grad``. Float32, the default intra-op
-    threads. ``warmup`` samples run before timing. Returns ``samples_per_s`` (wall),
-    ``samples_per_cpu_s``, ``threads``, ``samples``.
+    Every weight (bias included, as the plan stores it: N_s + 1 words per row) takes one multiply
+    in the forward pass and one in its weight gradient; every stage after the first also
+    propagates its input gradient through each weight. 5,150 for mlp-digits (64→32→10:
+    2·2,080 + 3·330). Source: derived (docs/architecture.md §3: the stage's forward, update and
+    input-gradient passes), from the plan's stage shapes — the plan has no such figure.
     """
-    from pipetrain.compiler.models import load_model
+    total = 0
+    for k, st in enumerate(plan.stages):
+        total += st.out_features * (st.in_features + 1) * (3 if k else 2)
+    return total
+
+
+def ceiling_samples_per_s(plan: Plan, dsp_blocks: int, fmax_mhz: float) -> float:
+    """Samples/s with every hard multiplier busy every cycle at ``fmax_mhz`` (MHz) on
+    :func:`multiplies_per_sample`: ``dsp_blocks · fmax_mhz·10⁶ / multiplies``.
+
+    ``dsp_blocks``: the board's hard multipliers (``Board.multipliers``: 156 MULT18X18D on the
+    ECP5-85F, 8 SB_MAC16 on the UP5K). An upper bound for any design on that chip at that clock
+    doing one multiply per block per cycle. Source: derived (issue 17's definition).
+    """
+    return dsp_blocks * fmax_mhz * 1e6 / multiplies_per_sample(plan)
+
+
+def golden_accuracy(result: Any, epochs: int) -> dict[str, Any]:
+    """Test accuracy of the golden model of ``result``'s plan after ``epochs`` epochs of digits.
+
+    The golden model is bit-exact with the RTL, so this is what the board reaches; same initial
+    weights and :func:`pipetrain.data.epoch_order` as the CPU peers. Returns
+    ``{"test_accuracy", "epochs", "plan_hash", "s"}`` (``s``: wall seconds of the run).
+    """
     from pipetrain.data import load_digits
+    from pipetrain.host.device import local_trainer
 
-    _, net, _ = load_model(model, seed=seed)
     ds = load_digits()
-    x, y = ds.x_train.float(), ds.y_train.long()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    k = len(x)
-
-    def step(i: int) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x[i % k : i % k + 1]), y[i % k : i % k + 1])
-        loss.backward()
-        opt.step()
-
-    for i in range(warmup):
-        step(i)
-    wall, cpu = time.perf_counter(), time.process_time()
-    for i in range(samples):
-        step(i)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    t0 = time.perf_counter()
+    trainer = local_trainer("golden", result.plan, result.model, result.config)
+    trainer.train(ds.x_train, ds.y_train, epochs=epochs)
     return {
-        "samples": samples,
-        "samples_per_s": samples / wall,
-        "samples_per_cpu_s": samples / cpu,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "test_accuracy": trainer.evaluate(ds.x_test, ds.y_test),
+        "epochs": epochs,
+        "plan_hash": result.plan.hash,
+        "s": time.perf_counter() - t0,
     }

@@ -12,13 +12,20 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    bit-exact against the golden model) vs the plan's ``ideal_cycles_per_sample``; the same for
    ``--schedule sequential`` (also in RTL), and their ratio (PB speed-up, ≈ the stage count);
    per-stage lane utilisation from the plan.
-2. **Projected on-board training throughput** = achieved Fmax (nextpnr report of the board
-   build) / RTL cycles per sample of the plan fitted to that board (``compile_design(board=…)``, the
-   plan in the bitstream, measured in Verilator as well), for ULX3S (ECP5-85F) and iCEBreaker
-   (iCE40UP5K); a model
-   that does not fit gets ``null`` and the needed vs available numbers. Next to it PyTorch on
-   this CPU trains the same model at batch 1 with ``torch.optim.SGD`` (best of 1 thread and the
-   default threads), and the ratio. Board builds are cached by plan hash + board
+2. **Boards against their ceiling, side by side with the CPU peers** (issue 17 item 8). Per
+   board (ULX3S: ECP5-85F, iCEBreaker: iCE40UP5K): ``projected_samples_per_s`` = achieved Fmax
+   (nextpnr report of the board build) / RTL cycles per sample of the plan fitted to that board
+   (``compile_design(board=…)``, the plan in the bitstream, measured in Verilator as well);
+   ``ceiling_samples_per_s`` = the board's DSP blocks × Fmax / the multiplies a sample needs
+   (:func:`measure.multiplies_per_sample`, from the plan); ``fraction_of_ceiling`` = projected
+   / ceiling; ``board_clock_mhz`` (the oscillator the board top runs the network at today) and
+   the rate at it; ``board_samples_per_s`` is ``n/a`` until there is an on-chip training set
+   (:data:`BOARD_SAMPLES_NA`); in a full run the golden model of the fitted plan is trained for
+   the peers' epochs (the board's test accuracy). A model that does not fit gets ``null`` and
+   the needed vs available numbers. CPU peers (:mod:`cpu_peers`, one child process at
+   niceness :data:`PEER_NICE`): PyTorch SGD with momentum at batch 1, 32, 128 and a batch-1 C
+   loop (``cc -O3 -march=native``), each with samples/s and test accuracy after the same
+   epochs, initial weights and order. Board builds are cached by plan hash + board
    (:mod:`board_cache`); ``--quick`` reuses cached reports even when built from older HDL and
    builds only missing ones (``--no-board-builds``: none); a full run also rebuilds reports
    made from older HDL unless ``--reuse-stale-boards`` (they are then marked).
@@ -49,8 +56,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import board_cache  # noqa: E402
+import cpu_peers  # noqa: E402
 import measure  # noqa: E402
 import memory_scaling  # noqa: E402
+from pipetrain.host.cli.options import DEFAULT_EPOCHS  # noqa: E402  (the peers' epochs)
 
 __all__ = ["MODELS", "BOARDS", "Settings", "run", "render_markdown", "main"]
 
@@ -58,6 +67,34 @@ MODELS = ("mlp-digits", "mlp-digits-deep", "mlp-digits-wide")
 BOARDS = ("ulx3s-85f", "icebreaker")
 README_START = "<!-- benchmarks:start -->"
 README_END = "<!-- benchmarks:end -->"
+#: Niceness of the CPU peers' process (the machine is shared; falls back when not allowed).
+PEER_NICE = -5
+SUMMARY_NOTE = (
+    "Ceiling = the board's DSP blocks (ECP5-85F: 156 MULT18X18D, UP5K: 8 SB_MAC16) × achieved "
+    "Fmax ÷ the multiplies a sample needs (forward and weight gradient for every weight, bias "
+    "included, plus the input gradient for every weight after stage 1: "
+    "`measure.multiplies_per_sample`, from the plan) — every block busy every cycle. "
+    "Projected = achieved Fmax (nextpnr) ÷ the RTL cycles/sample of the plan fitted to that "
+    "board (Verilator); fraction = projected ÷ ceiling. Board clock: what the board top runs "
+    "the network at today (the oscillator; no PLL), and the rate that gives. Board samples/s "
+    "(through an on-chip training set, in the board-level RTL simulation) needs the on-chip "
+    "set, which does not exist yet. Test acc (golden): the golden model of the board's plan "
+    "(bit-exact with the RTL) after {epochs} epochs. CPU peers: the same net, initial weights, "
+    "epochs and sample order on one core, float32 — samples/s (test accuracy): see §2."
+)
+PEER_NOTE = (
+    "CPU peers (`benchmarks/cpu_peers.py`, one child process, serially): `torch_bB` = "
+    "`torch.optim.SGD` with momentum at batch B, η_B and m_B from the project's batch-1 "
+    "η₁ = 0.002, m₁ = 0.9 by the inverse of its scaling rule (docs/architecture.md §2.3: "
+    "m_B = m₁^B, η_B = η₁·B·(1 − m_B)/(1 − m₁)), the faster of 1 thread and the default "
+    "threads; `compiled_b1` = `benchmarks/sgd_b1.c`, batch-1 SGD with momentum, "
+    "`cc -O3 -march=native`, through ctypes. Samples/s: samples trained per wall second of "
+    "the training loop, the best of `reps` whole runs from the initial weights (median "
+    "beside it; samples/CPU-s: per second of this process's CPU time, what an unloaded core "
+    "would do). Load (1 min): the load average when the peer started."
+)
+#: ``board_samples_per_s`` until the on-chip training set exists (issue 17 item 6).
+BOARD_SAMPLES_NA = "n/a (no on-chip training set yet)"
 
 
 class Settings:
@@ -67,7 +104,12 @@ class Settings:
     -------
     quick: the mode.
     rtl_samples, seq_samples: samples streamed through the RTL (pb, sequential).
-    golden_samples, reference_samples, torch_samples: samples for the CPU-side rates.
+    golden_samples, reference_samples: samples for the golden / reference trainer rates.
+    epochs: epochs of every CPU peer and of the boards' golden-model accuracy (those of
+        ``pipetrain train``).
+    board_accuracy: train the golden model of every fitted board plan for ``epochs`` epochs
+        (full run only: minutes).
+    nice: niceness the CPU peers run at (their own child process; :mod:`cpu_peers`).
     verilog_models: models whose Verilog generation is timed (all in a full run).
     fresh_verilator: rebuild the Verilator model to time it (full run) or report the cached
         build's recorded time (quick).
@@ -81,7 +123,9 @@ class Settings:
         self.seq_samples = 24 if quick else 100
         self.golden_samples = 400 if quick else 1437
         self.reference_samples = 500 if quick else 1437
-        self.torch_samples = 1000 if quick else 4000
+        self.epochs = DEFAULT_EPOCHS
+        self.board_accuracy = not quick
+        self.nice = PEER_NICE
         self.fresh_verilator = not quick
         self.verilog_all = not quick
         self.board_build = board_builds
@@ -134,6 +178,33 @@ class _Phase:
         self.timer.phases[self.name] = self.timer.phases.get(self.name, 0.0) + dt
 
 
+def _load() -> list[float]:
+    """:func:`os.getloadavg` (1, 5, 15 min), rounded: recorded next to every timing."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def cpu_peer_run(models: tuple[str, ...], st: Settings) -> dict[str, Any]:
+    """Run :mod:`cpu_peers` for ``models`` in a child process at niceness ``st.nice``.
+
+    One process, models one after another (serially, nothing else of this run in parallel);
+    the child sets its niceness before torch starts threads. Returns its JSON (``nice``,
+    ``epochs``, ``models``: ``{model: {peer: record}}``) plus ``wall_s``.
+    Raises :class:`RuntimeError` with the child's last error line when it fails.
+    """
+    import subprocess
+
+    cmd = [sys.executable, str(HERE / "cpu_peers.py"), "--models", ",".join(models)]
+    cmd += ["--epochs", str(st.epochs), "--nice", str(st.nice), "--json", "-"]
+    if st.quick:
+        cmd.append("--quick")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"benchmarks/cpu_peers.py failed ({proc.returncode}): {last}")
+    return json.loads(proc.stdout) | {"wall_s": time.perf_counter() - t0}
+
+
 def _link_bound(plan: Any, baud: int) -> float:
     """Upper bound of samples/s over an 8N1 UART at ``baud``: only the sample record's bytes
     (:class:`pipetrain.protocol.wire.LinkParams` ``record_bytes``), 10 line bits per byte;
@@ -144,9 +215,15 @@ def _link_bound(plan: Any, baud: int) -> float:
 
 
 def bench_model(
-    name: str, st: Settings, timer: _Timer, cache_dir: Path, boards: tuple[str, ...]
+    name: str,
+    st: Settings,
+    timer: _Timer,
+    cache_dir: Path,
+    boards: tuple[str, ...],
+    peers: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure one model; return ``(model record, tools record)``."""
+    """Measure one model (``peers``: its CPU peers, :func:`cpu_peer_run`); return ``(model
+    record, tools record)``."""
     from pipetrain.compiler.targets import get_board
 
     log(f"[{name}] compiling (auto formats) ...")
@@ -172,28 +249,21 @@ def bench_model(
         tools[f"rtl_{k}" if not k.startswith("rtl_") else k] = rtl_pb[k]
     tools["rtl_build_cached"] = rtl_pb["build_cached"]
     tools["rtl_sequential_build_s"] = rtl_seq["build_s"]
-    log(f"[{name}] golden / reference / CPU torch ...")
+    log(f"[{name}] golden / reference speed ...")
     with timer("cpu_rates"):
-        g = measure.trainer_speed(pb, "golden", st.golden_samples)
-        r = measure.trainer_speed(pb, "reference", st.reference_samples)
-        import torch
-
-        threads = torch.get_num_threads()
-        t_default = measure.cpu_torch_speed(name, st.torch_samples)
-        torch.set_num_threads(1)
-        try:
-            t_one = measure.cpu_torch_speed(name, st.torch_samples)
-        finally:
-            torch.set_num_threads(threads)
-    # the machine is shared: one thread's samples per CPU-second is what an unloaded core does
-    cpu_rate = max(t_default["samples_per_s"], t_one["samples_per_s"], t_one["samples_per_cpu_s"])
+        g = measure.trainer_speed(pb, "golden", st.golden_samples) | {"loadavg": _load()}
+        r = measure.trainer_speed(pb, "reference", st.reference_samples) | {"loadavg": _load()}
     tools |= {
         "golden_samples_per_s": g["samples_per_s"],
         "golden_samples_per_cpu_s": g["samples_per_cpu_s"],
         "reference_samples_per_s": r["samples_per_s"],
         "reference_samples_per_cpu_s": r["samples_per_cpu_s"],
+        "loadavg": _load(),
     }
+    rates = {k: v["samples_per_s"] for k, v in peers.items() if v.get("samples_per_s")}
+    best_peer = max(rates, key=rates.__getitem__) if rates else None
     rtl_by_plan = {pb.plan.hash: rtl_pb}
+    acc_by_plan: dict[str, Any] = {}
     board_recs: dict[str, Any] = {}
     projected: dict[str, float | None] = {}
     for bname in boards:
@@ -212,9 +282,17 @@ def bench_model(
             "utilization": rec.get("utilization", {})
         }
         rec["link_bound_samples_per_s"] = _link_bound(pb.plan, board.baud)
+        rec |= {
+            "dsp_blocks": board.multipliers,
+            "multiplies_per_sample": measure.multiplies_per_sample(pb.plan),
+            "board_clock_mhz": board.clock_hz / 1e6,
+            "board_samples_per_s": None,
+            "board_samples_note": BOARD_SAMPLES_NA,
+        }
         proj = None
         if rec.get("status") == "built" and rec.get("fmax_mhz"):
             key = rec["plan_hash"]
+            design = None
             if key not in rtl_by_plan:  # the board runs its fitted plan: measure that one
                 log(f"[{name}] RTL pb, the plan fitted to {bname} ({key}) ...")
                 with timer("rtl_sim"):
@@ -224,13 +302,27 @@ def bench_model(
                             f"{name} on {bname}: the board record was built from plan {key}, "
                             f"compile_design(board=…) now gives {design.plan.hash}"
                         )
-                    rtl_by_plan[key] = measure.rtl_run(design, st.seq_samples)
+                    rtl_by_plan[key] = measure.rtl_run(design, st.seq_samples) | {
+                        "loadavg": _load()
+                    }
             cps = rtl_by_plan[key]["cycles_per_sample"]
             proj = rec["fmax_mhz"] * 1e6 / cps
+            ceiling = measure.ceiling_samples_per_s(pb.plan, board.multipliers, rec["fmax_mhz"])
             rec["rtl_cycles_per_sample"] = cps
             rec["projected_samples_per_s"] = proj
-            rec["board_clock_samples_per_s"] = rec["clock_mhz"] * 1e6 / cps
-            rec["vs_cpu_torch"] = proj / cpu_rate
+            rec["ceiling_samples_per_s"] = ceiling
+            rec["fraction_of_ceiling"] = proj / ceiling
+            rec["board_clock_samples_per_s"] = board.clock_hz / cps
+            if best_peer:
+                rec["vs_best_cpu"] = proj / rates[best_peer]
+            if st.board_accuracy:
+                log(f"[{name}] golden model of the {bname} plan, {st.epochs} epochs ...")
+                with timer("board_accuracy"):
+                    if key not in acc_by_plan:
+                        d = design or (pb if key == pb.plan.hash else None)
+                        d = d or measure.compile_board_design(name, bname)
+                        acc_by_plan[key] = measure.golden_accuracy(d, st.epochs)
+                rec["golden"] = acc_by_plan[key]
         board_recs[bname] = rec
         projected[bname] = proj
     speedup = rtl_seq["cycles_per_sample"] / rtl_pb["cycles_per_sample"]
@@ -241,7 +333,9 @@ def bench_model(
         "pb_vs_sequential_speedup": speedup,
         "stages": len(pb.plan.stages),
         "projected_samples_per_s": projected,
-        "cpu_torch_samples_per_s": cpu_rate,
+        "cpu": peers,
+        "best_cpu_peer": best_peer,
+        "best_cpu_samples_per_s": rates.get(best_peer) if best_peer else None,
         "plan_hash": pb.plan.hash,
         "lanes": list(lanes),
         "shape": [pb.plan.in_features] + [s.out_features for s in pb.plan.stages],
@@ -262,7 +356,6 @@ def bench_model(
             "memory_blocks": pb.plan.memory_blocks,
         },
         "boards": board_recs,
-        "cpu_torch": {"default_threads": t_default, "one_thread": t_one},
         "golden": g,
         "reference": r,
     }
@@ -289,10 +382,13 @@ def run(
     load0 = os.getloadavg()
     cache = cache_dir or board_cache.default_cache_dir()
     out_models, tools = [], {}
+    log(f"CPU peers ({', '.join(cpu_peers.PEERS)}), one child process at nice {st.nice} ...")
+    with timer("cpu_peers"):
+        peer_res = cpu_peer_run(models, st)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lane-idle PlanWarnings: reported as utilisation
         for name in models:
-            m, t = bench_model(name, st, timer, cache, boards)
+            m, t = bench_model(name, st, timer, cache, boards, peer_res["models"][name])
             out_models.append(m)
             tools[name] = t
         log("memory sweep over depths (plans only) ...")
@@ -325,6 +421,7 @@ def run(
                 "plus the first YoWASP run compiling each tool's WebAssembly (1–2.5 min each)",
             },
             "phases_s": timer.phases,
+            "cpu_peers": {k: v for k, v in peer_res.items() if k != "models"},
             "board_cache": str(cache),
         },
         "models": out_models,
@@ -369,31 +466,87 @@ def _board_cell(rec: dict[str, Any], short: bool = False) -> str:
     return rec.get("status", "?")
 
 
-def summary_table(res: dict[str, Any]) -> str:
-    """The headline table (README): efficiency and projected throughput vs the CPU."""
-    boards = list(next(iter(res["models"]))["boards"]) if res["models"] else []
-    head = ["model", "stages", "RTL cycles/sample", "ideal", "PB vs sequential"]
-    for b in boards:
-        head += [f"{b} Fmax", f"{b} samples/s"]
-    head += ["CPU PyTorch samples/s", "best board ÷ CPU"]
+def _acc(v: Any) -> str:
+    return "–" if v is None else f"{v:.3f}"
+
+
+def _peer_cell(rec: dict[str, Any] | None) -> str:
+    """``rate (test accuracy)`` of a CPU peer; a batch peer whose η_B search picked another
+    scale adds ``[η×s: accuracy]``; a missing peer ``n/a (reason)``."""
+    if not rec or rec.get("status") == "n/a" or not rec.get("samples_per_s"):
+        return f"n/a ({(rec or {}).get('reason', 'not run')})"
+    cell = f"{_f(rec['samples_per_s'])} ({_acc(rec.get('test_accuracy'))})"
+    best = (rec.get("lr_search") or {}).get("best")
+    if best and best["lr_scale"] != 1.0:
+        cell += f" [η×{best['lr_scale']:g}: {_acc(best['test_accuracy'])}]"
+    return cell
+
+
+def board_table(res: dict[str, Any]) -> str:
+    """Per model and board: the board's figures of issue 17 item 8 (README, results.md)."""
     rows = []
     for m in res["models"]:
-        row = [
-            m["name"],
-            str(m["stages"]),
-            _f(m["cycles_per_sample"], 1),
-            _f(m["ideal_cycles_per_sample"]),
-            f"{m['pb_vs_sequential_speedup']:.2f}×",
-        ]
-        ratios = []
-        for b in boards:
-            rec = m["boards"][b]
-            row += [_board_cell(rec, short=True), _f(m["projected_samples_per_s"][b])]
-            if rec.get("vs_cpu_torch"):
-                ratios.append(rec["vs_cpu_torch"])
-        row += [_f(m["cpu_torch_samples_per_s"]), f"{max(ratios):.1f}×" if ratios else "–"]
-        rows.append(row)
+        for b, rec in m["boards"].items():
+            rows.append(
+                [
+                    m["name"],
+                    b,
+                    _board_cell(rec, short=True),
+                    _f(rec.get("rtl_cycles_per_sample"), 1),
+                    _f(rec.get("dsp_blocks")),
+                    _f(rec.get("multiplies_per_sample")),
+                    _f(rec.get("ceiling_samples_per_s")),
+                    _f(rec.get("projected_samples_per_s")),
+                    f"{rec['fraction_of_ceiling']:.3f}" if rec.get("fraction_of_ceiling") else "–",
+                    _f(rec.get("board_clock_mhz"), 0),
+                    _f(rec.get("board_clock_samples_per_s")),
+                    rec.get("board_samples_note") or _f(rec.get("board_samples_per_s")),
+                    _acc((rec.get("golden") or {}).get("test_accuracy")),
+                ]
+            )
+    head = [
+        "model",
+        "board",
+        "Fmax",
+        "RTL cycles/sample",
+        "DSP blocks",
+        "multiplies/sample",
+        "ceiling samples/s",
+        "projected samples/s",
+        "fraction of ceiling",
+        "board clock MHz",
+        "@board clock samples/s",
+        "board samples/s",
+        "test acc (golden)",
+    ]
     return _table(head, rows)
+
+
+def peer_table(res: dict[str, Any]) -> str:
+    """Per model: each CPU peer's samples/s (test accuracy), the best board projection and the
+    ratio of the fastest CPU peer to it (README, results.md)."""
+    rows = []
+    for m in res["models"]:
+        proj = {b: v for b, v in m["projected_samples_per_s"].items() if v}
+        best_b = max(proj, key=proj.__getitem__) if proj else None
+        cpu = m.get("best_cpu_samples_per_s")
+        ratio = f"{cpu / proj[best_b]:.2f}×" if best_b and cpu else "–"
+        acc = (m["boards"].get(best_b, {}).get("golden") or {}).get("test_accuracy")
+        rows.append(
+            [m["name"]]
+            + [_peer_cell(m["cpu"].get(p)) for p in cpu_peers.PEERS]
+            + [
+                f"{_f(proj[best_b])} ({_acc(acc)}, {best_b})" if best_b else "–",
+                f"{m['best_cpu_peer']}: {ratio}" if m.get("best_cpu_peer") else "–",
+            ]
+        )
+    head = ["model", *cpu_peers.PEERS, "best board, projected", "fastest CPU ÷ best board"]
+    return _table(head, rows)
+
+
+def summary_table(res: dict[str, Any]) -> str:
+    """The headline tables (README): the boards' figures, then the CPU peers beside them."""
+    return board_table(res) + "\n\n" + peer_table(res)
 
 
 def render_markdown(res: dict[str, Any]) -> str:
@@ -411,15 +564,14 @@ def render_markdown(res: dict[str, Any]) -> str:
         "",
         summary_table(res),
         "",
-        "Projected samples/s = achieved Fmax (nextpnr) ÷ RTL cycles per sample: the compute "
-        "bound of the generated design on that board if it were clocked at Fmax. The board "
-        "tops run at the oscillator (ULX3S 25 MHz, iCEBreaker 12 MHz) and stream samples over "
-        "a 1 Mbaud UART, which bounds real throughput far lower (table below). CPU PyTorch: "
-        "the same model, float32, batch 1, `torch.optim.SGD`, forward + backward + step per "
-        "sample; the best of: 1 thread and the default threads (wall clock), and 1 thread's "
-        "samples per CPU-second (what an unloaded core does; the machine is shared — load "
-        f"average {meta['loadavg_start'][0]:.1f} at the start, {meta['loadavg_end'][0]:.1f} at "
-        "the end of the run).",
+        SUMMARY_NOTE.format(epochs=res["models"][0]["cpu"]["torch_b1"]["epochs"])
+        if res["models"]
+        else "",
+        "",
+        f"Load average (1 min) {meta['loadavg_start'][0]:.1f} at the start, "
+        f"{meta['loadavg_end'][0]:.1f} at the end of the run; every timing's record in "
+        "`results.json` has its own `loadavg`. CPU peers at niceness "
+        f"{meta.get('cpu_peers', {}).get('nice', {}).get('niceness', '?')}.",
         "",
         "## 1. Hardware efficiency (RTL, Verilator)",
         "",
@@ -531,8 +683,8 @@ def render_markdown(res: dict[str, Any]) -> str:
                     _f(rec.get("projected_samples_per_s")),
                     _f(rec.get("board_clock_samples_per_s")),
                     _f(rec.get("link_bound_samples_per_s")),
-                    _f(m["cpu_torch_samples_per_s"]),
-                    f"{rec['vs_cpu_torch']:.1f}×" if rec.get("vs_cpu_torch") else "–",
+                    _f(m.get("best_cpu_samples_per_s")),
+                    f"{rec['vs_best_cpu']:.2f}×" if rec.get("vs_best_cpu") else "–",
                     _f(rec.get("build_s"), 0),
                 ]
             )
@@ -550,7 +702,7 @@ def render_markdown(res: dict[str, Any]) -> str:
                 "samples/s @Fmax",
                 "@board clock",
                 "UART bound",
-                "CPU PyTorch",
+                "fastest CPU peer",
                 "@Fmax ÷ CPU",
                 "build s",
             ],
@@ -563,21 +715,74 @@ def render_markdown(res: dict[str, Any]) -> str:
     ]
     rows = []
     for m in res["models"]:
-        t1, td = m["cpu_torch"]["one_thread"], m["cpu_torch"]["default_threads"]
-        rows.append(
-            [
-                m["name"],
-                _f(t1["samples_per_s"]),
-                f"{_f(td['samples_per_s'])} ({td['threads']} threads)",
-                _f(t1["samples_per_cpu_s"]),
-            ]
-        )
+        for p in cpu_peers.PEERS:
+            r = m["cpu"].get(p) or {}
+            if not r.get("samples_per_s"):
+                rows.append([m["name"], p, _peer_cell(r)] + ["–"] * 8)
+                continue
+            by = r.get("by_threads") or {}
+            rows.append(
+                [
+                    m["name"],
+                    p,
+                    _f(r["samples_per_s"]),
+                    _f(r.get("median_samples_per_s")),
+                    _f(r.get("samples_per_cpu_s")),
+                    ", ".join(f"{t}: {_f(v['samples_per_s'])}" for t, v in by.items()) or "1",
+                    f"{r['lr']:.4g} / {r['momentum']:.4g}",
+                    _acc(r.get("test_accuracy")),
+                    _acc(r.get("train_accuracy")),
+                    f"{r['loadavg'][0][0]:.1f}",
+                    str(r.get("reps")),
+                ]
+            )
     out += [
         _table(
-            ["model", "PyTorch 1 thread samples/s", "default threads", "1 thread samples/CPU-s"],
+            [
+                "model",
+                "peer",
+                "samples/s (best)",
+                "median",
+                "samples/CPU-s",
+                "threads: samples/s",
+                "η / m",
+                "test acc",
+                "train acc",
+                "load (1 min)",
+                "reps",
+            ],
             rows,
         ),
         "",
+        PEER_NOTE,
+        "",
+    ]
+    rows = []
+    for m in res["models"]:
+        for p in cpu_peers.PEERS:
+            search = (m["cpu"].get(p) or {}).get("lr_search")
+            for r in (search or {}).get("runs", []):
+                picked = "**picked**" if r == search["best"] else ""
+                rows.append(
+                    [
+                        m["name"],
+                        p,
+                        f"{r['lr_scale']:g}",
+                        f"{r['lr']:.4g}",
+                        _acc(r["train_accuracy"]),
+                        _acc(r["test_accuracy"]),
+                        picked,
+                    ]
+                )
+    if rows:
+        out += [
+            _table(["model", "peer", "η scale", "η", "train acc", "test acc", ""], rows),
+            "",
+            "η search of the batch peers (1 thread, one run each): the rule's η_B and its "
+            "halvings; picked by training accuracy (the test set is only reported).",
+            "",
+        ]
+    out += [
         "## 3. Tool speed",
         "",
     ]
@@ -706,7 +911,8 @@ def render_markdown(res: dict[str, Any]) -> str:
 
 
 def plot_throughput(res: dict[str, Any], path: Path) -> None:
-    """Bar chart (log scale): projected board samples/s, UART bound and CPU PyTorch per model."""
+    """Bar chart (log scale) per model: the first board's ceiling, projected board samples/s,
+    the UART bound, the CPU peers, the golden model and the RTL simulation."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -726,7 +932,17 @@ def plot_throughput(res: dict[str, Any], path: Path) -> None:
     series.append(
         ("UART bound", [m["boards"][boards[0]]["link_bound_samples_per_s"] for m in models])
     )
-    series.append(("CPU PyTorch batch 1", [m["cpu_torch_samples_per_s"] for m in models]))
+    series.insert(
+        0,
+        (
+            f"{boards[0]} ceiling",
+            [m["boards"][boards[0]].get("ceiling_samples_per_s") or 0.0 for m in models],
+        ),
+    )
+    for p in cpu_peers.PEERS:
+        series.append(
+            (f"CPU {p}", [(m["cpu"].get(p) or {}).get("samples_per_s") or 0.0 for m in models])
+        )
     series.append(
         ("golden model", [res["tools"][m["name"]]["golden_samples_per_s"] for m in models])
     )
@@ -747,28 +963,75 @@ def plot_throughput(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def verdict(res: dict[str, Any]) -> str:
+    """One paragraph, from the numbers: per model, the fastest CPU peer against each fitted
+    board's projection, DSP ceiling and board-clock rate (README)."""
+    parts = []
+    for m in res["models"]:
+        best = m.get("best_cpu_peer")
+        if not best:
+            continue
+        peer = m["cpu"][best]
+        cpu = peer["samples_per_s"]
+        said = [
+            f"**{m['name']}**: the fastest CPU peer, `{best}`, trains {_f(cpu)} samples/s "
+            f"(test accuracy {_acc(peer.get('test_accuracy'))})"
+        ]
+        for b, rec in m["boards"].items():
+            proj, ceil = rec.get("projected_samples_per_s"), rec.get("ceiling_samples_per_s")
+            if not proj:
+                said.append(f"{b}: does not fit")
+                continue
+            acc = _acc((rec.get("golden") or {}).get("test_accuracy"))
+            word = "above" if cpu > ceil else "below"
+            said.append(
+                f"{cpu / proj:.1f}× the {b} projection ({_f(proj)}, accuracy {acc}), "
+                f"{cpu / ceil:.2f}× its whole DSP ceiling ({_f(ceil)}: {word} it) and "
+                f"{cpu / rec['board_clock_samples_per_s']:.0f}× its rate at today's board clock"
+            )
+        proj = [v for v in m["projected_samples_per_s"].values() if v]
+        if proj:
+            top = max(proj)
+            rates = {p: (m["cpu"].get(p) or {}).get("samples_per_s") for p in cpu_peers.PEERS}
+            beaten = [f"`{p}` ({_f(v)})" for p, v in rates.items() if v and v < top]
+            said.append(
+                f"the best board projection ({_f(top)}) beats "
+                + (", ".join(beaten) if beaten else "no CPU peer")
+            )
+        parts.append("; ".join(said) + ".")
+    return "Where the CPU wins (this run, one core): " + " ".join(parts) if parts else ""
+
+
 def update_readme(res: dict[str, Any], readme: Path) -> None:
-    """Put the summary table into README's "Benchmarks" section (appended if absent)."""
+    """Put the summary tables into README's "Benchmarks" section (appended if absent)."""
     meta = res["meta"]
+    epochs = res["models"][0]["cpu"]["torch_b1"]["epochs"] if res["models"] else DEFAULT_EPOCHS
+    stale = any(r.get("stale") for m in res["models"] for r in m["boards"].values())
     block = "\n".join(
         [
             README_START,
             f"Measured {meta['date'][:10]} on {meta['machine']['cpu']} ({meta['machine']['cores']}"
-            f" cores), {meta['mode']} run of `python benchmarks/run.py` "
+            f" cores, shared: load average {meta['loadavg_start'][0]:.1f} → "
+            f"{meta['loadavg_end'][0]:.1f}), {meta['mode']} run of `python benchmarks/run.py` "
             f"({meta['run_s'] / 60:.0f} min); details in "
             "[benchmarks/results.md](benchmarks/results.md).",
             "",
             summary_table(res),
             "",
-            "RTL cycles/sample: measured in Verilator (bit-exact against the golden model); "
-            "PB vs sequential: the same hardware with `--schedule sequential`, also in RTL. "
-            "Board samples/s = achieved Fmax (nextpnr) ÷ the RTL cycles/sample of the plan "
-            "fitted to that board (iCEBreaker: one lane per stage, SPRAM slots every other "
-            "cycle) — the compute bound; "
-            "the boards' 1 Mbaud UART limits real runs to < 800 samples/s. CPU PyTorch: the "
-            "same model at batch 1 with `torch.optim.SGD`. Re-run with `python "
-            "benchmarks/run.py` (full; board builds cached by plan hash) or "
-            "`python benchmarks/run.py --quick --json -`.",
+            SUMMARY_NOTE.format(epochs=epochs)
+            + " Cells: samples/s (test accuracy); `[η×s: acc]` where a smaller η_B learned "
+            "better in the same epochs (picked on the training set). The boards' 1 Mbaud UART "
+            "limits real streamed runs to < 800 samples/s."
+            + (
+                " Fmax marked *(older HDL/plan)*: a cached board report built from older HDL "
+                "(`--reuse-stale-boards`)."
+                if stale
+                else ""
+            )
+            + " Re-run with `python benchmarks/run.py` (full; board builds cached by plan hash)"
+            " or `python benchmarks/run.py --quick --json -`.",
+            "",
+            verdict(res),
             README_END,
         ]
     )
