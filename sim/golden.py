@@ -35,10 +35,19 @@ from ..compiler.enums import unknown
 from ..compiler.plan import ActivationLUT, Const, LossUnit, Plan, QFormat, Stage
 from ..errors import UserError
 from .fixed import U32_MAX, quantise, rhu, rne, rsr_addend, sat
+from .heads import head_initial_weights
 from .lfsr import LaneLFSRs
 from .trainer import accuracy, stream_epochs
 
-__all__ = ["GoldenModel", "Result", "StageTrace", "LossTrace", "TickTrace", "GoldenError"]
+__all__ = [
+    "GoldenModel",
+    "Result",
+    "StageTrace",
+    "StreamTrace",
+    "LossTrace",
+    "TickTrace",
+    "GoldenError",
+]
 
 #: Updates whose random numbers are generated in one block (trades memory for speed).
 DRAW_BLOCK = 32
@@ -68,11 +77,37 @@ class Result(NamedTuple):
 
 
 @dataclass
+class StreamTrace:
+    """One backward stream a stage ran in one tick (local/interlocking: a stage may run several,
+    one per loss it carries, docs/numerics.md §7.2).
+
+    loss: the loss t the error comes from (1-based; K is the true loss).
+    sample: the sample back-propagated.
+    g (M,), delta (M,): the error at the stage output and δ = f′(z)·g.
+    gin (N,): the input gradient sent back (None when the stage does not send this stream on).
+    updates: whether δ counts towards this stage's update (t is one of the stage's ``losses``)
+        or only passes through (input gradient only).
+    """
+
+    loss: int
+    sample: int
+    g: torch.Tensor
+    delta: torch.Tensor
+    gin: torch.Tensor | None
+    updates: bool
+
+
+@dataclass
 class StageTrace:
     """What one stage did in one tick (integer tensors; None where the slot was empty).
 
     x (N,), z (M,), a (M,), mask (M,) bool: the forward of ``fwd_sample`` (x without the bias
-    input). g (M,), delta (M,), gin (N,): the backward of ``bwd_sample`` (gin None for stage 1).
+    input). g (M,), delta (M,), gin (N,): the backward of ``bwd_sample`` on the stream of the
+    stage's delay-defining loss (the farthest loss that updates it; for ``global`` the only
+    stream; gin None for a stage without an input gradient). ``streams``: every backward stream
+    of the tick (:class:`StreamTrace`, ascending loss). ``update_sample`` / ``update_delta``
+    (M,): the sample whose update the stage applied at the end of the tick and the δ it used
+    (the saturated sum of its update streams' δ, numerics §5.6).
     w, u (M, N+1), w_prev (LWP ``w`` form, else None): the memories at the end of the tick.
     lfsr (L,): per-lane LFSR states at the end of the tick (None with nearest-even rounding).
     """
@@ -91,11 +126,14 @@ class StageTrace:
     u: torch.Tensor | None = None
     w_prev: torch.Tensor | None = None
     lfsr: tuple[int, ...] | None = None
+    streams: list[StreamTrace] = field(default_factory=list)
+    update_sample: int | None = None
+    update_delta: torch.Tensor | None = None
 
 
 @dataclass
 class LossTrace:
-    """The loss unit's work at the end of a tick: logits ``z`` (C,), ``delta`` (C,) (None for
+    """A loss unit's work at the end of a tick: logits ``z`` (C,), ``delta`` (C,) (None for
     an inference sample), and the result record."""
 
     sample: int
@@ -107,20 +145,22 @@ class LossTrace:
 @dataclass
 class TickTrace:
     """One tick: its number (0-based, the tick-model clock), the sample that entered stage 1
-    (None = bubble), the stages' traces (index s−1 = stage s) and the loss unit's (None if no
-    logits arrived)."""
+    (None = bubble), the stages' traces (index i = plan stage i+1: main stages, then heads),
+    the true loss unit's (None if no logits arrived) and the auxiliary heads' loss units
+    (``head_losses[k]`` for loss L_k, k < K; only those that ran this tick)."""
 
     tick: int
     entered: int | None
     stages: list[StageTrace] = field(default_factory=list)
     loss: LossTrace | None = None
+    head_losses: dict[int, LossTrace] = field(default_factory=dict)
 
 
 class _Sample:
-    __slots__ = ("id", "label", "train")
+    __slots__ = ("id", "label", "train", "entry")
 
-    def __init__(self, sid: int, label: int, train: bool) -> None:
-        self.id, self.label, self.train = sid, label, train
+    def __init__(self, sid: int, label: int, train: bool, entry: int = 0) -> None:
+        self.id, self.label, self.train, self.entry = sid, label, train, entry
 
 
 def _shift_term(c: Const, operand_frac: int, f_to: int, what: str) -> tuple[int, int]:
@@ -265,7 +305,7 @@ class _StageEngine:
         self.sat_by[kind] += c
         if self.peaks is not None and v.numel():
             peak = float(v.abs().max()) * 2.0**-fmt.frac
-            self.peaks[kind] = max(self.peaks[kind], peak)
+            self.peaks[kind] = max(self.peaks.get(kind, 0.0), peak)
         return out
 
     @property
@@ -351,25 +391,44 @@ class _StageEngine:
             return (v + addend) >> k
         return rne(v, k)
 
-    def backward(self, sid: int, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Backward of sample ``sid`` with output error g (M,) → (δ, gin or None); updates.
-        The stash holds (x with bias, the mask ``z > 0``, or for tanh/sigmoid the output y)."""
-        xb, mask = self.stash.pop(sid)
+    def derivative(self, sid: int, g: torch.Tensor) -> torch.Tensor:
+        """δ (M,) = f′(z)·g of sample ``sid`` from its stash entry (the mask ``z > 0``, or for
+        tanh/sigmoid the stashed output y) and the error g (M,) at the stage output
+        (numerics §5.1); the entry stays stashed."""
+        mask = self.stash[sid][1]
         if self.act in ("tanh", "sigmoid"):
-            delta = lut_derivative(self.act, mask, g, self.fy.frac)
-        elif self.act == "relu":
-            delta = torch.where(mask, g, 0)
-        elif self.act == "leaky_relu":
-            delta = torch.where(mask, g, rhu(g * self.slope[0], self.slope[1]))
-        elif self.act == "identity":
-            delta = g
-        else:
-            unknown(self.act, "activation")
+            return lut_derivative(self.act, mask, g, self.fy.frac)
+        if self.act == "relu":
+            return torch.where(mask, g, 0)
+        if self.act == "leaky_relu":
+            return torch.where(mask, g, rhu(g * self.slope[0], self.slope[1]))
+        if self.act == "identity":
+            return g
+        unknown(self.act, "activation")
+
+    def input_grad(self, delta: torch.Tensor) -> torch.Tensor:
+        """gin (N,) = sat(rhu(δ·W[:, :N], k_gin), gin) with the weights as they are now (the
+        start of the tick; numerics §5.2), counted on ``gin``."""
+        return self._clamp(rhu(delta @ self.w[:, : self.N], self.k_gin), self.fgin, "gin")
+
+    #: whether the layer has a bias (a convolution may not: its bias column stays 0)
+    has_bias = True
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        """The layer's ``weight`` shape: (M, N) (a convolution's: (C_out, C_in, *kernel))."""
+        return (self.M, self.N)
+
+    def gradient(self, sid: int, delta: torch.Tensor) -> torch.Tensor:
+        """P (M, N+1) = outer(δ, x) of sample ``sid`` with its stashed input (numerics §5.3;
+        a convolution stage sums it over its output positions, §9.2)."""
+        return torch.outer(delta, self.stash[sid][0])
+
+    def update(self, sid: int, delta: torch.Tensor) -> None:
+        """The momentum (and SC) update of sample ``sid`` with δ (M,) and its stashed input
+        (numerics §5.3–§5.5), one LFSR draw per lane per slot; drops nothing from the stash."""
         w, u = self.w, self.u
-        gin = None
-        if self.input_gradient:
-            gin = self._clamp(rhu(delta @ w[:, : self.N], self.k_gin), self.fgin, "gin")
-        P = torch.outer(delta, xb)
+        P = self.gradient(sid, delta)
         add_u, add_w = self._randoms() if self.stochastic else (None, None)
         U = _sum_terms(
             _mul_shift(u, self.t_m), _mul_shift(P, self.t_lr), _mul_shift(w, self.t_lrwd)
@@ -386,6 +445,14 @@ class _StageEngine:
             self.w_prev = w
         self.w, self.u = w1, u1
         self.updates += 1
+
+    def backward(self, sid: int, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Single-stream backward of sample ``sid`` (the ``global`` strategy): δ, gin (None for
+        a stage without an input gradient), then the update; pops the stash entry."""
+        delta = self.derivative(sid, g)
+        gin = self.input_grad(delta) if self.input_gradient else None
+        self.update(sid, delta)
+        del self.stash[sid]
         return delta, gin
 
 
@@ -395,16 +462,27 @@ class GoldenModel:
     Parameters
     ----------
     plan: the compiled plan (every format, constant, delay, seed is read from it).
-    model: the float ``nn.Module`` the plan was compiled from; each stage's ``nn.Linear``
-        (found by ``stage.name``) gives the initial weights, quantised per numerics §2.
-    config: training settings; only ``seed`` (sample order) is used — the arithmetic comes
-        from the plan. Default: ``plan.train``.
+    model: the float ``nn.Module`` the plan was compiled from; each main stage's ``nn.Linear``
+        (found by ``stage.name``) gives the initial weights, quantised per numerics §2. The
+        auxiliary-head stages (local/interlocking) start from the float reference trainer's
+        seeded head initialisation (:func:`pipetrain.sim.heads.head_initial_weights`,
+        docs/architecture.md §2.4), quantised the same way.
+    config: training settings; only ``seed`` (sample order, head initialisation) is used — the
+        arithmetic comes from the plan. Default: ``plan.train``.
     trace: record a :class:`TickTrace` per tick in :attr:`traces` (slow; for testbenches).
     profile: record every clamped tensor's max|value| before the clamp (:attr:`ranges`; the
         golden pass of the calibration, docs/architecture.md §4.2).
 
-    Raises :class:`GoldenError` for a plan it cannot run (auxiliary heads, accumulators wider
-    than 64 bits, inconsistent formats) or a model whose layers do not match the plan.
+    Local and interlocking learning (numerics §7.2): every stage of the plan — main stages,
+    then the head stages — is ticked; a stage forwards to the stages that read its output (the
+    next main stage and a head attached to it) and runs one backward stream per loss it carries
+    (``Stage.grad_losses``), passing the stream's input gradient on for ``Stage.gin_losses``
+    and updating from the losses in ``Stage.losses`` once per sample, when the last of them
+    arrives. Each head's loss unit produces its own result records (:attr:`head_results`).
+
+    Raises :class:`GoldenError` for a plan it cannot run (accumulators wider than 64 bits,
+    inconsistent formats, delays or streams that disagree with the tick model) or a model whose
+    layers do not match the plan.
     """
 
     target = "golden"
@@ -418,10 +496,6 @@ class GoldenModel:
         trace: bool = False,
         profile: bool = False,
     ) -> None:
-        if any(s.role != "main" for s in plan.stages) or getattr(plan, "head_losses", ()):
-            raise GoldenError(
-                "the golden model supports the global strategy only (no auxiliary heads)"
-            )
         if config is None:
             cfg = {k: v for k, v in plan.train.items() if k not in ("lr1", "momentum1")}
             config = TrainConfig.from_dict(cfg)
@@ -430,9 +504,21 @@ class GoldenModel:
         modules = dict(model.named_modules())
         self._names: list[str] = []
         self.stages: list[_StageEngine] = []
-        prev: Stage | None = None
-        for st in plan.stages:
+        mains = [st for st in plan.stages if st.role == "main"]
+        heads = [st for st in plan.stages if st.role != "main"]
+        if [st.index for st in plan.stages] != list(range(1, len(plan.stages) + 1)):
+            raise GoldenError("plan stages must be numbered 1..n in order")
+        if plan.stages[: len(mains)] != tuple(mains):
+            raise GoldenError("plan stages must list the main stages before the heads")
+        dtype = torch.float32
+        for st in mains:
             lin = modules.get(st.name)
+            if st.conv is not None:  # a convolution stage: sim/golden_conv.py (numerics §9)
+                from .golden_conv import conv_engine
+
+                self.stages.append(conv_engine(plan, st, lin))
+                self._names.append(st.name)
+                continue
             if not isinstance(lin, nn.Linear):
                 raise GoldenError(
                     f"model has no nn.Linear named {st.name!r} (plan stage {st.index})"
@@ -444,32 +530,36 @@ class GoldenModel:
                     f"layer {st.name!r} is {tuple(lin.weight.shape)} but the plan says "
                     f"({st.out_features}, {st.in_features})"
                 )
-            if prev is not None and (
-                prev.formats.y != st.formats.x or st.formats.gin != prev.formats.d
-            ):
-                raise GoldenError(f"stage {st.index}: formats disagree with stage {prev.index}")
+            dtype = lin.weight.dtype
             self.stages.append(_StageEngine(plan, st, lin.weight.detach(), lin.bias.detach()))
             self._names.append(st.name)
-            prev = st
-        last = plan.stages[-1]
-        if self.loss.z != last.formats.y or self.loss.d != last.formats.d:
-            raise GoldenError("loss unit formats disagree with the last stage")
-        if self.loss.kind == "cross_entropy" and self.loss.z.frac < self.loss.exp_lut_frac:
-            raise GoldenError("logits need at least exp_lut_frac fraction bits")
-        self._lut = torch.tensor(self.loss.exp_lut, dtype=torch.int64)
+        shapes = [(st.in_features, st.out_features) for st in heads]
+        for st, wb in zip(heads, head_initial_weights(shapes, config.seed, dtype), strict=True):
+            self.stages.append(_StageEngine(plan, st, wb[:, :-1], wb[:, -1]))
+            self._names.append(st.name)
+        self.S_main = len(mains)
         self.S = len(self.stages)
+        self._wire(plan)
+        for lu, feed in zip(self.loss_units, self._feed, strict=True):
+            fy = self.stages[feed].spec.formats
+            if lu.z != fy.y or lu.d != fy.d:
+                raise GoldenError(f"loss unit formats disagree with stage {feed + 1}")
+            if lu.kind == "cross_entropy" and lu.z.frac < lu.exp_lut_frac:
+                raise GoldenError("logits need at least exp_lut_frac fraction bits")
+        self._luts = [torch.tensor(lu.exp_lut, dtype=torch.int64) for lu in self.loss_units]
+        self._lut = self._luts[0]
         self.sequential = plan.schedule == "sequential"
         self._fwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
-        self._bwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
-        self._loss_sat = 0
-        self._loss_peak: float | None = 0.0 if profile else None
+        self._bwd: list[dict[int, tuple[_Sample, torch.Tensor]]] = [{} for _ in self.stages]
+        self._loss_sats = [0] * len(self.loss_units)
+        self._loss_peaks: list[float] | None = [0.0] * len(self.loss_units) if profile else None
         if profile:
             for eng in self.stages:
                 eng.peaks = dict.fromkeys(STAGE_SAT_TENSORS, 0.0)
         #: input values clamped by the host's quantisation (numerics §3), per streamed sample;
         #: on no hardware counter
         self.input_saturations = 0
-        self._clock = 0  # tick-model clock (sequential: 2S clock ticks per sample)
+        self._clock = 0  # tick-model clock (sequential: `span` clock ticks per sample)
         self._seq_ticks = 0
         self._last_entry: int | None = None
         self._next_id = 0
@@ -477,13 +567,97 @@ class GoldenModel:
         self.samples_applied = 0
         self.epochs_trained = 0
         self.results: list[Result] = []
+        #: per auxiliary head k (loss L_k, k < K) its loss unit's result records, one per
+        #: sample (training and inference alike), in sample order
+        self.head_results: dict[int, list[Result]] = {k: [] for k in range(1, self.K)}
         self.traces: list[TickTrace] = []
+
+    def _wire(self, plan: Plan) -> None:
+        """The stage graph of the tick model (numerics §7.2): who reads whose output, where
+        input gradients go, which stage feeds which loss unit; the position p of every stage
+        (main stage s: s; head stage: its attach stage's + 1) and of every loss (P_t, the
+        position of the stage feeding it). Checks every stage's delay against the tick model
+        (``pb``: D_s = max over its update losses of 2·(P_t − p) + 1) and that its stash holds
+        every stream it carries."""
+        n = self.S
+        pos = [0] * n
+        self._readers: list[list[int]] = [[] for _ in range(n)]
+        self._target: list[int | None] = [None] * n  # where a stage's input gradient goes
+        for i, eng in enumerate(self.stages):
+            st = eng.spec
+            a = st.attach
+            if not 0 <= a < st.index:
+                raise GoldenError(f"stage {st.index}: attach {a} must be an earlier stage")
+            if a:
+                src = self.stages[a - 1].spec
+                if src.formats.y != st.formats.x:
+                    raise GoldenError(f"stage {st.index}: formats disagree with stage {a}")
+                if st.input_gradient and st.formats.gin != src.formats.d:
+                    raise GoldenError(f"stage {st.index}: formats disagree with stage {a}")
+                self._readers[a - 1].append(i)
+                self._target[i] = a - 1
+            pos[i] = pos[a - 1] + 1 if a else 1
+        # loss units: the true loss L_K after the last main stage, L_k after head k's last stage
+        head_ends = [i for i in range(self.S_main, n) if not self._readers[i]]
+        self.K = len(head_ends) + 1
+        if len(plan.head_losses) != self.K - 1:
+            raise GoldenError(
+                f"the plan has {len(plan.head_losses)} head loss units for {self.K - 1} heads"
+            )
+        blocks = [self.stages[i].spec.block for i in head_ends]
+        if blocks != sorted(blocks) or any(self.stages[i].spec.role != "head" for i in head_ends):
+            raise GoldenError("head loss units must follow the heads in block order")
+        #: loss units in loss order L_1 … L_K (the true loss last)
+        self.loss_units: list[LossUnit] = [*plan.head_losses, plan.loss]
+        self._feed = [*head_ends, self.S_main - 1]  # stage feeding loss t = index t − 1
+        self._feeds = {i: t for t, i in enumerate(self._feed, start=1)}
+        P = {t: pos[i] for t, i in enumerate(self._feed, start=1)}
+        self._pos, self._loss_pos = pos, P
+        span = max(P.values()) + 1
+        for i, eng in enumerate(self.stages):
+            st = eng.spec
+            streams = tuple(st.grad_losses) or tuple(st.losses)
+            if not set(st.losses) <= set(streams) or any(not 1 <= t <= self.K for t in streams):
+                raise GoldenError(f"stage {st.index}: streams {streams} / losses {st.losses}")
+            if set(st.gin_losses) - set(streams) or (bool(st.gin_losses) != st.input_gradient):
+                raise GoldenError(f"stage {st.index}: gin_losses {st.gin_losses} do not fit")
+            tgt = self._target[i]
+            for t in st.gin_losses:
+                if tgt is None or t not in (self.stages[tgt].spec.grad_losses or (self.K,)):
+                    raise GoldenError(f"stage {st.index} sends L{t} to a stage that lacks it")
+            eng.streams, eng.update_losses = streams, tuple(st.losses)
+            if len(st.losses) > 1:  # the δ sum of several update losses (numerics §5.6)
+                eng.sat_by["d"] = 0
+            eng.gin_losses = tuple(st.gin_losses)
+            delay = {t: 2 * (P[t] - pos[i]) + 1 for t in streams}
+            if min(delay.values()) < 1:
+                raise GoldenError(f"stage {st.index} carries a loss that it does not reach")
+            eng.main_loss = max(st.losses, key=lambda t: (delay[t], t))
+            if plan.schedule == "pb":
+                want = delay[eng.main_loss]
+                if st.delay != want:
+                    raise GoldenError(
+                        f"stage {st.index}: the plan's delay {st.delay} is not the tick "
+                        f"model's {want} (2·(P_t − p) + 1, numerics §7.2)"
+                    )
+                far = max(delay.values())
+                if far > st.delay:
+                    raise GoldenError(
+                        f"stage {st.index} passes a stream back {far} updates after its "
+                        f"forward but stashes D_s + 1 = {st.stash_depth} samples"
+                    )
+            span = max(span, *(2 * P[t] - pos[i] + 1 for t in streams))
+        #: ticks a sample is in flight (numerics §7): entry tick through its last backward
+        self.span = span
 
     # -- counters ----------------------------------------------------------------------------
     @property
     def stage_saturations(self) -> list[int]:
-        """Per-stage saturation counters, then the loss unit's (S+1 values, each ≤ 2^32−1)."""
-        vals = [int(s.sat) for s in self.stages] + [int(self._loss_sat)]
+        """Per-stage saturation counters (every stage, main then heads), then the loss units'
+        (the true loss first, then the heads' L_1 … L_{K−1}); each ≤ 2^32−1. ``global``: S+1
+        values."""
+        sats = [self._loss_sats[-1], *self._loss_sats[:-1]]
+        vals = [int(s.sat) for s in self.stages] + [int(v) for v in sats]
         return [min(v, U32_MAX) for v in vals]
 
     @property
@@ -495,25 +669,28 @@ class GoldenModel:
     def ranges(self) -> dict[int, dict[str, float]]:
         """Max|value| before the clamp seen so far (``profile=True``; real values), in the
         calibration's form ``{stage: {tensor: max}}`` (docs/architecture.md §4.2): per stage
-        ``y`` (z), ``gin``, ``u`` (u'), ``w`` (w'), and for the last stage ``d`` (the loss unit's
-        δ). A value above its format's largest value is a tensor the run saturated. Raises
-        :class:`GoldenError` without ``profile``."""
-        if self._loss_peak is None:
+        ``y`` (z), ``gin``, ``u`` (u'), ``w`` (w'), and for a stage feeding a loss unit ``d``
+        (the loss unit's δ). A value above its format's largest value is a tensor the run
+        saturated. Raises :class:`GoldenError` without ``profile``."""
+        if self._loss_peaks is None:
             raise GoldenError("ranges need GoldenModel(..., profile=True)")
         out = {k: dict(eng.peaks or {}) for k, eng in enumerate(self.stages, start=1)}
-        out[self.S]["d"] = self._loss_peak
+        for t, i in enumerate(self._feed, start=1):
+            out[i + 1]["d"] = self._loss_peaks[t - 1]
         return out
 
     @property
     def tensor_saturations(self) -> list[dict[str, int]]:
-        """The saturation counters split by tensor kind (numerics §8), S+1 entries in the order
-        of :attr:`stage_saturations`: per stage ``{"y", "gin", "u", "w"}`` (clamps of z, the
-        input gradient, u' and w'; ``gin`` is 0 for stage 1), then the loss unit's ``{"d"}``
-        (δ clamps). Unclamped counts: each entry sums to its stage's counter below 2^32.
-        Input clamps are not on any counter: :attr:`input_saturations`. Source: the golden
-        model only; the RTL counts per stage (derived: one 32-bit counter per stage fits the
-        iCEBreaker, docs/numerics.md §8)."""
-        return [dict(s.sat_by) for s in self.stages] + [{"d": int(self._loss_sat)}]
+        """The saturation counters split by tensor kind (numerics §8), in the order of
+        :attr:`stage_saturations`: per stage ``{"y", "gin", "u", "w"}`` (clamps of z, the
+        input gradient, u' and w'; ``gin`` is 0 for stage 1) plus ``d`` on a stage that sums
+        several update streams (the clamp of the δ sum, numerics §5.6), then each loss unit's
+        ``{"d"}`` (δ clamps). Unclamped counts: each entry sums to its stage's counter below
+        2^32. Input clamps are not on any counter: :attr:`input_saturations`. Source: the
+        golden model only; the RTL counts per stage (derived: one 32-bit counter per stage
+        fits the iCEBreaker, docs/numerics.md §8)."""
+        sats = [self._loss_sats[-1], *self._loss_sats[:-1]]
+        return [dict(s.sat_by) for s in self.stages] + [{"d": int(v)} for v in sats]
 
     @property
     def ticks(self) -> int:
@@ -524,14 +701,15 @@ class GoldenModel:
     @property
     def clock(self) -> int:
         """Ticks of the tick model run so far (= :attr:`ticks` for ``pb``; ``sequential`` runs
-        a sample's forward, loss and backward as 2S ticks of this clock)."""
+        a sample's forward, loss and backward as :attr:`span` ticks of this clock)."""
         return self._clock
 
     @property
     def busy(self) -> bool:
         """True while a sample is in flight: from the tick it enters stage 1 through the tick of
-        its stage-1 backward slot (entry + 2S − 1), training or not (numerics §7)."""
-        return self._last_entry is not None and self._clock < self._last_entry + 2 * self.S
+        its last backward slot (entry + :attr:`span` − 1; ``global``: 2S − 1), training or not
+        (numerics §7)."""
+        return self._last_entry is not None and self._clock < self._last_entry + self.span
 
     # -- host boundary -------------------------------------------------------------------------
     def quantise_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -549,32 +727,35 @@ class GoldenModel:
         return torch.cat([x, pad], dim=-1)
 
     # -- loss unit (numerics §4) ---------------------------------------------------------------
-    def _loss_clamp(self, delta: torch.Tensor) -> torch.Tensor:
-        """``sat(δ, loss.d)`` counted on the loss unit (numerics §4.6), peak kept when profiling."""
-        out, c = sat(delta, self.loss.d)
-        self._loss_sat += c
-        if self._loss_peak is not None and delta.numel():
-            self._loss_peak = max(
-                self._loss_peak, float(delta.abs().max()) * 2.0**-self.loss.d.frac
-            )
+    def _loss_clamp(self, delta: torch.Tensor, t: int | None = None) -> torch.Tensor:
+        """``sat(δ, d)`` counted on loss unit ``t`` (default the true loss; numerics §4.6), peak
+        kept when profiling."""
+        k = (t or self.K) - 1
+        out, c = sat(delta, self.loss_units[k].d)
+        self._loss_sats[k] += c
+        if self._loss_peaks is not None and delta.numel():
+            peak = float(delta.abs().max()) * 2.0 ** -self.loss_units[k].d.frac
+            self._loss_peaks[k] = max(self._loss_peaks[k], peak)
         return out
 
     def loss_unit(
-        self, z: torch.Tensor, label: torch.Tensor, want_delta: bool = True
+        self, z: torch.Tensor, label: torch.Tensor, want_delta: bool = True, t: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Logits z (..., C) int64 and labels (...) → (pred, loss_raw, δ (..., C) or None).
+        """Logits z (..., C) int64 and labels (...) → (pred, loss_raw, δ (..., C) or None) of
+        loss unit ``t`` (1-based loss index; default the true loss L_K).
 
-        δ saturations are counted on the loss unit's counter (only when ``want_delta``).
+        δ saturations are counted on that loss unit's counter (only when ``want_delta``).
         """
-        lu = self.loss
+        k = (t or self.K) - 1
+        lu = self.loss_units[k]
         C = z.shape[-1]
         onehot = torch.nn.functional.one_hot(label, C).to(torch.int64)
         pred = z.argmax(dim=-1)
         fy, fd = lu.z.frac, lu.d.frac
         if lu.kind == "cross_entropy":
-            t = z.max(dim=-1, keepdim=True).values - z
-            idx = rhu(t, fy - lu.exp_lut_frac).clamp_max(len(lu.exp_lut) - 1)
-            e = self._lut[idx]
+            t_ = z.max(dim=-1, keepdim=True).values - z
+            idx = rhu(t_, fy - lu.exp_lut_frac).clamp_max(len(lu.exp_lut) - 1)
+            e = self._luts[k][idx]
             E = e.sum(dim=-1, keepdim=True)
             r = torch.div(
                 torch.full_like(E, 1 << (lu.exp_frac + lu.recip_frac)), E, rounding_mode="floor"
@@ -583,14 +764,14 @@ class GoldenModel:
             loss_raw = (p * onehot).sum(dim=-1)
             delta = None
             if want_delta:
-                delta = self._loss_clamp(rhu(p, lu.recip_frac - fd) - onehot * (1 << fd))
+                delta = self._loss_clamp(rhu(p, lu.recip_frac - fd) - onehot * (1 << fd), k + 1)
         elif lu.kind == "mse":
             diff = z - onehot * (1 << fy)
             loss_raw = (diff * diff).sum(dim=-1).clamp_max(U32_MAX)
             delta = None
             if want_delta:
                 ms = lu.mse_scale
-                delta = self._loss_clamp(rhu(diff * ms.value, fy + ms.frac - fd))
+                delta = self._loss_clamp(rhu(diff * ms.value, fy + ms.frac - fd), k + 1)
         else:
             unknown(lu.kind, "loss")
         return pred, loss_raw, delta
@@ -598,26 +779,29 @@ class GoldenModel:
     # -- ticks (numerics §7) -------------------------------------------------------------------
     def _tick(self, entering: tuple[_Sample, torch.Tensor] | None) -> None:
         t = self._clock
-        S = self.S
         if entering is not None:
             self._fwd[0] = entering
             self._last_entry = t
         tr = TickTrace(t, entering[0].id if entering else None) if self.trace else None
-        new_fwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * S
-        new_bwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * S
-        logits = None
-        for s, eng in enumerate(self.stages):
-            st_tr = StageTrace(s + 1) if tr is not None else None
-            f = self._fwd[s]
+        new_fwd: list[tuple[_Sample, torch.Tensor] | None] = [None] * self.S
+        new_bwd: list[dict[int, tuple[_Sample, torch.Tensor]]] = [{} for _ in self.stages]
+        logits: dict[int, tuple[_Sample, torch.Tensor]] = {}
+        for i, eng in enumerate(self.stages):
+            st_tr = StageTrace(i + 1) if tr is not None else None
+            f = self._fwd[i]
             if f is not None:  # forward first: it reads the pre-update weights
                 sample, xb = f
                 z, a, mask = eng.forward(xb, sample.train)
                 if sample.train:  # tanh/sigmoid stash the output y instead (numerics §2)
-                    eng.stash[sample.id] = (xb, a if eng.lut is not None else mask)
-                if s + 1 < S:
-                    new_fwd[s + 1] = (sample, self._with_bias(a, self.stages[s + 1]))
-                else:
-                    logits = (sample, a)
+                    # [x with bias, mask or y, streams still to run, δ sum, updates to come]
+                    eng.stash[sample.id] = [
+                        xb, a if eng.lut is not None else mask, len(eng.streams), None,
+                        len(eng.update_losses),
+                    ]  # fmt: skip
+                for j in self._readers[i]:
+                    new_fwd[j] = (sample, self._with_bias(a, self.stages[j]))
+                if i in self._feeds:
+                    logits[self._feeds[i]] = (sample, a)
                 if st_tr is not None:
                     st_tr.fwd_sample, st_tr.x, st_tr.z, st_tr.a, st_tr.mask = (
                         sample.id,
@@ -626,31 +810,65 @@ class GoldenModel:
                         a,
                         mask,
                     )
-            b = self._bwd[s]
-            if b is not None:
-                sample, g = b
-                delta, gin = eng.backward(sample.id, g)
-                if s > 0:
-                    new_bwd[s - 1] = (sample, gin)
-                else:
+            done: tuple[_Sample, torch.Tensor] | None = None
+            for loss_t in sorted(self._bwd[i]):  # every stream reads the start-of-tick weights
+                sample, g = self._bwd[i][loss_t]
+                entry = eng.stash[sample.id]
+                delta = eng.derivative(sample.id, g)
+                gin = eng.input_grad(delta) if loss_t in eng.gin_losses else None
+                if gin is not None:
+                    new_bwd[self._target[i]][loss_t] = (sample, gin)
+                upd = loss_t in eng.update_losses
+                if upd:
+                    entry[3] = delta if entry[3] is None else entry[3] + delta
+                    entry[4] -= 1
+                    if entry[4] == 0:
+                        if done is not None:
+                            raise GoldenError(f"stage {i + 1}: two updates in tick {t}")
+                        done = (sample, entry[3])
+                entry[2] -= 1
+                if st_tr is not None:
+                    st_tr.streams.append(StreamTrace(loss_t, sample.id, g, delta, gin, upd))
+                    if loss_t == eng.main_loss:
+                        st_tr.bwd_sample, st_tr.g, st_tr.delta, st_tr.gin = (
+                            sample.id, g, delta, gin,
+                        )  # fmt: skip
+            if done is not None:  # one update per tick, after every stream's input gradient
+                sample, dsum = done
+                if len(eng.update_losses) > 1:  # the δ sum of several losses (numerics §5.6)
+                    dsum = eng._clamp(dsum, eng.fd, "d")
+                if not self.sequential and t - sample.entry - (self._pos[i] - 1) != eng.spec.delay:
+                    raise GoldenError(f"stage {i + 1}: update of sample {sample.id} off its delay")
+                eng.update(sample.id, dsum)
+                if i == 0:
                     self.samples_applied += 1
                 if st_tr is not None:
-                    st_tr.bwd_sample, st_tr.g, st_tr.delta, st_tr.gin = sample.id, g, delta, gin
+                    st_tr.update_sample, st_tr.update_delta = sample.id, dsum
+            for sid in [k for k, e in eng.stash.items() if e[2] == 0]:
+                del eng.stash[sid]
             if st_tr is not None:
                 st_tr.w, st_tr.u, st_tr.w_prev = eng.w, eng.u, eng.w_prev
                 st_tr.lfsr = eng.lfsr_state
                 tr.stages.append(st_tr)
-        if logits is not None:
-            sample, z = logits
+        for loss_t in sorted(logits):
+            sample, z = logits[loss_t]
             pred, loss_raw, delta = self.loss_unit(
-                z, torch.tensor(sample.label), want_delta=sample.train
+                z, torch.tensor(sample.label), want_delta=sample.train, t=loss_t
             )
             res = Result(sample.id, int(pred), int(loss_raw), sample.train)
-            self.results.append(res)
-            if sample.train:
-                new_bwd[S - 1] = (sample, delta)
+            feed = self._feed[loss_t - 1]
+            if loss_t == self.K:
+                self.results.append(res)
+            else:
+                self.head_results[loss_t].append(res)
+            if sample.train and loss_t in self.stages[feed].streams:
+                new_bwd[feed][loss_t] = (sample, delta)
             if tr is not None:
-                tr.loss = LossTrace(sample.id, z, delta, res)
+                lt = LossTrace(sample.id, z, delta, res)
+                if loss_t == self.K:
+                    tr.loss = lt
+                else:
+                    tr.head_losses[loss_t] = lt
         self._fwd, self._bwd = new_fwd, new_bwd
         self._clock += 1
         if tr is not None:
@@ -662,7 +880,7 @@ class GoldenModel:
         if self.sequential:
             self.flush()
             self._seq_ticks += 1
-        sample = _Sample(self._next_id, int(label), bool(train))
+        sample = _Sample(self._next_id, int(label), bool(train), self._clock)
         self._next_id += 1
         if train:
             self.samples_trained += 1
@@ -698,8 +916,9 @@ class GoldenModel:
         return self.infer(x)[0]
 
     def infer(self, x: torch.Tensor, y: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """Stream x (n, N) as inference samples; return (pred (n,), loss_raw (n,)) — loss_raw
-        against labels ``y`` (0 if None). Appends their :class:`Result` records."""
+        """Stream x (n, N) as inference samples; return (pred (n,), loss_raw (n,)) of the true
+        loss — loss_raw against labels ``y`` (0 if None). Appends their :class:`Result` records
+        (and the heads' to :attr:`head_results`)."""
         self.flush()
         n = len(x)
         labels = torch.zeros(n, dtype=torch.int64) if y is None else y.to(torch.int64)
@@ -717,24 +936,30 @@ class GoldenModel:
                 torch.tensor([r.pred for r in res], dtype=torch.int64),
                 torch.tensor([r.loss_raw for r in res], dtype=torch.int64),
             )
-        a = self._with_bias(xq, self.stages[0])
-        for s, eng in enumerate(self.stages):
-            _, a, _ = eng.forward(a, False)
-            if s + 1 < self.S:
-                a = self._with_bias(a, self.stages[s + 1])
-        pred, loss_raw, _ = self.loss_unit(a, labels, want_delta=False)
+        acts: list[torch.Tensor] = []
+        for eng in self.stages:
+            a_in = xq if eng.spec.attach == 0 else acts[eng.spec.attach - 1]
+            acts.append(eng.forward(self._with_bias(a_in, eng), False)[1])
         first = self._next_id
         self._next_id += n
-        self.results.extend(
-            Result(first + i, p, lr, False)
-            for i, (p, lr) in enumerate(zip(pred.tolist(), loss_raw.tolist(), strict=True))
-        )
-        # the ticks that streaming would have run: n entries (2S apart when sequential), flush
-        self._last_entry = self._clock + (n - 1) * (2 * self.S if self.sequential else 1)
-        self._clock = self._last_entry + 2 * self.S
+        out = None
+        for loss_t, feed in enumerate(self._feed, start=1):
+            pred, loss_raw, _ = self.loss_unit(acts[feed], labels, want_delta=False, t=loss_t)
+            recs = [
+                Result(first + i, p, lr, False)
+                for i, (p, lr) in enumerate(zip(pred.tolist(), loss_raw.tolist(), strict=True))
+            ]
+            if loss_t == self.K:
+                self.results.extend(recs)
+                out = (pred, loss_raw)
+            else:
+                self.head_results[loss_t].extend(recs)
+        # the ticks that streaming would have run: n entries (`span` apart when sequential)
+        self._last_entry = self._clock + (n - 1) * (self.span if self.sequential else 1)
+        self._clock = self._last_entry + self.span
         if self.sequential:
             self._seq_ticks += n
-        return pred, loss_raw
+        return out
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """Accuracy (fraction in [0, 1]) of :meth:`predict` on x against y."""
@@ -767,15 +992,21 @@ class GoldenModel:
                         continue
                     setattr(eng, key, v.clone())
 
+    def _main(self) -> list[tuple[str, _StageEngine]]:
+        return list(zip(self._names, self.stages, strict=True))[: self.S_main]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Current weights as float32 ``{name.weight: w[:, :N]/2^f, name.bias: w[:, N]/2^f}``."""
+        """Current weights of the main stages as float32 ``{name.weight: w[:, :N]/2^f,
+        name.bias: w[:, N]/2^f}`` (loads into the user's model; the auxiliary heads are in
+        :meth:`memories`)."""
         out = {}
-        for name, eng in zip(self._names, self.stages, strict=True):
+        for name, eng in self._main():
             self.flush()
             scale = 2.0**-eng.fw.frac
             wf = eng.w.to(torch.float64) * scale
-            out[f"{name}.weight"] = wf[:, : eng.N].to(torch.float32)
-            out[f"{name}.bias"] = wf[:, eng.N].to(torch.float32).contiguous()
+            out[f"{name}.weight"] = wf[:, : eng.N].reshape(eng.weight_shape).to(torch.float32)
+            if eng.has_bias:
+                out[f"{name}.bias"] = wf[:, eng.N].to(torch.float32).contiguous()
         return out
 
     def momentum_buffers(self) -> dict[str, torch.Tensor]:
@@ -783,24 +1014,28 @@ class GoldenModel:
         (η = the plan's quantised ``lr`` constant)."""
         self.flush()
         out = {}
-        for name, eng in zip(self._names, self.stages, strict=True):
+        for name, eng in self._main():
             lr = eng.spec.update.lr.quantised
             vf = eng.u.to(torch.float64) * 2.0**-eng.fw.frac / lr
-            out[f"{name}.weight"] = vf[:, : eng.N].to(torch.float32)
-            out[f"{name}.bias"] = vf[:, eng.N].to(torch.float32).contiguous()
+            out[f"{name}.weight"] = vf[:, : eng.N].reshape(eng.weight_shape).to(torch.float32)
+            if eng.has_bias:
+                out[f"{name}.bias"] = vf[:, eng.N].to(torch.float32).contiguous()
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Quantise float weights into ``w`` (numerics §2; ``w_prev`` = ``w``); velocities keep
-        their values. Raises :class:`GoldenError` for a missing key or a wrong shape."""
+        their values (main stages; the heads keep theirs). Raises :class:`GoldenError` for a
+        missing key or a wrong shape."""
         self.flush()
-        for name, eng in zip(self._names, self.stages, strict=True):
+        for name, eng in self._main():
             try:
-                wt, bs = state[f"{name}.weight"], state[f"{name}.bias"]
+                wt = state[f"{name}.weight"]
+                bs = state[f"{name}.bias"] if eng.has_bias else torch.zeros(eng.M)
             except KeyError as exc:
                 raise GoldenError(f"state_dict lacks {exc.args[0]!r}") from exc
-            if tuple(wt.shape) != (eng.M, eng.N) or tuple(bs.shape) != (eng.M,):
+            if tuple(wt.shape) != eng.weight_shape or tuple(bs.shape) != (eng.M,):
                 raise GoldenError(f"{name}: shapes {tuple(wt.shape)}, {tuple(bs.shape)} differ")
+            wt = wt.reshape(eng.M, eng.N)
             eng.w = quantise(torch.cat([wt, bs[:, None]], dim=1), eng.fw)[0]
             if eng.w_prev is not None:
                 eng.w_prev = eng.w
@@ -839,14 +1074,15 @@ class GoldenModel:
                 for name, d in snap["memories"].items()
             }
             lfsr, sats = snap["lfsr"], snap["saturations"]
-            if len(lfsr) != self.S or len(sats) != self.S + 1:
+            if len(lfsr) != self.S or len(sats) != self.S + self.K:
                 raise GoldenError(f"snapshot of {len(lfsr)} stages; the plan has {self.S}")
             self.load_memories(mem)
             for eng, states, by in zip(self.stages, lfsr, sats, strict=False):
                 if states is not None:
                     eng.set_lfsr_state(states)
-                eng.sat_by = {k: int(by[k]) for k in STAGE_SAT_TENSORS}
-            self._loss_sat = int(sats[-1]["d"])
+                eng.sat_by = {k: int(by[k]) for k in eng.sat_by}
+            loss = [int(v["d"]) for v in sats[self.S :]]
+            self._loss_sats = [*loss[1:], loss[0]]
             self.samples_trained = int(snap["samples_trained"])
             self.samples_applied = int(snap["samples_applied"])
             self._clock, self._seq_ticks = int(snap["clock"]), int(snap["seq_ticks"])

@@ -289,13 +289,16 @@ def test_plan_constants_and_delays_are_used() -> None:
     without.train(x, y)
     a, b = with_plan.state_dict(), without.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    # interlocking with two-stage heads: delays, masks and head shapes from the plan
+    # interlocking (sum rule) with two-stage heads: delays, masks and head shapes from the plan
+    # (with the only rule, stage 2 would pass L2 back 5 updates after its forward but update
+    # from L3 after 3: a stream its stash cannot hold, refused)
     icfg = TrainConfig(
-        lr=0.05, strategy="interlocking", distance=1, blocks=(1, 2), head_stages=2, mitigation="sc"
-    )
+        lr=0.05, strategy="interlocking", distance=1, blocks=(1, 2), head_stages=2,
+        mitigation="sc", rule="sum",
+    )  # fmt: skip
     iplan = build_plan(ir, icfg)
     a, b = ReferenceTrainer(model, icfg, iplan), ReferenceTrainer(model, icfg)
-    assert a.delays == iplan.delays == b.delays == (7, 3, 1, 3, 1, 3, 1)  # 2·(1 + 2)+1
+    assert a.delays == iplan.delays == b.delays == (7, 5, 1, 3, 1, 3, 1)  # 2·((2−1) + 2)+1
     a.train(x, y)
     b.train(x, y)
     assert all(torch.equal(p.current.w, q.current.w) for p, q in zip(a._st, b._st, strict=True))
