@@ -513,7 +513,7 @@ class GoldenModel:
         dtype = torch.float32
         for st in mains:
             lin = modules.get(st.name)
-            if st.conv is not None:  # a convolution stage: sim/golden_conv.py (numerics §9)
+            if getattr(st, "conv", None) is not None:  # convolution: sim/golden_conv.py (§9)
                 from .golden_conv import conv_engine
 
                 self.stages.append(conv_engine(plan, st, lin))
