@@ -51,8 +51,9 @@ class Board:
     device: FPGA part as nextpnr names it.
     platform: ``module:Class`` of the amaranth-boards platform (loaded by
         :func:`pipetrain.hdl.boards.platform_class`).
-    clock_hz: board oscillator frequency (Hz); the design runs on it directly (no PLL: the UART
-        link, not the compute, limits samples/s — docs/boards.md).
+    clock_hz: the network clock (Hz): the clock the board's plans assume and the board top makes
+        from ``osc_hz`` with the FPGA's PLL (``hdl/pll.py``); the bitstream build lowers it when
+        nextpnr's Fmax misses it (docs/boards.md §2.1). A frequency the PLL makes exactly.
     baud: default UART baud rate (bit/s); ``clock_hz / baud`` must be within 2 % of an integer.
     luts, ffs: LUT4s and flip-flops.
     multipliers: hard multipliers (ECP5 MULT18X18D, iCE40 SB_MAC16).
@@ -80,6 +81,8 @@ class Board:
     ram_family: the block-RAM family the plan's memories are placed on
         (``compiler.build.RAM_FAMILIES``: ``bram18`` = 18 Kib RAMB18/DP16KD, ``ice40`` = 4 Kib
         EBR), so the plan's kinds and block counts are the board's.
+    osc_hz: the board oscillator (Hz), the PLL's reference (0: the network runs on
+        ``clock_hz`` directly).
     """
 
     name: str
@@ -105,6 +108,7 @@ class Board:
     activation_bits: int = 0
     const_bits: int = 18
     ram_family: str = "bram18"
+    osc_hz: float = 0.0
 
     def format_bits(self) -> dict[str, int]:
         """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
@@ -149,7 +153,8 @@ BOARDS: dict[str, Board] = {
             family="ecp5",
             device="LFE5U-85F",
             platform="amaranth_boards.ulx3s:ULX3S_85F_Platform",
-            clock_hz=25e6,
+            clock_hz=50e6,  # 25 MHz × 2 (EHXPLLL); mlp-digits: Fmax 56.1 MHz (boards.md §4)
+            osc_hz=25e6,
             baud=1_000_000,
             luts=83_640,
             ffs=83_640,
@@ -167,7 +172,8 @@ BOARDS: dict[str, Board] = {
             family="ice40",
             device="iCE40UP5K",
             platform="amaranth_boards.icebreaker:ICEBreakerPlatform",
-            clock_hz=12e6,
+            clock_hz=16.875e6,  # 12 MHz × 45 / 32 (SB_PLL40_PAD); mlp-digits: Fmax 18.7 MHz
+            osc_hz=12e6,
             baud=1_000_000,
             luts=5_280,
             ffs=5_280,

@@ -6,12 +6,15 @@ in front of :class:`~pipetrain.hdl.top.NetworkTop` for a training design
 (:func:`network_core`), or a FIFO loopback (:class:`Loopback`) to prove a board's UART and
 toolchain flow without a network.
 
-Clocking: the design runs on the board oscillator (ULX3S 25 MHz, iCEBreaker 12 MHz) through the
-platform's default ``sync`` domain (power-on reset from the platform). No PLL: *derived* — a
-training sample costs ``plan.tick_cycles`` cycles (≈ 2 150 for ``mlp-digits`` with one lane,
-≈ 86 µs at 25 MHz, ≈ 11 600 samples/s) while the UART carries ≈ 2·64 + framing bytes per sample
-(≈ 1 400 bits, ≈ 700 samples/s at 1 Mbaud). The link, not the clock, bounds samples/s; a faster
-clock would only cost timing margin.
+Clocking: the network runs at ``clock_hz`` (default the board's network clock
+``board.clock_hz``, the clock its plans assume: ULX3S 50 MHz, iCEBreaker 16.875 MHz), made from
+the oscillator (``board.osc_hz``: 25 MHz, 12 MHz) by the FPGA's PLL (:class:`~pipetrain.hdl.pll.
+PLLClock`: ``EHXPLLL`` / ``SB_PLL40_PAD``, the ``sync`` domain held in reset until the PLL locks);
+a ``clock_hz`` equal to the oscillator uses the platform's own ``sync`` domain, without a PLL.
+The UART divisor, the heartbeat and the link's receive timeout count cycles of ``clock_hz``. In
+simulation (no platform) ``sync`` is the network clock itself: no PLL, no cell model.
+The bitstream build picks ``clock_hz`` below the achieved Fmax (:func:`pipetrain.host.bitstream.
+build_board`; docs/boards.md §2.1).
 
 LEDs: ``led 0`` heartbeat (≈ 1 Hz, proves the bitstream runs), ``led 1`` UART activity
 (stretched RX/TX), ``led 2`` (boards with more LEDs) latched framing error.
@@ -22,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from amaranth import Cat, Elaboratable, Module, Signal
+from amaranth import Cat, ClockDomain, Elaboratable, Module, Signal
 from amaranth.build import ResourceError
 from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.targets import Board
+from ..compiler.targets import Board, BoardError
+from .pll import PLLClock, PLLSetting, pick_pll
 from .uart import UARTRx, UARTTx, uart_divisor
 
 __all__ = ["BoardTop", "Loopback", "NetworkCore", "byte_core_signature", "network_core"]
@@ -68,10 +72,11 @@ class NetworkCore(wiring.Component):
 
     Parameters
     ----------
-    plan: the design plan (its ``clock_hz`` should be the board clock).
+    plan: the design plan.
     rx_timeout_s: seconds without a byte inside a frame before the link drops it; converted to
-        cycles of ``plan.clock_hz`` (the link engine counts cycles), at least one cycle;
+        cycles of ``clock_hz`` (the link engine counts cycles), at least one cycle;
         0 turns the timeout off (a frame cut short then waits for the next bytes).
+    clock_hz: the clock the core runs at (Hz); default ``plan.clock_hz``.
 
     Raises
     ------
@@ -84,12 +89,15 @@ class NetworkCore(wiring.Component):
     busy: ``Out(1)`` the link is inside a frame.
     """
 
-    def __init__(self, plan: Any, rx_timeout_s: float = 0.021) -> None:
+    def __init__(
+        self, plan: Any, rx_timeout_s: float = 0.021, clock_hz: float | None = None
+    ) -> None:
         if rx_timeout_s < 0:
             raise ValueError(f"rx_timeout_s must be ≥ 0 s (0 = off), got {rx_timeout_s}")
         self.plan = plan
+        clock = plan.clock_hz if clock_hz is None else clock_hz
         # 0 s is "off" (LinkEngine's rx_timeout=0); any positive time is at least one cycle
-        self.rx_timeout = max(1, round(plan.clock_hz * rx_timeout_s)) if rx_timeout_s else 0
+        self.rx_timeout = max(1, round(clock * rx_timeout_s)) if rx_timeout_s else 0
         super().__init__(dict(byte_core_signature().members) | {"busy": Out(1)})
 
     def elaborate(self, platform: Any) -> Module:
@@ -106,9 +114,10 @@ class NetworkCore(wiring.Component):
         return m
 
 
-def network_core(plan: Any) -> NetworkCore:
-    """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core."""
-    return NetworkCore(plan)
+def network_core(plan: Any, clock_hz: float | None = None) -> NetworkCore:
+    """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core running at
+    ``clock_hz`` (Hz; default ``plan.clock_hz``)."""
+    return NetworkCore(plan, clock_hz=clock_hz)
 
 
 class BoardTop(Elaboratable):
@@ -116,13 +125,17 @@ class BoardTop(Elaboratable):
 
     Parameters
     ----------
-    board: the target (:data:`pipetrain.compiler.targets.BOARDS`), gives the clock (Hz).
+    board: the target (:data:`pipetrain.compiler.targets.BOARDS`): its network clock
+        ``clock_hz``, oscillator ``osc_hz`` and FPGA ``family`` (for the PLL).
     core: a byte-stream component (``i``/``o``, see :func:`byte_core_signature`) or a
         zero-argument factory returning one.
     baud: UART rate (bit/s), default ``board.baud``; :class:`~pipetrain.hdl.uart.UARTError`
         when the board clock cannot make it within 2 %.
     fifo_depth: RX FIFO depth (bytes) between the UART and the core, so the core may stall for
         up to ``fifo_depth`` byte times without an overrun.
+    clock_hz: the network clock (Hz), default ``board.clock_hz``; on a platform it must be the
+        oscillator or a frequency the PLL makes exactly (:func:`~pipetrain.hdl.pll.pick_pll`),
+        else :class:`~pipetrain.compiler.targets.BoardError` at elaboration.
 
     Members (simulation only, when elaborated without a platform)
     -------
@@ -136,10 +149,12 @@ class BoardTop(Elaboratable):
         core: wiring.Component | Callable[[], wiring.Component],
         baud: int | None = None,
         fifo_depth: int = 64,
+        clock_hz: float | None = None,
     ) -> None:
         self.board = board
         self.baud = int(baud or board.baud)
-        self.divisor = uart_divisor(board.clock_hz, self.baud)
+        self.clock_hz = float(board.clock_hz if clock_hz is None else clock_hz)
+        self.divisor = uart_divisor(self.clock_hz, self.baud)
         self._core = core
         self.fifo_depth = fifo_depth
         # Without a platform (simulation) the pins are these signals instead.
@@ -147,8 +162,33 @@ class BoardTop(Elaboratable):
         self.tx_pin = Signal(init=1)
         self.led_pins = Signal(3)
 
+    def pll(self) -> PLLSetting | None:
+        """The PLL setting that makes ``clock_hz`` from the board's oscillator, or None when the
+        network runs on the oscillator (or the board has none: a simulated board).
+
+        Raises :class:`~pipetrain.compiler.targets.BoardError` when the PLL cannot make
+        ``clock_hz`` exactly (the UART divisor and timeouts count cycles of it)."""
+        osc = getattr(self.board, "osc_hz", 0.0)
+        if not osc or abs(osc - self.clock_hz) < 1e-3:
+            return None
+        s = pick_pll(self.board.family, osc, self.clock_hz, self.baud)
+        if abs(s.out_hz - self.clock_hz) > 1e-3:
+            raise BoardError(
+                f"the {self.board.family} PLL cannot make {self.clock_hz / 1e6:g} MHz from "
+                f"{osc / 1e6:g} MHz (nearest below: {s.out_hz / 1e6:g} MHz); use that clock"
+            )
+        return s
+
     def elaborate(self, platform: Any) -> Module:
         m = Module()
+        if platform is not None:
+            setting = self.pll()
+            if setting is not None:
+                # nextpnr derives the clock's constraint through the PLL from the
+                # oscillator's (the platform constrains the pin)
+                m.domains.sync = ClockDomain("sync")
+                pin = platform.request(platform.default_clk, dir="-")
+                m.submodules.pll = PLLClock(setting, pin)
         core = (
             self._core()
             if callable(self._core) and not isinstance(self._core, wiring.Component)
@@ -163,7 +203,7 @@ class BoardTop(Elaboratable):
         wiring.connect(m, core.o, tx.i)
 
         # heartbeat ≈ 1 Hz; activity LED stretched to ≈ 20 ms
-        clk_hz = int(self.board.clock_hz)
+        clk_hz = int(self.clock_hz)
         beat = Signal(range(clk_hz // 2 + 1))
         led_beat = Signal()
         with m.If(beat == clk_hz // 2 - 1):

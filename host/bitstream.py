@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from .toolchain import ToolchainError
 
 __all__ = [
     "BuildError",
+    "CLOCK_MARGIN",
+    "build_board",
     "build_design",
     "build_log",
     "parse_report",
@@ -279,6 +282,117 @@ def build_design(
         "nextpnr_report": str(report_path),
     } | (meta or {})
     stamp.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+#: Timing margin of the network clock (derived): a pass is accepted when nextpnr's achieved
+#: Fmax ≥ (1 + margin) × the clock, so the board keeps a 3 % guard band over the static timing
+#: estimate (voltage, temperature and the model's own error).
+CLOCK_MARGIN = 0.03
+
+
+def build_board(
+    board: Board,
+    make_top: Callable[[float], Any],
+    out_dir: str | os.PathLike,
+    *,
+    clock_hz: float | None = None,
+    baud: int | None = None,
+    margin: float = CLOCK_MARGIN,
+    max_passes: int = 3,
+    force: bool = False,
+    meta: dict[str, Any] | None = None,
+    echo: Any = None,
+    **build_kw: Any,
+) -> dict[str, Any]:
+    """Build a board top at the fastest network clock that meets timing with ``margin``; return
+    the last pass's :func:`build_design` report with ``clock`` added. ``force``, ``meta``,
+    ``echo`` and ``build_kw`` (``name``, ``timeout_s``) are :func:`build_design`'s; ``force``
+    rebuilds the first pass only.
+
+    ``make_top(clock_hz)`` returns the board top running the network at ``clock_hz`` (Hz), e.g.
+    ``BoardTop(board, core, clock_hz=f)``. The first pass runs at ``clock_hz`` (default the
+    board's network clock, ``board.clock_hz``, the plan's; a build directory whose
+    ``build.json`` holds a lower clock chosen for the same target starts there). When nextpnr's
+    achieved Fmax is below ``(1 + margin)`` × the clock, the next pass runs at the fastest
+    clock the PLL makes at or below ``Fmax / (1 + margin)`` with the UART at ``baud`` within
+    tolerance (:func:`~pipetrain.hdl.pll.pick_pll`), or on the oscillator when the PLL cannot
+    go that low; at most ``max_passes`` passes, stopping when the clock cannot go lower.
+
+    ``clock`` (also in ``build.json``): ``target_mhz``, ``chosen_mhz`` (the network clock of the
+    bitstream), ``osc_mhz``, ``pll`` (the divider settings, VCO and PFD frequencies; None on the
+    oscillator), ``fmax_mhz`` (achieved at the chosen clock), ``margin``, ``met`` (Fmax ≥
+    (1 + margin) × chosen) and ``passes`` (``clock_mhz``, ``fmax_mhz`` of every pass this call
+    ran or reused). Raises as :func:`build_design`, and
+    :class:`~pipetrain.compiler.targets.BoardError` when ``clock_hz`` is not a clock the PLL
+    makes with the UART in tolerance.
+
+    Source: docs/boards.md §2.1 (*derived*: nextpnr reports the achieved Fmax only after place
+    and route, so the clock is fixed by a rebuild, not predicted).
+    """
+    from ..hdl.pll import pick_pll
+
+    baud = int(baud or board.baud)
+    osc = board.osc_hz or board.clock_hz
+    target = float(clock_hz or board.clock_hz)
+
+    def exact(f: float) -> tuple[float, Any]:
+        """(clock, PLL setting or None) for a clock at or below ``f``."""
+        if abs(f - osc) < 1e-3:
+            return osc, None
+        s = pick_pll(board.family, osc, f, baud)
+        return s.out_hz, s
+
+    f, pll = exact(target)
+    stamp = Path(out_dir) / "build.json"
+    if not force and stamp.is_file():  # a lower clock chosen before for this target
+        try:
+            old = json.loads(stamp.read_text()).get("clock") or {}
+        except json.JSONDecodeError:
+            old = {}
+        chosen = float(old.get("chosen_mhz") or 0) * 1e6
+        if abs(float(old.get("target_mhz") or 0) * 1e6 - target) < 1 and 0 < chosen < f:
+            f, pll = exact(chosen)
+    passes: list[dict[str, float]] = []
+    while True:
+        clock = {
+            "target_mhz": target / 1e6,
+            "chosen_mhz": f / 1e6,
+            "osc_mhz": osc / 1e6,
+            "pll": pll.to_dict() if pll is not None else None,
+            "margin": margin,
+        }
+        echo = echo or (lambda msg: None)
+        if passes:
+            echo(f"rebuilding at {f / 1e6:g} MHz (Fmax {passes[-1]['fmax_mhz']:.2f} MHz)")
+        top = make_top(f)
+        uart = {"baud": top.baud, "uart_divisor": top.divisor} if hasattr(top, "divisor") else {}
+        result = build_design(
+            board,
+            top,
+            out_dir,
+            force=force and not passes,
+            meta=(meta or {}) | uart | {"clock": clock},
+            echo=echo,
+            **build_kw,
+        )
+        fmax = float(result["fmax_mhz"]) * 1e6
+        passes.append({"clock_mhz": f / 1e6, "fmax_mhz": fmax / 1e6})
+        met = fmax >= f * (1 + margin)
+        if met or len(passes) >= max_passes:
+            break
+        try:
+            nf, npll = exact(fmax / (1 + margin))
+        except BoardError:  # below the PLL's range: the oscillator
+            nf, npll = osc, None
+        if nf >= f:  # no slower clock left
+            break
+        f, pll = nf, npll
+    clock |= {"fmax_mhz": fmax / 1e6, "met": met, "passes": passes}
+    result = result | {"clock": clock}
+    if stamp.is_file():  # build_design wrote (or reused) it: add the clock passes
+        kept = {k: v for k, v in result.items() if k != "cached"}
+        stamp.write_text(json.dumps(kept, indent=2) + "\n")
     return result
 
 
