@@ -28,7 +28,7 @@ from torch import nn
 
 from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
 from .config import TrainConfig
-from .fit import PlanRequest, fit_plan
+from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
     Ranges,
     apply_overrides,
@@ -72,6 +72,8 @@ class CompileResult:
     out_dir: the final output folder (None when nothing is written).
     files: names of the files written into ``out_dir``.
     board: the board the plan was fitted to (None: not fitted).
+    fit: the board's ``{resource: {needed, available}}`` rows of the fitted plan
+        (:func:`~pipetrain.compiler.fit.check_fit`, with the shell; None: not fitted).
     """
 
     name: str
@@ -84,6 +86,7 @@ class CompileResult:
     out_dir: Path | None = None
     files: list[str] = field(default_factory=list)
     board: Board | None = None
+    fit: dict | None = None
 
 
 #: An artifact writer: ``writer(result, folder)`` writes its files into ``folder`` (a
@@ -153,6 +156,7 @@ def compile_result(
     format_overrides: Mapping[str, QFormat] | Sequence[str] | None = None,
     calibrate: Calibrate | None = None,
     board: Board | None = None,
+    shell: ShellSource = None,
     lanes: Sequence[int] | None = None,
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
@@ -226,13 +230,17 @@ def compile_result(
             const_bits=const_bits,
             single_port=tuple(single_port),
         )
+        fit = None
         if board is None:
             plan = request.build()
         else:
-            plan, request = fit_plan(request, board)
+            plan, request = fit_plan(request, board, shell)
+            fit = check_fit(plan, board, shell)
     for rec in records:
         caught.append(str(rec.message))
-    result = CompileResult(name, model, ir, config, request.formats, plan, caught, board=board)
+    result = CompileResult(
+        name, model, ir, config, request.formats, plan, caught, board=board, fit=fit
+    )
     if out_dir is not None:
         _write_artifacts(result, Path(out_dir), ARTIFACT_WRITERS if writers is None else writers)
     return result
@@ -261,7 +269,10 @@ def compile_model(
     ``clock_hz``, ``const_bits`` and ``single_port`` (:func:`~pipetrain.compiler.build.
     build_plan`: constant precision, SPRAM stages), ``board`` (fit the plan to it,
     :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, formats, lanes and SPRAM
-    replace those options), ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed``
+    replace those options; lanes not given: the fastest that fit), ``shell`` (the board
+    design's memories outside the plan, :class:`~pipetrain.compiler.fit.Shell` or a function
+    of the plan; counted in the fit), ``writers`` (default :data:`ARTIFACT_WRITERS`),
+    ``name``, ``seed``
     (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
     notes of the report, e.g. which data calibrated the formats).
 

@@ -12,24 +12,32 @@ returns the fitted plan or raises :class:`FitError` with needed vs available num
    block counts are the board's);
 2. formats narrowed to the board's widths (iCE40: 16-bit weights and velocities, 12-bit
    activations and errors), keeping their calibrated integer bits (:func:`narrow_formats`);
-3. lanes: the request's if the user gave them; otherwise the compiler's default balance and,
-   if that plan does not fit (:func:`check_fit`), one lane per stage — the UART bounds
-   samples/s well below one lane's compute rate, so fewer lanes cost only idle compute;
+3. lanes (``--lanes auto``, :func:`board_lanes`): the fastest plan that fits — every
+   fewest-lanes design (:func:`lane_candidates`, fastest first) is
+   built with the board's settings and checked (:func:`check_fit`); the one with the fewest
+   ideal cycles per sample (the tick) wins, ties going to fewer DSP blocks, logic cells and
+   block RAMs (FINN's folding to a target rate, with the board's budget as the target).
+   Lanes the user gave (``--lanes``/``--target-cycles``/``--max-multipliers``) win; if they do
+   not fit, :class:`FitError` names the resource, needed vs available, and the lanes that fit;
 4. SPRAM (iCE40 UltraPlus): one-lane stages, largest weight + velocity bits first, get
    single-port SPRAM weight memories (``Stage.slot_cycles`` = 2: a slot every other cycle)
-   while SPRAMs remain (:func:`spram_stages`).
+   while SPRAMs remain (:func:`spram_stages`; run for every lane candidate).
 
-The fit check (:func:`check_fit`) compares the plan's needs with the board: hard multiplier
-blocks for the board's DSP width (:func:`~pipetrain.compiler.build.hard_multipliers`: a 24 ×
-16-bit product takes two 18×18 MULT18X18D), memory bits, and the stages' memories mapped onto
-the board's own block RAMs (18 Kib DP16KD on ECP5, 4 Kib EBR on iCE40). It is a necessary
-check, not a sufficient one: routing and LUT use are only known after place and route.
-Source: *derived* (the order above was measured on the iCEBreaker, docs/boards.md).
+The fit check (:func:`check_fit`) compares the board design's needs with the board: hard
+multiplier blocks for the board's DSP width (:func:`~pipetrain.compiler.build.hard_multipliers`:
+a 24 × 16-bit product takes two 18×18 MULT18X18D), memory bits, the memories mapped onto the
+board's own block RAMs (18 Kib DP16KD on ECP5, 4 Kib EBR on iCE40) — the plan's and the board
+shell's (:class:`Shell`: the link engine's buffers and the RX FIFO, 5 EBR on the iCEBreaker) —
+and logic cells (:func:`logic_cells`, a per-part cost model fitted to nextpnr's counts of
+measured builds, :data:`LOGIC_MODELS`, docs/boards.md §3). Routing is still only known after
+place and route. Source: *derived* (the order above was measured on the iCEBreaker,
+docs/boards.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,25 +45,37 @@ from .build import (
     BLOCK_RAM_BITS,
     CONST_MANTISSA_BITS,
     EXP_LUT_FRAC,
+    RAM_FAMILIES,
     FormatSpec,
     build_plan,
     hard_multipliers,
     memory_blocks,
+    place_memory,
     spram_blocks,
+    stage_cycles,
+    stage_slots,
 )
 from .config import TrainConfig
 from .formats import apply_overrides, parse_format_overrides
 from .ir import NetworkIR
-from .lanes import choose_lanes
+from .lanes import lanes_for_target
 from .plan import Plan
 from .targets import Board, BoardError
 
 __all__ = [
     "FitError",
     "PlanRequest",
+    "Shell",
+    "LogicModel",
+    "LOGIC_MODELS",
     "fit_plan",
+    "board_lanes",
+    "lane_candidates",
+    "plan_with_lanes",
     "check_fit",
     "plan_totals",
+    "logic_cells",
+    "shell_blocks",
     "narrow_formats",
     "spram_stages",
 ]
@@ -122,12 +142,176 @@ class PlanRequest:
         )
 
 
-def plan_totals(plan: Any, board: Board | None = None) -> dict[str, int]:
+@dataclass(frozen=True)
+class Shell:
+    """What a board design holds besides the plan's network (``NetworkTop``): the link engine
+    and the board top's RX FIFO (``hdl/board.py``), as the fit check counts them. The host
+    derives it from the HDL (:func:`pipetrain.hdl.shell.board_shell`); the compiler only
+    places its memories on the board's RAM family.
+
+    Members
+    -------
+    memories: ``(name, words, width, read_ports, write_ports)`` of every memory outside the
+        plan (link receiver buffer, dispatcher state memory, results buffer, RX FIFO).
+    """
+
+    memories: tuple[tuple[str, int, int, int, int], ...] = ()
+
+
+#: A shell, or how to derive it from a plan (its sizes follow the plan's inputs and stages).
+ShellSource = Shell | Callable[[Plan], Shell] | None
+
+
+def _shell_of(shell: ShellSource, plan: Any) -> Shell | None:
+    return shell(plan) if callable(shell) else shell
+
+
+def shell_blocks(shell: Shell | None, board: Board) -> int:
+    """Block RAMs of the board's family that the shell's memories take (each placed as the
+    plan's are, :func:`~pipetrain.compiler.build.place_memory`: LUT RAM where cheaper on ECP5);
+    0 without a shell."""
+    if shell is None:
+        return 0
+    fam = RAM_FAMILIES[board.ram_family]
+    return sum(
+        place_memory(n, 1, d, w, read_ports=r, write_ports=wp, family=fam).blocks
+        for n, d, w, r, wp in shell.memories
+    )
+
+
+@dataclass(frozen=True)
+class LogicModel:
+    """Logic cells of a board design on one FPGA family, per part, in nextpnr's unit (iCE40
+    ``ICESTORM_LC``: a LUT4 with its flip-flop and carry; ECP5 ``TRELLIS_COMB``: a LUT4 slot,
+    two per CCU2C carry cell and per TRELLIS_DPR16X4 LUT RAM). :func:`logic_cells` sums the
+    parts (all in cells).
+
+    Members
+    -------
+    shell: UART, RX FIFO, heartbeat and LEDs, and the link engine.
+    network: the network top's own logic (tick controller, weight access, result FIFO).
+    loss: the cross-entropy loss unit (max, exp LUT read, divider, p − onehot).
+    stage: one stage without its lanes (sequencer, stash and error-buffer addressing,
+        activation, operand registers).
+    ingrad_stage: what a stage with an input gradient adds (its stash, ``gacc`` path).
+    lane: one lane of a stage (forward MAC, update with stochastic rounding, saturation and
+        write-back).
+    size: per row and per input of a stage (M + N: address counters, the activation mask).
+    lutram_tile: one 16 × 4 LUT-RAM tile of a ``lutram`` memory, per read port (ECP5).
+    bram_mux_bit: one output bit of a block-RAM bank beyond its first block in depth (the
+        read multiplexer of a bank deeper than one block).
+    logic_bit: one bit of a memory the plan keeps in flip-flops (``logic`` kind).
+    pack: nextpnr cells per synthesised cell of the builds the model was fitted to (LUT4 +
+        FF + carry on iCE40, LUT4 + 2 × CCU2C + 2 × DPR16X4 on ECP5; for the record).
+    source: the builds the numbers were fitted to (docs/boards.md §3).
+    """
+
+    shell: float
+    network: float
+    loss: float
+    stage: float
+    ingrad_stage: float
+    lane: float
+    size: float
+    lutram_tile: float
+    bram_mux_bit: float
+    logic_bit: float
+    pack: float
+    source: str
+
+
+#: The cost models per ``Board.family``, fitted per part to the synthesised netlists (cells
+#: attributed by their hierarchical names: ``core.link``, ``core.net.stage<i>``, …) of the
+#: builds in tests/nextpnr_builds.json and scaled by ``pack`` to nextpnr's counts (docs/boards.md
+#: §3 has the table; tests/test_board_fit.py checks every recorded build within 10 %).
+LOGIC_MODELS: dict[str, LogicModel] = {
+    "ice40": LogicModel(
+        shell=2086.0,
+        network=449.0,
+        loss=586.0,
+        stage=115.0,
+        ingrad_stage=64.0,
+        lane=811.0,
+        size=1.13,
+        lutram_tile=0.0,
+        bram_mux_bit=1.0,
+        logic_bit=1.0,
+        pack=0.733,
+        source="derived from 4 iCEBreaker builds (mlp 64→16/32/48/56→10, one lane per stage) "
+        "and the lane from Yosys synthesis of mlp-digits at 2,1 and 4,1 lanes (1,107 "
+        "synthesised cells per lane)",
+    ),
+    "ecp5": LogicModel(
+        shell=2071.0,
+        network=322.0,
+        loss=498.0,
+        stage=203.0,
+        ingrad_stage=842.0,
+        lane=898.0,
+        size=0.0,
+        lutram_tile=2.27,
+        bram_mux_bit=4.26,
+        logic_bit=0.5,
+        pack=1.135,
+        source="derived from 4 ULX3S builds (mlp-digits 4,1 and 8,2, -deep 4,3,3,1, -wide 4,4,1)",
+    ),
+}
+
+
+def logic_cells(plan: Any, board: Board) -> dict[str, int]:
+    """Estimated logic cells of the board design of ``plan`` on ``board`` (nextpnr's count:
+    iCE40 logic cells, ECP5 LUT4 slots), per part: ``shell`` (UART, FIFO, link engine),
+    ``network``, ``loss`` (per loss unit), ``stage<i>`` (:attr:`LogicModel.stage` (+
+    ``ingrad_stage``) + lanes × ``lane`` + (M + N) × ``size`` + its ``lutram`` tiles, deep
+    block-RAM banks' output bits and ``logic`` memory bits at their costs), and ``total``. A
+    plan without stages (a summary) gives ``{"total": 0}``.
+
+    Source: *derived* — a linear model per part, fitted to the measured builds
+    (:data:`LOGIC_MODELS`; the builds, the fit and the residuals in docs/boards.md §3; within
+    10 % of nextpnr's counts, tests/test_board_fit.py).
+    """
+    stages = getattr(plan, "stages", None)
+    if not stages:
+        return {"total": 0}
+    m = LOGIC_MODELS[board.family]
+    out = {
+        "shell": m.shell,
+        "network": m.network,
+        "loss": m.loss * (1 + len(getattr(plan, "head_losses", ()))),
+    }
+    for st in stages:
+        tiles = mux = flops = 0
+        for mem in st.memories:
+            if mem.kind == "lutram":
+                tiles += (
+                    mem.banks * -(-mem.words // 16) * -(-mem.width // 4) * max(1, mem.read_ports)
+                )
+            elif mem.kind == "logic":
+                flops += mem.banks * mem.words * mem.width
+            elif mem.kind == "bram" and mem.config_depth:
+                mux += mem.banks * mem.width * (-(-mem.words // mem.config_depth) - 1)
+        out[f"stage{st.index}"] = (
+            m.stage
+            + (m.ingrad_stage if st.input_gradient else 0.0)
+            + st.lanes * m.lane
+            + (st.in_features + st.out_features) * m.size
+            + tiles * m.lutram_tile
+            + mux * m.bram_mux_bit
+            + flops * m.logic_bit
+        )
+    res = {k: round(v) for k, v in out.items()}
+    res["total"] = round(sum(out.values()))
+    return res
+
+
+def plan_totals(plan: Any, board: Board | None = None, shell: ShellSource = None) -> dict[str, int]:
     """Return the plan's ``memory_bits``, ``multipliers`` (in the datapath) and
     ``memory_blocks`` (18 Kib units; the sum over stages when the plan has no total); with a
     ``board`` also ``hard_multipliers`` (DSP blocks of the board's width), ``bram_blocks``
-    (the board's own block RAMs) and ``spram_blocks``. A plan without stages (a summary)
-    counts its ``multipliers`` as blocks and its 18 Kib blocks' bits in the board's blocks."""
+    (the board's own block RAMs: the plan's plus the ``shell``'s, :func:`shell_blocks`),
+    ``shell_bram_blocks``, ``spram_blocks`` and ``logic_cells`` (:func:`logic_cells`). A plan
+    without stages (a summary) counts its ``multipliers`` as blocks and its 18 Kib blocks'
+    bits in the board's blocks, and no logic cells."""
     blocks = getattr(plan, "memory_blocks", None)
     if blocks is None:
         blocks = sum(s.memory_blocks for s in plan.stages)
@@ -138,24 +322,34 @@ def plan_totals(plan: Any, board: Board | None = None) -> dict[str, int]:
     }
     if board is None:
         return out
+    sh = shell_blocks(_shell_of(shell, plan), board)
     if not getattr(plan, "stages", None):
         bram = -(-out["memory_blocks"] * BLOCK_RAM_BITS // board.bram_block_bits)
         return out | {
             "hard_multipliers": out["multipliers"],
-            "bram_blocks": int(bram),
+            "bram_blocks": int(bram) + sh,
+            "shell_bram_blocks": sh,
             "spram_blocks": 0,
+            "logic_cells": 0,
         }
     hard = hard_multipliers(plan, board.multiplier_width, 2, board.multiplier_min_product_bits)
     bram = memory_blocks(plan, board.bram_configs, board.bram_block_bits)
     return out | {
         "hard_multipliers": int(hard),
-        "bram_blocks": int(bram),
+        "bram_blocks": int(bram) + sh,
+        "shell_bram_blocks": sh,
         "spram_blocks": int(spram_blocks(plan)),
+        "logic_cells": logic_cells(plan, board)["total"],
     }
 
 
-def check_fit(plan: Any, board: Board) -> dict[str, dict[str, int]]:
-    """Check the plan against the board's budget; return ``{resource: {needed, available}}``.
+def _cells_name(board: Board) -> str:
+    return "logic cells" if board.family == "ice40" else "LUT4s"
+
+
+def check_fit(plan: Any, board: Board, shell: ShellSource = None) -> dict[str, dict[str, int]]:
+    """Check the board design of ``plan`` against the board; return ``{resource: {needed,
+    available}}``.
 
     - multipliers: hard multiplier blocks of the board's DSP width vs the board's; the plan's
       ``multipliers`` count each datapath multiplier once, whatever its width.
@@ -163,13 +357,16 @@ def check_fit(plan: Any, board: Board) -> dict[str, dict[str, int]]:
       the iCE40 UltraPlus).
     - memory bits: ``plan.memory_bits`` vs block RAM bits + the bits of the SPRAMs the plan
       uses.
-    - memory blocks: the other stage memories mapped onto the board's block RAM, as bits, vs
-      block RAM bits (each memory is rounded up to whole blocks, so this is the tighter check).
+    - bram_blocks: the plan's memories and the ``shell``'s (:class:`Shell`, None: the plan's
+      only) mapped onto the board's block RAMs vs the board's (each memory is rounded up to
+      whole blocks, so this is the tighter check); ``memory_block_bits``: the same in bits.
+    - logic_cells: :func:`logic_cells` (UART and link engine included) vs the board's LUT4s /
+      logic cells.
 
     Raises :class:`FitError` naming every resource that does not fit, with needed vs available
     numbers (its ``rows`` hold the same table).
     """
-    t = plan_totals(plan, board)
+    t = plan_totals(plan, board, shell)
     sp = t["spram_blocks"]
     sp_bits = min(sp, board.spram_blocks) * board.spram_block_bits
     ram_bits = board.bram_bits + sp_bits
@@ -180,6 +377,8 @@ def check_fit(plan: Any, board: Board) -> dict[str, dict[str, int]]:
         "spram": {"needed": sp, "available": board.spram_blocks},
         "memory_bits": {"needed": t["memory_bits"], "available": ram_bits},
         "memory_block_bits": {"needed": block_bits, "available": board.bram_bits},
+        "bram_blocks": {"needed": t["bram_blocks"], "available": board.bram_blocks},
+        "logic_cells": {"needed": t["logic_cells"], "available": board.luts},
     }
     w = board.multiplier_width
     problems = []
@@ -193,9 +392,15 @@ def check_fit(plan: Any, board: Board) -> dict[str, dict[str, int]]:
     if t["memory_bits"] > ram_bits:
         problems.append(f"{t['memory_bits']} memory bits needed, {ram_bits} available ({ram_name})")
     elif t["bram_blocks"] > board.bram_blocks:
+        link = f", {t['shell_bram_blocks']} of them the link's" if t["shell_bram_blocks"] else ""
         problems.append(
             f"{t['bram_blocks']} block RAMs of {board.bram_block_bits // 1024} Kib needed "
-            f"({block_bits} bits), {board.bram_blocks} available ({board.bram_bits} bits)"
+            f"({block_bits} bits{link}), {board.bram_blocks} available ({board.bram_bits} bits)"
+        )
+    if t["logic_cells"] > board.luts:
+        problems.append(
+            f"~{t['logic_cells']} {_cells_name(board)} needed (estimate, link engine and UART "
+            f"included), {board.luts} available"
         )
     if problems:
         raise FitError(
@@ -263,15 +468,113 @@ def spram_stages(plan: Plan, board: Board) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def fit_plan(request: PlanRequest, board: Board) -> tuple[Plan, PlanRequest]:
+def _pass(slot: Any, lanes: int) -> int:
+    """Cycles of one stage slot's fused pass with ``lanes`` (a convolution slot passes its
+    geometry)."""
+    conv = getattr(slot, "conv", None)
+    extra = () if conv is None else (conv,)
+    return stage_cycles(slot.in_features, slot.out_features, lanes, *extra)[1]
+
+
+def lane_candidates(ir: NetworkIR, config: TrainConfig) -> list[tuple[int, tuple[int, ...]]]:
+    """Every fewest-lanes design, fastest first: ``(T, lanes)`` with ``lanes`` =
+    :func:`~pipetrain.compiler.lanes.lanes_for_target` (T) for each pass length T (cycles) that
+    some stage takes with some lane count (⌈M/L⌉·(N+1)), from the floor (one lane per row
+    everywhere) up to one lane per stage; T is the slowest stage's pass of ``lanes``, and a
+    lane vector appears once. Source: *derived* (FINN's folding by a target rate,
+    docs/architecture.md §3)."""
+    slots = stage_slots(ir, config)
+    rows = [getattr(sl, "rows", sl.out_features) for sl in slots]
+    floor = max(_pass(sl, r) for sl, r in zip(slots, rows, strict=True))
+    ticks = sorted(
+        {_pass(sl, L) for sl, r in zip(slots, rows, strict=True) for L in range(1, r + 1)}
+    )
+    out: list[tuple[int, tuple[int, ...]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for T in ticks:
+        if T < floor:
+            continue
+        lanes = lanes_for_target(ir, config, T)
+        if lanes in seen:
+            continue
+        seen.add(lanes)
+        out.append((max(_pass(sl, L) for sl, L in zip(slots, lanes, strict=True)), lanes))
+    return out
+
+
+def plan_with_lanes(
+    req: PlanRequest, board: Board, lanes: tuple[int, ...]
+) -> tuple[Plan, PlanRequest]:
+    """The plan of ``req`` (already at the board's settings) with ``lanes``, its one-lane stages
+    on SPRAM where the board has it (step 4); and the request it was built from. Unchecked."""
+    attempt = req.replace(lanes=tuple(lanes), single_port=())
+    plan = attempt.build()
+    sp = spram_stages(plan, board)
+    if sp:
+        attempt = attempt.replace(single_port=sp)
+        plan = attempt.build()
+    return plan, attempt
+
+
+def _search(
+    req: PlanRequest, board: Board, shell: ShellSource
+) -> tuple[tuple[Plan, PlanRequest] | None, FitError | None]:
+    """Walk the lane candidates fastest first (step 3); return the best fitting (plan,
+    request), or None and the last candidate's FitError (one lane per stage)."""
+    best: tuple[tuple[int, ...], Plan, PlanRequest] | None = None
+    err: FitError | None = None
+    resolved: Shell | None = None
+    for slowest, lanes in lane_candidates(req.ir, req.config):
+        if best is not None and slowest > best[0][0]:
+            break  # the tick is at least the slowest pass: no later candidate is faster
+        plan, attempt = plan_with_lanes(req, board, lanes)
+        if resolved is None:
+            resolved = _shell_of(shell, plan)  # the same for every lane count
+        try:
+            check_fit(plan, board, resolved)
+        except FitError as exc:
+            err = exc
+            continue
+        t = plan_totals(plan, board, resolved)
+        key = (
+            plan.ideal_cycles_per_sample,
+            t["hard_multipliers"],
+            t["logic_cells"],
+            t["bram_blocks"],
+        )
+        if best is None or key < best[0]:
+            best = (key, plan, attempt)
+    return ((best[1], best[2]) if best else None), err
+
+
+def board_lanes(request: PlanRequest, board: Board, shell: ShellSource = None) -> tuple[int, ...]:
+    """``--lanes auto``: the lanes of the fastest plan of ``request`` that fits ``board``
+    (step 3 of the module docstring; the request as :func:`fit_plan` builds it, with the
+    board's constants and formats). Raises :class:`FitError` when even one lane per stage does
+    not fit. Source: *derived* (FINN's folding to a target rate; the board is the target)."""
+    found, err = _search(request, board, shell)
+    if found is None:
+        assert err is not None
+        raise err
+    return found[1].lanes
+
+
+def _lanes_text(lanes: tuple[int, ...]) -> str:
+    return ",".join(str(v) for v in lanes)
+
+
+def fit_plan(
+    request: PlanRequest, board: Board, shell: ShellSource = None
+) -> tuple[Plan, PlanRequest]:
     """Fit ``request`` to ``board`` (module docstring); return the plan and the request it was
-    built from (its ``formats`` are the narrowed ones).
+    built from (its ``formats`` are the narrowed ones, its ``lanes`` the chosen ones).
+    ``shell``: the board design's memories outside the plan (:class:`Shell`, or a function of
+    the plan giving it; None: the plan's memories only).
 
     Raises :class:`FitError` (needed vs available numbers) when even one lane per stage with
-    the board's formats does not fit; a plan with the user's own lanes is returned unchecked
-    beyond that (the caller's :func:`check_fit` then names what does not fit), and
-    :class:`~pipetrain.compiler.build.PlanError` for a design that is invalid at the board's
-    settings.
+    the board's formats does not fit, or when the lanes the user gave (``lanes_given``) do not
+    fit — then naming the lanes that do; :class:`~pipetrain.compiler.build.PlanError` for a
+    design that is invalid at the board's settings.
     """
     req = request.replace(
         clock_hz=board.clock_hz,
@@ -283,27 +586,32 @@ def fit_plan(request: PlanRequest, board: Board) -> tuple[Plan, PlanRequest]:
     if over:
         spec = apply_overrides(req.formats, parse_format_overrides(over), req.ir, req.config)
         req = req.replace(formats=spec)
-    candidates = [req.lanes]
-    if not req.lanes_given:
-        ones = choose_lanes(req.ir, req.config, (1,))
-        if ones != req.lanes:
-            candidates.append(ones)
-    err: FitError | None = None
-    plan = None
-    for lanes in candidates:
-        attempt = req.replace(lanes=tuple(lanes))
-        plan = attempt.build()
-        sp = spram_stages(plan, board)
-        if sp:
-            attempt = attempt.replace(single_port=sp)
-            plan = attempt.build()
+    if req.lanes_given:
+        plan, attempt = plan_with_lanes(req, board, req.lanes)
         try:
-            check_fit(plan, board)
+            check_fit(plan, board, _shell_of(shell, plan))
             return plan, attempt
         except FitError as exc:
-            err = exc
-            if req.lanes_given:
-                return plan, attempt
+            given = exc
+        found, _ = _search(req, board, shell)
+        head = str(given).split(". Use fewer lanes")[0]
+        if found is None:
+            hint = "no lane count fits either: use a smaller network or a bigger board"
+        else:
+            p = found[0]
+            hint = (
+                f"--lanes {_lanes_text(found[1].lanes)} fits ({p.ideal_cycles_per_sample} "
+                "cycles/sample): give it, or leave --lanes out for the fastest plan that fits "
+                "(--lanes auto)"
+            )
+        raise FitError(
+            f"{head}, with the lanes asked for ({_lanes_text(req.lanes)}); {hint}",
+            given.rows,
+            given.plan,
+        ) from None
+    found, err = _search(req, board, shell)
+    if found is not None:
+        return found
     assert err is not None
     head = str(err).split(". Use fewer lanes")[0]
     narrowed = " and the board's narrower formats" if any(board.format_bits().values()) else ""
