@@ -219,6 +219,21 @@ def format_table(plan: Plan) -> str:
     return markdown_table(headers, rows)
 
 
+def _streams_text(st: Stage) -> str:
+    """``; back-propagates L2 (pass-through, delay 3), L3 (delay 7)``: the stage's backward
+    streams with their delays (``Stage.streams``; the stage's own delay when the plan lists
+    none, ``global``), empty without any."""
+    if not st.grad_losses:
+        return ""
+    listed = getattr(st, "streams", None)  # absent in global plans
+    delays = dict(listed) if listed is not None else {}
+    parts = []
+    for t in st.grad_losses:
+        kind = "" if t in st.losses else "pass-through, "
+        parts.append(f"L{t} ({kind}delay {delays.get(t, st.delay)})")
+    return f"; back-propagates {', '.join(parts)}"
+
+
 def render_report(
     plan: Plan,
     warnings: Sequence[str] = (),
@@ -266,11 +281,7 @@ def render_report(
         lines.append(
             f"- stage {st.index} ({_layer(st)}): D = {st.delay} — {st.delay_derivation}; "
             f"updated by loss {', '.join(f'L{k}' for k in st.losses)}"
-            + (
-                f"; back-propagates {', '.join(f'L{k}' for k in st.grad_losses)}"
-                if st.grad_losses
-                else ""
-            )
+            + _streams_text(st)
             + (
                 f"; sends input gradient of {', '.join(f'L{k}' for k in st.gin_losses)}"
                 if st.gin_losses
