@@ -170,13 +170,16 @@ def test_icebreaker_mlp_digits_fits_after_synthesis() -> None:
 @needs_yosys
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("family", "board", "hard"),
+    ("family", "board", "lanes", "hard"),
     [
-        ("ice40", "icebreaker", {"SB_MAC16": 6, "SB_SPRAM256KA": 4}),
-        ("ecp5", "ulx3s-85f", {"MULT18X18D": 38, "DP16KD": 21}),
+        ("ice40", "icebreaker", "1,1", {"SB_MAC16": 6, "SB_SPRAM256KA": 4}),
+        # the lanes of the measured run (--lanes auto now picks 16,4 on the ULX3S: 149 blocks)
+        ("ecp5", "ulx3s-85f", "4,1", {"MULT18X18D": 38, "DP16KD": 21}),
     ],
 )
-def test_mlp_digits_post_synth_bit_exact_with_board_plan(family, board, hard, tmp_path) -> None:
+def test_mlp_digits_post_synth_bit_exact_with_board_plan(
+    family, board, lanes, hard, tmp_path
+) -> None:
     """``pipetrain sim mlp-digits --post-synth FAMILY --board BOARD --samples 20``: the board's
     fitted plan, synthesised with the board's bitstream synthesis, in Verilator with the vendor
     cell models, bit-exact with the golden model; the netlist has the board build's hard
@@ -189,6 +192,7 @@ def test_mlp_digits_post_synth_bit_exact_with_board_plan(family, board, hard, tm
 
     out = tmp_path / "sim.json"
     args = ["sim", "mlp-digits", "--post-synth", family, "--board", board, "--samples", "20"]
+    args += ["--lanes", lanes]
     res = CliRunner().invoke(cli, [*args, "--json", str(out)])
     assert res.exit_code == 0, res.output
     rep = json.loads(out.read_text())
