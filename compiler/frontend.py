@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.proxy import TraceError
 
+from .conv import ConvGeometry, conv_geometry
 from .ir import LayerIR, NetworkIR
 from .models import ModelError
 
@@ -40,7 +41,35 @@ __all__ = [
 ]
 
 #: Module types the front end accepts, by role.
-WEIGHT_MODULES: tuple[type[nn.Module], ...] = (nn.Linear,)
+CONV_MODULES: dict[type[nn.Module], str] = {nn.Conv1d: "conv1d", nn.Conv2d: "conv2d"}
+WEIGHT_MODULES: tuple[type[nn.Module], ...] = (nn.Linear, *CONV_MODULES)
+#: Pooling modules (after a convolution, in its stage's output path): (kind, dimensions).
+POOL_MODULES: dict[type[nn.Module], tuple[str, int]] = {
+    nn.MaxPool1d: ("max", 1),
+    nn.MaxPool2d: ("max", 2),
+    nn.AvgPool1d: ("avg", 1),
+    nn.AvgPool2d: ("avg", 2),
+}
+#: The values a convolution's parameters may take: ``{attribute: (supported values, text)}``
+#: (stride is checked per dimension; padding any non-negative integer, zeros).
+CONV_PARAMS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "groups": ((1,), "groups=1"),
+    "dilation": ((1,), "dilation=1"),
+    "padding_mode": (("zeros",), "padding_mode='zeros'"),
+    "stride": ((1, 2), "stride 1 or 2"),
+}
+#: The values a pooling module's parameters may take (kernel = stride is checked apart).
+POOL_PARAMS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "padding": ((0,), "padding=0"),
+    "dilation": ((1,), "dilation=1"),
+    "ceil_mode": ((False,), "ceil_mode=False"),
+    "return_indices": ((False,), "return_indices=False"),
+    "divisor_override": ((None,), "divisor_override=None"),
+}
+#: Activations a convolution stage supports (its output path: activation, then pooling).
+CONV_ACTIVATIONS = ("relu", "leaky_relu")
+#: Largest input size the front end searches when a CNN does not give ``input_shape``.
+INPUT_SEARCH_LIMIT = {1: 16384, 2: 512}
 ACTIVATION_MODULES: dict[type[nn.Module], str] = {
     nn.ReLU: "relu",
     nn.LeakyReLU: "leaky_relu",
@@ -161,7 +190,11 @@ def _supported_text() -> str:
     acts = ", ".join(f"nn.{m.__name__} (or {', '.join(_forms_of(m))})" for m in ACTIVATION_MODULES)
     return (
         f"supported: nn.Linear (with bias), each followed by at most one activation: {acts}, "
-        "in place or not (inplace=True, x.relu_(), torch.relu_(x), …); anywhere in the chain "
+        "in place or not (inplace=True, x.relu_(), torch.relu_(x), …); before the Linear "
+        "layers nn.Conv1d / nn.Conv2d (stride 1 or 2, zero padding, dilation 1, groups 1, "
+        "bias or not), each followed by at most nn.ReLU / nn.LeakyReLU and then one "
+        "nn.MaxPool1d/2d or nn.AvgPool1d/2d (kernel = stride), and nn.Flatten() before the "
+        "first Linear; anywhere in the chain "
         "nn.Flatten(), torch.flatten(x, 1), x.flatten(1), and x.view / x.reshape / "
         "torch.reshape that keep the batch dimension first (x.view(x.size(0), -1), "
         "x.view(-1, features)), x.contiguous(), nn.Identity, nn.Dropout (compiled as "
@@ -170,7 +203,7 @@ def _supported_text() -> str:
 
 
 SUPPORTED_MODULES: tuple[str, ...] = tuple(
-    m.__name__ for m in (*WEIGHT_MODULES, *ACTIVATION_MODULES, *PASS_MODULES)
+    m.__name__ for m in (*WEIGHT_MODULES, *ACTIVATION_MODULES, *POOL_MODULES, *PASS_MODULES)
 )
 SUPPORTED_TEXT = _supported_text()
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -277,7 +310,7 @@ class _Chain:
         self.sizes: dict[fx.Node, int | None] = {}  # x.size(d) / x.shape[d] → d; x.size() → None
         self.last: fx.Node = first
         self.last_desc = "the input"
-        self.last_kind = "input"  # input | linear | activation
+        self.last_kind = "input"  # input | linear | conv | activation | pool
         self.last_inplace = False
         self.rank: int | None = None  # None: the input's (not known)
         self.features: int | None = None  # values per sample; known from the first Linear on
@@ -286,6 +319,7 @@ class _Chain:
         self.called: dict[int, str] = {}  # id(module with parameters) → path
         self.params: dict[int, str] = {}  # id(Parameter) → "path.weight"
         self.storages: dict[int, str] = {}  # data_ptr → "path.weight"
+        self.shape_hint: tuple[int, ...] | None = None  # a reshape's sample shape before a conv
 
     def not_chained(self, what: str) -> CompileError:
         if not self.last.users and not self.last_inplace and self.last.op != "placeholder":
@@ -328,38 +362,51 @@ class _Chain:
                 return True
         return False
 
+    def own_parameters(self, path: str, mod: nn.Module) -> None:
+        """Refuse a weight or bias of ``mod`` that is tied to an earlier layer's."""
+        typ = type(mod).__name__
+        for pname in ("weight", "bias"):
+            p = getattr(mod, pname)
+            if p is None:
+                continue
+            key = f"{path}.{pname}"
+            if id(p) in self.params:
+                raise CompileError(
+                    f"the {pname} of module {path!r} ({typ}) is the same Parameter as "
+                    f"{self.params[id(p)]!r} (tied weights); each hardware stage keeps its own "
+                    f"weights in its own memories and updates them alone: give each {typ} its "
+                    f"own Parameter (remove the assignment that ties {key!r})"
+                )
+            ptr = p.untyped_storage().data_ptr() if p.numel() else 0
+            if ptr and ptr in self.storages:
+                raise CompileError(
+                    f"the {pname} of module {path!r} ({typ}) shares its storage with "
+                    f"{self.storages[ptr]!r} (tied weights); each hardware stage keeps its own "
+                    f"weights: give each {typ} its own Parameter (e.g. clone the tensor)"
+                )
+            self.params[id(p)] = key
+            if ptr:
+                self.storages[ptr] = key
+
     def linear(self, node: fx.Node, path: str, mod: nn.Linear) -> None:
         if mod.bias is None:
             raise CompileError(
                 f"module {path!r} (Linear) has no bias; every hardware stage has a bias "
                 "column: use nn.Linear(..., bias=True)"
             )
-        for pname in ("weight", "bias"):
-            p = getattr(mod, pname)
-            key = f"{path}.{pname}"
-            if id(p) in self.params:
-                raise CompileError(
-                    f"the {pname} of module {path!r} (Linear) is the same Parameter as "
-                    f"{self.params[id(p)]!r} (tied weights); each hardware stage keeps its own "
-                    "weights in its own memories and updates them alone: give each Linear its "
-                    f"own Parameter (remove the assignment that ties {key!r})"
-                )
-            ptr = p.untyped_storage().data_ptr() if p.numel() else 0
-            if ptr and ptr in self.storages:
-                raise CompileError(
-                    f"the {pname} of module {path!r} (Linear) shares its storage with "
-                    f"{self.storages[ptr]!r} (tied weights); each hardware stage keeps its own "
-                    "weights: give each Linear its own Parameter (e.g. clone the tensor)"
-                )
-            self.params[id(p)] = key
-            if ptr:
-                self.storages[ptr] = key
+        self.own_parameters(path, mod)
         if self.rank is not None and self.rank != 2:
+            after_conv = bool(self.layers) and self.layers[-1]["conv"] is not None
             raise CompileError(
                 f"module {path!r} (Linear) gets a {self.rank}-D tensor from {self.last_desc}; "
                 "a stage takes (batch, features): flatten it first (x.flatten(1))"
+                + (f"; {SUPPORTED_TEXT}" if after_conv else "")
             )
-        if self.layers and self.layers[-1]["out"] != mod.in_features:
+        if (
+            self.layers
+            and self.layers[-1]["conv"] is None
+            and self.layers[-1]["out"] != mod.in_features
+        ):
             raise CompileError(
                 f"module {path!r} (Linear) expects {mod.in_features} inputs but the "
                 f"previous Linear {self.layers[-1]['name']!r} produces {self.layers[-1]['out']}: "
@@ -373,9 +420,223 @@ class _Chain:
                 f"module {path!r} (Linear) expects {mod.in_features} inputs but a sample has "
                 f"{self.features} values after {self.last_desc}: make them equal"
             )
-        layer = {"name": path, "in": mod.in_features, "out": mod.out_features}
+        layer = {"name": path, "in": mod.in_features, "out": mod.out_features, "conv": None}
         self.layers.append(layer | {"act": "identity", "slope": 0.0})
         self.features, self.rank, self.last_kind = mod.out_features, 2, "linear"
+
+    def conv(self, path: str, mod: nn.Module) -> None:
+        """A Conv1d/Conv2d stage: check its parameters against :data:`CONV_PARAMS`."""
+        kind = CONV_MODULES[type(mod)]
+        dims = 1 if kind == "conv1d" else 2
+        typ = type(mod).__name__
+        desc = f"module {path!r} ({typ})"
+        for attr, (ok, text) in CONV_PARAMS.items():
+            value = getattr(mod, attr)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(v not in ok for v in values):
+                raise CompileError(
+                    f"{desc} has {attr}={value!r}; the hardware supports {text}: build it as "
+                    f"nn.{typ}({mod.in_channels}, {mod.out_channels}, {mod.kernel_size[0]}"
+                    f"{', stride=2' if attr == 'stride' else ''}, padding=...)"
+                )
+        if isinstance(mod.padding, str):
+            raise CompileError(
+                f"{desc} has padding={mod.padding!r}; the hardware supports an integer zero "
+                "padding: give it as a number (padding=0 for 'valid', padding=k//2 for an odd "
+                "kernel k with stride 1 for 'same')"
+            )
+        if any(lay["conv"] is None for lay in self.layers):
+            raise CompileError(
+                f"{desc} follows a Linear layer; convolution stages come before the first "
+                "Linear (Conv → activation → pooling …, then Flatten → Linear …): move it"
+            )
+        if self.rank is not None and self.rank != dims + 2:
+            raise CompileError(
+                f"{desc} gets a {self.rank}-D tensor from {self.last_desc}; an {typ} takes "
+                f"(batch, channels, {'length' if dims == 1 else 'height, width'}): give it "
+                f"{dims + 2}-D input"
+            )
+        if self.layers:
+            prev = self.layers[-1]["conv"]
+            if prev["kind"] != kind:
+                raise CompileError(
+                    f"{desc} follows a {prev['kind']} stage ({self.layers[-1]['name']!r}); the "
+                    "convolutions of one network are all Conv1d or all Conv2d"
+                )
+            if prev["out_channels"] != mod.in_channels:
+                raise CompileError(
+                    f"{desc} takes {mod.in_channels} channels but {self.layers[-1]['name']!r} "
+                    f"gives {prev['out_channels']}: make them equal"
+                )
+        self.own_parameters(path, mod)
+        params = {
+            "kind": kind,
+            "in_channels": mod.in_channels,
+            "out_channels": mod.out_channels,
+            "kernel": tuple(mod.kernel_size),
+            "stride": tuple(mod.stride),
+            "padding": tuple(mod.padding),
+            "bias": mod.bias is not None,
+            "pool": "none",
+            "pool_size": None,
+        }
+        self.layers.append(
+            {"name": path, "in": None, "out": None, "conv": params, "act": "identity"}
+            | {"slope": 0.0}
+        )
+        self.features, self.rank, self.last_kind = None, dims + 2, "conv"
+
+    def pool(self, desc: str, mod: nn.Module) -> None:
+        """A pooling module: the output path of the convolution stage before it."""
+        kind, dims = POOL_MODULES[type(mod)]
+        typ = type(mod).__name__
+        conv = self.layers[-1]["conv"] if self.layers else None
+        if conv is None or self.last_kind not in ("conv", "activation"):
+            raise CompileError(
+                f"{desc} does not follow a convolution stage (it follows {self.last_desc}); "
+                f"pooling is part of a convolution stage's output path: put nn.{typ} right "
+                "after a convolution (or its activation)"
+            )
+        if conv["pool"] != "none":
+            raise CompileError(
+                f"{desc} is a second pooling after {self.layers[-1]['name']!r}; a convolution "
+                "stage has at most one pooling: remove one or merge them into one window"
+            )
+        if (dims == 1) != (conv["kind"] == "conv1d"):
+            raise CompileError(
+                f"{desc} follows a {conv['kind']} stage; use the {conv['kind'][-2:]} pooling "
+                f"(nn.{'Max' if kind == 'max' else 'Avg'}Pool{conv['kind'][-2:]})"
+            )
+
+        def tup(v: Any) -> tuple[int, ...]:
+            return tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims
+
+        kernel = tup(mod.kernel_size)
+        stride = tup(mod.stride if mod.stride is not None else mod.kernel_size)
+        for attr, (ok, text) in POOL_PARAMS.items():
+            if not hasattr(mod, attr):
+                continue
+            value = getattr(mod, attr)
+            values = value if isinstance(value, tuple) else (value,)
+            if any(v not in ok for v in values):
+                raise CompileError(
+                    f"{desc} has {attr}={value!r}; the hardware supports {text}: "
+                    f"nn.{typ}({kernel[0]})"
+                )
+        if kernel != stride:
+            raise CompileError(
+                f"{desc} has kernel_size={mod.kernel_size!r}, stride={mod.stride!r}; the hardware "
+                f"supports kernel = stride (non-overlapping windows): nn.{typ}({kernel[0]})"
+            )
+        conv["pool"], conv["pool_size"] = kind, kernel
+        self.last_kind = "pool"
+
+    def resolve(self, name: str) -> tuple[int, ...] | None:
+        """Give every convolution layer its :class:`ConvGeometry` (and its in/out values);
+        return the input sample's shape (None without convolutions)."""
+        convs = [ly for ly in self.layers if ly["conv"] is not None]
+        if not convs:
+            return None
+        first = convs[0]["conv"]
+        dims = 1 if first["kind"] == "conv1d" else 2
+        linear = next((ly for ly in self.layers if ly["conv"] is None), None)
+        shape = self.shape_hint or getattr(self.model, "input_shape", None)
+        where = "model.input_shape" if shape is not None and not self.shape_hint else "the input"
+        if shape is not None:
+            shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+            if len(shape) != dims + 1 or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape
+            ):
+                raise CompileError(
+                    f"{where} of model {name!r} is {shape!r}; a {first['kind']} network takes "
+                    f"one sample of shape ({'C, L' if dims == 1 else 'C, H, W'}): set "
+                    f"model.input_shape = ({first['in_channels']}, "
+                    f"{'L' if dims == 1 else 'H, W'})"
+                )
+            if shape[0] != first["in_channels"]:
+                raise CompileError(
+                    f"{where} of model {name!r} has {shape[0]} channels but the first "
+                    f"convolution {convs[0]['name']!r} takes {first['in_channels']}: make them "
+                    "equal"
+                )
+        else:
+            shape = self._solve_input(name, convs, linear, dims)
+        size = tuple(shape[1:])
+        for ly in convs:
+            c = ly["conv"]
+            try:
+                g = conv_geometry(
+                    c["kind"], c["in_channels"], c["out_channels"], size, c["kernel"],
+                    c["stride"], c["padding"], c["bias"], c["pool"], c["pool_size"],
+                )  # fmt: skip
+            except ValueError as exc:
+                raise CompileError(
+                    f"module {ly['name']!r}: {exc} (input shape {tuple(shape)}): give the model "
+                    "larger inputs, or less pooling"
+                ) from None
+            ly["geometry"], ly["in"], ly["out"] = g, g.in_values, g.out_values
+            size = g.pooled_size
+        last = convs[-1]
+        if linear is not None and linear["in"] != last["out"]:
+            g = last["geometry"]
+            raise CompileError(
+                f"module {linear['name']!r} (Linear) expects {linear['in']} inputs but the "
+                f"convolution {last['name']!r} gives {g.out_channels}×"
+                f"{'×'.join(map(str, g.pooled_size))} = {last['out']} values per sample (input "
+                f"shape {tuple(shape)}): make it nn.Linear({last['out']}, {linear['out']})"
+            )
+        return tuple(shape)
+
+    def _solve_input(
+        self, name: str, convs: list[dict], linear: dict | None, dims: int
+    ) -> tuple[int, ...]:
+        first = convs[0]["conv"]
+        fix = (
+            f"set model.input_shape = ({first['in_channels']}, "
+            f"{'L' if dims == 1 else 'H, W'}) (one sample, without the batch dimension)"
+        )
+        if linear is None:
+            raise CompileError(
+                f"model {name!r} has no Linear layer after its convolutions, so the input size "
+                f"cannot be inferred: {fix}"
+            )
+        found = []
+        for n in range(1, INPUT_SEARCH_LIMIT[dims] + 1):
+            size = (n,) * dims
+            exact = True  # no conv output dropped by a pooling window
+            try:
+                for ly in convs:
+                    c = ly["conv"]
+                    g = conv_geometry(
+                        c["kind"], c["in_channels"], c["out_channels"], size, c["kernel"],
+                        c["stride"], c["padding"], c["bias"], c["pool"], c["pool_size"],
+                    )  # fmt: skip
+                    exact = exact and all(
+                        o % w == 0 for o, w in zip(g.out_size, g.pool_size, strict=True)
+                    )
+                    size = g.pooled_size
+            except ValueError:
+                continue
+            if g.out_values == linear["in"]:
+                found.append((n, exact))
+            elif g.out_values > linear["in"]:
+                break
+        exact_sizes = [n for n, ok in found if ok]
+        if len(exact_sizes) == 1:  # the one size no pooling window truncates
+            return (first["in_channels"], *((exact_sizes[0],) * dims))
+        found = [n for n, _ in found]
+        if len(found) != 1:
+            what = (
+                "no input size"
+                if not found
+                else f"the input sizes {', '.join(map(str, found))} all"
+            )
+            shape = "L" if dims == 1 else "H = W"
+            raise CompileError(
+                f"model {name!r}: {what} ({shape}) make the convolutions give the "
+                f"{linear['in']} values Linear {linear['name']!r} takes: {fix}"
+            )
+        return (first["in_channels"], *((found[0],) * dims))
 
     def activation(self, desc: str, typ: type[nn.Module], slope: Any) -> None:
         if typ not in ACTIVATION_MODULES:
@@ -384,6 +645,21 @@ class _Chain:
                 f"not implement: use a supported activation or remove it; {SUPPORTED_TEXT}"
             )
         act = ACTIVATION_MODULES[typ]
+        if self.last_kind == "pool":
+            raise CompileError(
+                f"{desc} follows the pooling of convolution {self.layers[-1]['name']!r}; a "
+                "convolution stage's output path is the activation, then the pooling: put the "
+                "activation before the pooling"
+            )
+        if (
+            self.last_kind == "conv"
+            and self.layers[-1]["conv"] is not None
+            and act not in CONV_ACTIVATIONS
+        ):
+            raise CompileError(
+                f"{desc} follows convolution {self.layers[-1]['name']!r}; after a convolution "
+                "the hardware supports nn.ReLU or nn.LeakyReLU (or none): use one of them"
+            )
         if self.last_kind == "input":
             raise CompileError(
                 f"{desc} comes before the first Linear; an activation must follow a Linear "
@@ -492,6 +768,8 @@ class _Chain:
                 f"runs on whole batches in PyTorch, where view({d0}, ...) would mix the "
                 f"samples of a batch); {keep}"
             )
+        if not self.layers and -1 not in rest and len(rest) in (2, 3):
+            self.shape_hint = tuple(rest)  # a sample's shape for a following convolution
         if claim is not None:
             if self.features is None:
                 self.pending.append((desc, *claim))
@@ -641,6 +919,13 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
             f"model {name!r} ({type(model).__name__}) has no nn.Linear layer: add one; "
             f"{SUPPORTED_TEXT}"
         )
+    shape = chain.resolve(name)
+    if layers[-1]["conv"] is not None and chain.rank != 2:
+        raise CompileError(
+            f"model {name!r} ends in convolution {layers[-1]['name']!r}; the loss unit takes "
+            "(batch, classes): flatten its output (nn.Flatten()) or end in an nn.Linear"
+        )
+    geometry: list[ConvGeometry | None] = [ly.get("geometry") for ly in layers]
     return NetworkIR(
         name=name,
         in_features=layers[0]["in"],
@@ -651,10 +936,12 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
                 out_features=ly["out"],
                 activation=ly["act"],
                 negative_slope=ly["slope"],
+                conv=g,
             )
-            for ly in layers
+            for ly, g in zip(layers, geometry, strict=True)
         ),
         loss=loss,
+        input_shape=shape or (),
     )
 
 
@@ -706,9 +993,14 @@ def _module_step(chain: _Chain, node: fx.Node) -> None:
     if len(ins) != 1 or ins[0] not in chain.head or len(node.args) != 1 or node.kwargs:
         raise chain.not_chained(desc)
     inplace = bool(getattr(mod, "inplace", False)) or isinstance(mod, nn.Identity)
-    if isinstance(mod, WEIGHT_MODULES):
+    if type(mod) in CONV_MODULES:
+        chain.conv(path, mod)
+        inplace = False
+    elif isinstance(mod, WEIGHT_MODULES):
         chain.linear(node, path, mod)
         inplace = False
+    elif type(mod) in POOL_MODULES:
+        chain.pool(desc, mod)
     elif type(mod) in ACTIVATION_MODULES:
         pname, default = ACTIVATION_PARAMS.get(type(mod), ("", 0.0))
         chain.activation(desc, type(mod), getattr(mod, pname, default) if pname else default)

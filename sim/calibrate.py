@@ -81,13 +81,17 @@ def input_scale_note(x: torch.Tensor) -> str | None:
 
 
 def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
-    """Return an ``nn.Sequential`` of the IR's layers sharing the model's Linear modules.
+    """Return an ``nn.Sequential`` of the IR's layers sharing the model's weight modules.
 
     The reference trainer then sees exactly the chain the front end accepted (custom
-    container modules, Dropout and Flatten removed).
+    container modules, Dropout and Flatten removed); a convolution stage's pooling follows
+    its activation, one ``nn.Flatten`` precedes the first Linear after the convolutions, and
+    the Sequential carries ``input_shape`` (the IR's) for the reference's geometry.
     """
     mods: list[nn.Module] = []
-    for layer in ir.layers:
+    for k, layer in enumerate(ir.layers):
+        if k and layer.conv is None and ir.layers[k - 1].conv is not None:
+            mods.append(nn.Flatten())  # the convolutions' feature maps → the first Linear
         mods.append(model.get_submodule(layer.name))
         if layer.activation == Activation.RELU:
             mods.append(nn.ReLU())
@@ -99,7 +103,15 @@ def ir_sequential(model: nn.Module, ir: NetworkIR) -> nn.Sequential:
             mods.append(nn.Sigmoid())
         elif layer.activation != Activation.IDENTITY:
             unknown(layer.activation, "activation")
-    return nn.Sequential(*mods)
+        g = layer.conv
+        if g is not None and g.pool != "none":  # the stage's pooling (kernel = stride)
+            two = g.dims == 2
+            pool = {"max": (nn.MaxPool1d, nn.MaxPool2d), "avg": (nn.AvgPool1d, nn.AvgPool2d)}
+            mods.append(pool[g.pool][two](g.pool_size if two else g.pool_size[0]))
+    seq = nn.Sequential(*mods)
+    if ir.layers[0].conv is not None:
+        seq.input_shape = ir.input_shape  # the front end reads the geometry from it
+    return seq
 
 
 def calibrate_ranges(
@@ -269,6 +281,9 @@ class Calibrator:
 
     def __call__(self, model: nn.Module, ir: NetworkIR, config: TrainConfig) -> Ranges:
         ds = self.dataset
+        wrong = ds.mismatch(ir.input_shape, ir.name)
+        if wrong and (len(ir.input_shape) > 1 or len(ds.shape) > 1):  # feature maps
+            raise PlanError(wrong)
         if ds.features != ir.in_features:
             raise PlanError(
                 f"data {ds.name!r} has {ds.features} features but model {ir.name!r} takes "

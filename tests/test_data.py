@@ -33,7 +33,14 @@ def test_a_single_npy_array_is_a_clear_error(tmp_path):
     "arrays,message",
     [
         ({"X_train": 1}, "lacks array"),
-        ({"x_train": np.zeros((4, 3, 1))}, "must be 2-D"),
+        (
+            {"x_train": np.zeros((4, 3, 1, 1, 1))},
+            r"must be \(samples, features\), \(samples, C, L\)",
+        ),
+        (
+            {"x_train": np.zeros((4, 3, 1))},
+            r"x_train has samples of shape \(3, 1\) but x_test \(3,\)",
+        ),
         ({"y_train": np.zeros(4)}, "integer class labels"),
         ({"y_train": np.zeros(5, dtype=np.int64)}, "4 samples but y_train has 5"),
         ({"x_test": np.zeros((2, 5), dtype=np.float32)}, "3 features but x_test has 5"),
