@@ -21,7 +21,7 @@ def require_hdl(plan: Plan) -> None:
     """Raise :class:`HDLSupportError` for a plan with a convolution stage (``Stage.conv``):
     the golden model and the float reference run it (docs/numerics.md §9), the HDL conv stage
     is not built yet. Source: *derived* (issue 16: the HDL conv stage is a later step)."""
-    conv = [s for s in plan.stages if s.conv is not None]
+    conv = [s for s in plan.stages if getattr(s, "conv", None) is not None]
     if conv:
         s = conv[0]
         raise HDLSupportError(
