@@ -48,6 +48,7 @@ from ..compiler.config import TrainConfig
 from ..compiler.plan import Plan
 from ..data import epoch_order
 from ..errors import UserError
+from ..hdl.support import require_hdl
 from ..protocol.wire import Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel
@@ -677,10 +678,7 @@ class Device:
         weight — before anything is written to the device."""
         self._check()
         state = checked_state_dict(self.plan, state)
-        mems = [
-            torch.cat([state[f"{st.name}.weight"], state[f"{st.name}.bias"][:, None]], 1)
-            for st in self.plan.stages
-        ]
+        mems = [_weight_matrix(st, state) for st in self.plan.stages]
         if self.client is None:
             if isinstance(self.trainer, GoldenModel):
                 self.trainer.load_state_dict(state)
@@ -802,6 +800,11 @@ def checked_state_dict(plan: Plan, state: Any) -> dict[str, torch.Tensor]:
         )
     shapes = {}
     for st in plan.stages:
+        if getattr(st, "conv", None) is not None:  # a convolution's (C_out, C_in, *kernel)
+            shapes[f"{st.name}.weight"] = st.conv.weight_shape
+            if st.conv.bias:
+                shapes[f"{st.name}.bias"] = (st.conv.out_channels,)
+            continue
         shapes[f"{st.name}.weight"] = (st.out_features, st.in_features)
         shapes[f"{st.name}.bias"] = (st.out_features,)
     for key in shapes:
@@ -833,6 +836,16 @@ def checked_state_dict(plan: Plan, state: Any) -> dict[str, torch.Tensor]:
             raise DeviceError(f"state_dict[{key!r}] holds NaN or infinite values")
         out[key] = v
     return out
+
+
+def _weight_matrix(st: Any, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A stage's (rows, columns + 1) weight matrix, bias column last, from a checked
+    ``state_dict`` (a convolution's weight viewed (C_out, T); a bias-free one's column 0)."""
+    w = state[f"{st.name}.weight"]
+    w = w.reshape(w.shape[0], -1)
+    key = f"{st.name}.bias"
+    b = state[key] if key in state else torch.zeros(w.shape[0], dtype=w.dtype)
+    return torch.cat([w, b[:, None]], 1)
 
 
 def _shadow_submit(g: GoldenModel, xq: torch.Tensor, ys: Sequence[int]) -> None:
@@ -964,6 +977,7 @@ def open(  # noqa: A001  (the API's name: pipetrain.host.open)
             raise DeviceError(f"the {target} target needs the model (pass model= with a Plan)")
         trainer = local_trainer(target, plan, mdl, cfg)
         return Device(target, plan, mdl, cfg, result=result, trainer=trainer, progress=progress)
+    require_hdl(plan)  # a link target runs the generated hardware: a conv stage is not built yet
     golden = GoldenModel(plan, mdl, cfg) if mdl is not None else None
     if shadow and (golden is None or not write_weights):
         raise DeviceError(
