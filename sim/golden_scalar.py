@@ -46,7 +46,11 @@ class ScalarResult:
 class _Stage:
     def __init__(self, plan: Plan, st: Stage, w0: Matrix) -> None:
         self.st, self.plan = st, plan
-        self.N, self.M, self.L = st.in_features, st.out_features, st.lanes
+        self.conv = getattr(st, "conv", None)  # a convolution stage's geometry (numerics §9)
+        conv = self.conv
+        self.N = st.in_features if conv is None else conv.taps  # weight matrix (M, N+1)
+        self.M = st.out_features if conv is None else conv.out_channels
+        self.L = st.lanes
         self.versions: list[tuple[Matrix, Matrix]] = [(w0, [[0] * (self.N + 1)] * self.M)]
         self.lfsr = list(st.lfsr_seeds)
         self.sat = 0
@@ -123,6 +127,130 @@ def _act(st: Stage, z: int) -> int:
     unknown(st.activation, "activation")
 
 
+def _points(size: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every position of a grid of ``size``, row-major."""
+    out: list[tuple[int, ...]] = [()]
+    for n in size:
+        out = [p + (i,) for p in out for i in range(n)]
+    return out
+
+
+def _flat(pos: tuple[int, ...], size: tuple[int, ...]) -> int:
+    k = 0
+    for p, n in zip(pos, size, strict=True):
+        k = k * n + p
+    return k
+
+
+def _reads(g, o: tuple[int, ...], k: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The input position output position ``o`` reads through kernel offset ``k`` (None: a
+    padding zero)."""
+    pos = tuple(oi * s + ki - p for oi, s, ki, p in zip(o, g.stride, k, g.padding, strict=True))
+    return pos if all(0 <= q < n for q, n in zip(pos, g.in_size, strict=True)) else None
+
+
+def _conv_forward(sg: _Stage, w: Matrix, u: Matrix, w_prev: Matrix, x: list[int], train: bool):
+    """numerics §9.1 for one sample: (output values, stash entry (x, (mask, argmax)))."""
+    st, f, upd, g = sg.st, sg.st.formats, sg.st.update, sg.conv
+    plane = 1
+    for n in g.in_size:
+        plane *= n
+    kern = _points(g.kernel)
+    bias_in = (1 << f.x.frac) if g.bias else 0
+    z: list[list[int]] = []
+    for j in range(g.out_channels):
+        row = []
+        for o in _points(g.out_size):
+            acc = 0
+            for t in range(g.taps + 1):
+                what = w[j][t]
+                if train and upd.lwp_horizon and upd.lwp_form == "v":
+                    what = w[j][t] - upd.lwp_horizon * u[j][t]
+                elif train and upd.lwp_horizon:
+                    what = w[j][t] + upd.lwp_horizon * (w[j][t] - w_prev[j][t])
+                if t == g.taps:
+                    acc += what * bias_in
+                    continue
+                c, k = divmod(t, len(kern))
+                pos = _reads(g, o, kern[k])
+                if pos is not None:
+                    acc += what * x[c * plane + _flat(pos, g.in_size)]
+            row.append(sg.count(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y))
+        z.append(row)
+    mask = [[v > 0 for v in row] for row in z]
+    act = [[_act(st, v) for v in row] for row in z]
+    out, arg = [], []
+    for j in range(g.out_channels):
+        arg.append([])
+        for q in _points(g.pooled_size):
+            vals = [
+                act[j][
+                    _flat(
+                        tuple(qi * k + r for qi, k, r in zip(q, g.pool_size, rr, strict=True)),
+                        g.out_size,
+                    )
+                ]
+                for rr in _points(g.pool_size)
+            ]
+            if g.pool == "avg":
+                out.append(sg.count(rhu(sum(vals) * g.pool_scale, g.pool_shift), f.y))
+            else:  # max (the first largest), or none (a window of one)
+                best = max(range(len(vals)), key=lambda i: (vals[i], -i))
+                arg[j].append(best)
+                out.append(vals[best])
+    return out, (list(x), (mask, arg))
+
+
+def _conv_backward(sg: _Stage, w: Matrix, x: list[int], aux, gout: list[int]):
+    """numerics §9.2 for one sample: (δ rows (C_out, P), gin or None, P (C_out, T+1))."""
+    st, f, g = sg.st, sg.st.formats, sg.conv
+    mask, arg = aux
+    outs = _points(g.out_size)
+    wins = _points(g.pool_size)
+    plane = 1
+    for n in g.in_size:
+        plane *= n
+    kern = _points(g.kernel)
+    e = [[0] * g.positions for _ in range(g.out_channels)]
+    for j in range(g.out_channels):
+        for qi, q in enumerate(_points(g.pooled_size)):
+            gv = gout[j * g.pooled_positions + qi]
+            for r, rr in enumerate(wins):
+                p = _flat(
+                    tuple(a * k + b for a, k, b in zip(q, g.pool_size, rr, strict=True)), g.out_size
+                )
+                if g.pool == "avg":
+                    e[j][p] = rhu(gv * g.pool_scale, g.pool_shift)
+                elif r == arg[j][qi]:
+                    e[j][p] = gv
+    delta = [[0] * g.positions for _ in range(g.out_channels)]
+    for j in range(g.out_channels):
+        for p in range(g.positions):
+            if mask[j][p] or st.activation == "identity":
+                delta[j][p] = e[j][p]
+            elif st.activation == "leaky_relu":
+                delta[j][p] = rhu(e[j][p] * st.negative_slope.value, st.negative_slope.frac)
+    bias_in = (1 << f.x.frac) if g.bias else 0
+    grad = [[0] * (g.taps + 1) for _ in range(g.out_channels)]
+    gacc = [0] * g.in_values
+    for j in range(g.out_channels):
+        for p, o in enumerate(outs):
+            d = delta[j][p]
+            grad[j][g.taps] += d * bias_in
+            for t in range(g.taps):
+                c, k = divmod(t, len(kern))
+                pos = _reads(g, o, kern[k])
+                if pos is not None:
+                    i = c * plane + _flat(pos, g.in_size)
+                    grad[j][t] += d * x[i]
+                    gacc[i] += w[j][t] * d
+    gin = None
+    if st.input_gradient:
+        k_gin = f.w.frac + f.d.frac - f.gin.frac
+        gin = [sg.count(rhu(v, k_gin), f.gin) for v in gacc]
+    return [v for row in delta for v in row], gin, grad
+
+
 def run_scalar(
     plan: Plan, w0: list[Matrix], samples: list[tuple[list[int], int, bool]]
 ) -> ScalarResult:
@@ -150,6 +278,10 @@ def run_scalar(
             version = sum(1 for (tj, tr) in entries if tr and tj < t0 - st.delay)
             w, u = sg.versions[version]
             w_prev = sg.versions[version - 1][0] if version > 0 else w
+            if sg.conv is not None:  # numerics §9.1, in loops
+                a, entry = _conv_forward(sg, w, u, w_prev, a, train)
+                stash.append(entry)
+                continue
             xb = a + [1 << f.x.frac]
             z, out, mask = [], [], []
             for j in range(sg.M):
@@ -180,7 +312,10 @@ def run_scalar(
             xb, mask = stash[s]
             w, u = sg.versions[-1]
             delta = []
-            for j in range(sg.M):
+            grad = None
+            if sg.conv is not None:  # numerics §9.2: δ, gin and P, in loops
+                delta, gin, grad = _conv_backward(sg, w, xb, mask, g)
+            for j in range(sg.M if sg.conv is None else 0):
                 if st.activation in ("tanh", "sigmoid"):
                     delta.append(_lut_delta(st, mask[j], g[j]))  # mask: the stashed y
                 elif mask[j] or st.activation == "identity":
@@ -191,8 +326,11 @@ def run_scalar(
                     delta.append(0)
                 else:
                     unknown(st.activation, "activation")
-            gin = None
-            if st.input_gradient:
+            if sg.conv is not None:
+                pass
+            elif not st.input_gradient:
+                gin = None
+            else:
                 gin = [
                     sg.count(
                         rhu(
@@ -219,7 +357,7 @@ def run_scalar(
                         j = g_ * sg.L + lane
                         if j >= sg.M:
                             continue  # padding lane: it drew, it does nothing else
-                        P = delta[j] * xb[i]
+                        P = delta[j] * xb[i] if grad is None else grad[j][i]
 
                         def al(const, operand: int, ofrac: int, fto: int) -> int:
                             if const.value == 0:
