@@ -20,6 +20,7 @@ from typing import Any
 from amaranth.back import verilog
 
 from ..compiler.plan import Plan
+from .support import require_hdl
 from .top import NetworkTop
 
 __all__ = ["generate_verilog", "write_verilog", "verilog_name"]
@@ -35,10 +36,12 @@ def generate_verilog(plan: Plan, name: str) -> str:
     """Return the Verilog text of ``NetworkTop(plan)`` as one top module ``name``.
 
     Raises NotImplementedError for plans the HDL does not build (auxiliary heads, LWP ``w``
-    form) and ValueError for a name that is not a legal Verilog identifier.
+    form; a convolution stage: :class:`~pipetrain.hdl.support.HDLSupportError`, also a
+    UserError) and ValueError for a name that is not a legal Verilog identifier.
     """
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", name):
         raise ValueError(f"{name!r} is not a legal Verilog module name (use verilog_name())")
+    require_hdl(plan)
     top = NetworkTop(plan)
     return verilog.convert(top, name=name, emit_src=False)
 
