@@ -16,6 +16,7 @@ from .act_lut import LUTFormatError, activation_lut
 from .config import TrainConfig
 from .enums import Activation
 from .ir import NetworkIR
+from .loss_unit import loss_cycles, loss_parallelism
 from .plan import (
     PLAN_VERSION,
     Const,
@@ -335,17 +336,6 @@ def stage_cycles(in_features: int, out_features: int, lanes: int) -> tuple[int, 
     """Return (row_groups, cycles) of the fused pass: ⌈M/L⌉ groups × (N+1) columns."""
     groups = -(-out_features // lanes)
     return groups, groups * (in_features + 1)
-
-
-def loss_cycles(kind: str, classes: int, exp_frac: int, recip_frac: int) -> int:
-    """Cycles of the loss unit from its start pulse to ``done`` (hdl/loss.py, derived from its
-    phases): cross-entropy ``C`` (max) + ``C + 3`` (exp via a 2-cycle LUT read) + ``fr + 1``
-    (restoring divider, one quotient bit per cycle) + ``C + 2`` (p − onehot) + 1 start cycle
-    = ``3C + fr + 7``; MSE ``C + 3``. ``exp_frac`` does not change the count (kept for
-    callers)."""
-    if kind == "mse":
-        return classes + 3
-    return 3 * classes + recip_frac + 7
 
 
 def update_stage(sc: bool) -> int:
@@ -978,10 +968,14 @@ def _loss_unit(
     key: str,
     z_lanes: int = 1,
     family: RamFamily | None = None,
+    slack: int | None = None,
 ) -> LossUnit:
     """``key``: the logits' format key (``s<i>.y``), for the error message; ``z_lanes``: the
-    lanes of the stage feeding it (logits per buffer word)."""
+    lanes of the stage feeding it (logits per buffer word); ``slack``: the cycles the tick
+    leaves the loss unit (the slowest pass minus the feeding stage's), which sets its
+    parallelism (:func:`~pipetrain.compiler.loss_unit.loss_parallelism`; None: the smallest)."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
+    P, k = loss_parallelism(kind, classes, z_lanes, fr, slack)
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
@@ -994,8 +988,8 @@ def _loss_unit(
     memories = (place_memory("zbuf", 1, z_words, z_lanes * z.bits, family=family),)
     if kind != "mse":  # the exp ROM and the exp values (hdl/loss.py)
         memories += (
-            place_memory("lut", 1, size, fe + 1, write_ports=0, family=family),
-            place_memory("ebuf", 1, classes, fe + 1, family=family),
+            place_memory("lut", 1, size, fe + 1, read_ports=P, write_ports=0, family=family),
+            place_memory("ebuf", 1, -(-classes // P), P * (fe + 1), family=family),
         )
     return LossUnit(
         kind=kind,
@@ -1007,11 +1001,13 @@ def _loss_unit(
         exp_lut=lut,
         recip_frac=fr,
         mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
-        cycles=loss_cycles(kind, classes, fe, fr),
+        cycles=loss_cycles(kind, classes, fe, fr, P, k),
         z_lanes=z_lanes,
         z_words=z_words,
         z_word_bits=z_lanes * z.bits,
         memories=memories,
+        exp_lanes=P,
+        div_bits=k,
     )
 
 
@@ -1196,10 +1192,17 @@ def build_plan(
         )
     classes = layers[-1].out_features
     last = stages[S - 1]
-    loss = _loss_unit(ir.loss, classes, fs.logits, fs.d[-1], f"s{last.index}.y", last.lanes, family)
+    # the loss units run in the slack the slowest pass leaves after their feeder's pass
+    longest = max(pass_cycles(st) for st in stages)
+
+    def loss_after(st: Stage, z: QFormat, d: QFormat) -> LossUnit:
+        slack = longest - pass_cycles(st)
+        return _loss_unit(ir.loss, classes, z, d, f"s{st.index}.y", st.lanes, family, slack)
+
+    loss = loss_after(last, fs.logits, fs.d[-1])
     # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit
     head_losses = tuple(
-        _loss_unit(ir.loss, classes, st.formats.y, st.formats.d, f"s{st.index}.y", st.lanes, family)
+        loss_after(st, st.formats.y, st.formats.d)
         for st in stages[S:]
         if st.activation == "identity"
     )

@@ -481,7 +481,11 @@ class LossUnit:
     z_word_bits: the logit write word, z_lanes·z.bits (= the feeding stage's ``y_word_bits``).
     memories: every memory the loss unit's HDL builds: ``zbuf`` (z_words × z_word_bits);
         cross-entropy also ``lut`` (the exp ROM: len(exp_lut) words of exp_frac + 1 bits, no
-        write port) and ``ebuf`` (C words of exp_frac + 1 bits).
+        write port, ``exp_lanes`` read ports) and ``ebuf`` (⌈C / exp_lanes⌉ words of
+        exp_lanes·(exp_frac + 1) bits).
+    exp_lanes: P, logits through the exp LUT per cycle (divides z_lanes; cross-entropy only).
+    div_bits: k, reciprocal quotient bits per cycle (cross-entropy only). P and k change the
+        loss unit's cycles and size, never a result (``compiler/loss_unit.py``).
     """
 
     kind: Loss
@@ -498,6 +502,8 @@ class LossUnit:
     z_words: int
     z_word_bits: int
     memories: tuple[MemorySpec, ...]
+    exp_lanes: int = 1
+    div_bits: int = 1
 
     def __post_init__(self) -> None:
         _coerce(self, kind=Loss)

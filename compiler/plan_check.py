@@ -58,6 +58,7 @@ from .build import (
     x_operand_bits,
 )
 from .config import ConfigError, TrainConfig
+from .loss_unit import DIV_BITS_MAX
 from .plan import MEMORY_KINDS, PLAN_VERSION, Const, Plan
 
 __all__ = ["INT_RANGES", "plan_from_dict", "plan_from_json"]
@@ -129,6 +130,8 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("LossUnit", "z_lanes"): (1, None),
     ("LossUnit", "z_words"): (1, None),
     ("LossUnit", "z_word_bits"): (1, None),
+    ("LossUnit", "exp_lanes"): (1, None),
+    ("LossUnit", "div_bits"): (1, DIV_BITS_MAX),
     ("Plan", "version"): (PLAN_VERSION, PLAN_VERSION),
     ("Plan", "in_features"): (1, None),
     ("Plan", "distance"): (0, None),
@@ -429,8 +432,9 @@ def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:
     _check_memories(f"{path}.memories", lu.memories)
     family = RAM_FAMILIES[plan.ram_family]
     key = f"s{feeder.index}.y"
-    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family)
-    _same_fields(path, lu, want, "what build derives from kind, classes, formats, lanes")
+    slack = max(s.pass_cycles for s in plan.stages) - feeder.pass_cycles
+    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family, slack)
+    _same_fields(path, lu, want, "what build derives from kind, classes, formats, lanes, tick")
 
 
 def _check_train(plan: Plan) -> TrainConfig:

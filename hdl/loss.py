@@ -1,34 +1,40 @@
 """The loss unit: softmax cross-entropy (or MSE) gradient, argmax and loss value (numerics §4).
 
-Cross-entropy runs four sequential phases over the ``C`` logits, one logit per cycle:
+Cross-entropy takes the maximum as the logits arrive and then runs three phases:
 
-1. **max**: ``zmax``, ``pred = argmax`` (lowest index on ties);
-2. **exp**: ``idx_j = min(rhu(zmax − z_j, fy − fl), K − 1)``, ``e_j = LUT[idx_j]`` (a ROM),
-   ``E = Σ e_j``; the ``e_j`` go to a small memory;
-3. **divide**: ``r = ⌊2^(fe+fr) / E⌋`` with a restoring divider, one quotient bit per cycle
-   (``E ≥ 2^fe`` so the quotient has ``fr + 1`` bits);
-4. **out**: ``p_j = rhu(e_j·r, fe)``, ``δ_j = sat(rhu(p_j, fr − d.frac) − [j = y]·2^d.frac, d)``
-   streamed to stage S's error buffer; ``p_y`` is the loss output.
+0. **max** (while stage S writes the logit words, no cycles after the start): ``zmax``,
+   ``pred = argmax`` (lowest index on ties), a comparison tree over each word's lanes;
+1. **exp**: ``P`` = ``exp_lanes`` logits a cycle, ``idx_j = min(rhu(zmax − z_j, fy − fl),
+   K − 1)``, ``e_j = LUT[idx_j]`` (a ROM with P read ports), ``E = Σ e_j``; the ``e_j`` go to a
+   small memory, P per word;
+2. **divide**: ``r = ⌊2^(fe+fr) / E⌋`` by long division, ``k`` = ``div_bits`` quotient bits a
+   cycle (``E ≥ 2^fe`` so the quotient has ``fr + 1`` bits);
+3. **out**: ``p_j = rhu(e_j·r, fe)``, ``δ_j = sat(rhu(p_j, fr − d.frac) − [j = y]·2^d.frac, d)``
+   streamed to stage S's error buffer, one a cycle; ``p_y`` is the loss output.
+
+``P`` and ``k`` are the plan's (:mod:`pipetrain.compiler.loss_unit` picks the smallest pair
+that keeps the loss unit off the tick); every setting computes the same integers.
 
 MSE is one phase: ``δ_j = sat(rhu((z_j − t_j)·scale, fy + scale.frac − d.frac), d)``, argmax and
 ``Σ (z_j − t_j)^2`` (``2·fy`` fraction bits, saturated to 32 bits at the port).
 
 δ is formed for every sample; its clamps count on the unit's saturation counter only for
 training samples (an inference sample's δ is not used; the golden model does not form it).
-Source: docs/numerics.md §4 (the arithmetic); docs/architecture.md §3 (LUT exp + reciprocal);
-the phase structure and the restoring divider are *derived* (smallest hardware, one result per
-cycle). Cycles: :func:`loss_unit_cycles`.
+Source: docs/numerics.md §4 (the arithmetic); docs/architecture.md §3.8 (LUT exp + reciprocal);
+the phase structure, the running maximum and the divider are *derived* (one result per cycle,
+parallel only where the tick needs it). Cycles: :func:`loss_unit_cycles`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from amaranth import Cat, Module, Mux, Signal, Value, signed, unsigned
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..compiler.loss_unit import loss_cycles
 from ..compiler.plan import LossUnit as LossPlan
 from .arith import const_mul, rhu, sat
 from .streams import LossControlSignature, ValidSignature, word_layout
@@ -38,12 +44,13 @@ __all__ = ["LossUnit", "loss_unit_cycles"]
 SAT_MAX = (1 << 32) - 1
 
 
-def loss_unit_cycles(kind: str, classes: int, recip_frac: int) -> int:
-    """Cycles from the start pulse until ``done`` is high again (derived from the phases):
-    cross-entropy ``3C + fr + 7``, MSE ``C + 3``."""
-    if kind == "mse":
-        return classes + 3
-    return 3 * classes + recip_frac + 7
+def loss_unit_cycles(
+    kind: str, classes: int, recip_frac: int, exp_lanes: int = 1, div_bits: int = 1
+) -> int:
+    """Cycles from the start pulse until ``done`` is high again: the plan's formula
+    (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 4``, MSE ``C + 3``."""
+    return loss_cycles(kind, classes, 0, recip_frac, exp_lanes, div_bits)
 
 
 class _Shared:
@@ -110,7 +117,7 @@ class LossUnit(wiring.Component):
         # issue counters: j, word q, lane sel; the logit z_j one cycle later (S1)
         c = _Shared()
         c.j0 = Signal(range(C + 1))
-        c.q0 = Signal(range(max(self.words, 2)))
+        c.q0 = Signal(range(max(C, 2)))  # the zbuf word (exp, MSE) or the ebuf word (out)
         c.s0 = Signal(range(max(Lz, 2)))
         c.issue = Signal()
         m.d.comb += zr.addr.eq(c.q0)
@@ -118,6 +125,7 @@ class LossUnit(wiring.Component):
         c.j1 = Signal.like(c.j0)
         s1 = Signal.like(c.s0)
         m.d.sync += [c.v1.eq(c.issue), c.j1.eq(c.j0), s1.eq(c.s0)]
+        c.zr, c.s1 = zr, s1
         c.z1 = (zr.data.word_select(s1, fz.bits) if Lz > 1 else zr.data).as_signed()
         c.zmax = Signal(signed(fz.bits))
         c.arg = Signal(16)
@@ -140,11 +148,13 @@ class LossUnit(wiring.Component):
             self._cross_entropy(m, c)
         return m
 
-    def _advance(self, m: Module, c: _Shared) -> None:
-        """Issue the next logit: j + 1, next lane of the word (or the next word)."""
+    def _advance(self, m: Module, c: _Shared, per_word: int | None = None) -> None:
+        """Issue the next item: j + 1, the next of ``per_word`` items of the word (default the
+        logit buffer's lanes), or the next word."""
+        per_word = self.zl if per_word is None else per_word
         m.d.sync += c.j0.eq(c.j0 + 1)
-        if self.zl > 1:
-            with m.If(c.s0 == self.zl - 1):
+        if per_word > 1:
+            with m.If(c.s0 == per_word - 1):
                 m.d.sync += [c.s0.eq(0), c.q0.eq(c.q0 + 1)]
             with m.Else():
                 m.d.sync += c.s0.eq(c.s0 + 1)
@@ -187,101 +197,195 @@ class LossUnit(wiring.Component):
                     m.next = "IDLE"
 
     def _cross_entropy(self, m: Module, c: _Shared) -> None:
-        """Four phases over the logits: max, exp (LUT), divide, out (see the module
+        """Three phases after the start (the maximum is taken as the logits arrive): exp
+        (``P`` LUT reads a cycle), divide (``k`` quotient bits a cycle), out (see the module
         docstring)."""
         lp, C, fz, fd = self.lp, self.lp.classes, self.lp.z, self.lp.d
+        P = lp.exp_lanes
         label = self.ctl.label
         fl, fe, fr = lp.exp_lut_frac, lp.exp_frac, lp.recip_frac
         K = len(lp.exp_lut)
+        self._running_max(m, c)
         lut = Memory(shape=unsigned(fe + 1), depth=K, init=list(lp.exp_lut))
         m.submodules.lut = lut
-        lr = lut.read_port()
-        em = Memory(shape=unsigned(fe + 1), depth=C, init=[])
+        lrs = [lut.read_port() for _ in range(P)]
+        W = -(-C // P)  # exp issue cycles = ebuf words
+        em = Memory(shape=P * (fe + 1), depth=W, init=[])
         m.submodules.ebuf = em
         er, ew = em.read_port(), em.write_port()
 
-        # the phase that issued the read now arriving at S1: 0 max, 1 exp, 2 out
-        ph0 = Signal(2)
-        ph1 = Signal(2)
+        # the phase that issued the read now arriving at S1: 0 exp, 1 out
+        ph0 = Signal()
+        ph1 = Signal()
         m.d.sync += ph1.eq(ph0)
-        v_max, v_exp, v_out = c.v1 & (ph1 == 0), c.v1 & (ph1 == 1), c.v1 & (ph1 == 2)
-        with m.If(v_max & ((c.j1 == 0) | (c.z1 > c.zmax))):
-            m.d.sync += [c.zmax.eq(c.z1), c.arg.eq(c.j1)]
+        v_exp, v_out = c.v1 & ~ph1, c.v1 & ph1
 
-        # exp phase: t_j and the LUT index at S1, the LUT entry at S2
-        t1 = c.zmax - c.z1
-        idx = rhu(t1, fz.frac - fl)
-        m.d.comb += lr.addr.eq(Mux(idx > K - 1, K - 1, idx))
+        # exp phase: P logits of ebuf word j1 (a slice of a zbuf word) at S1, t and the LUT
+        # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0)
+        zs = c.zr.data.word_select(c.s1, P * fz.bits) if self.zl > P else c.zr.data
+        live_from = C - (W - 1) * P  # lanes ≥ this are padding in the last ebuf word
         v2 = Signal()
         j2 = Signal.like(c.j0)
         m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
+        es = []
+        for lane, lr in enumerate(lrs):
+            z1 = zs.word_select(lane, fz.bits).as_signed() if P > 1 else zs.as_signed()
+            idx = rhu(c.zmax - z1, fz.frac - fl)
+            m.d.comb += lr.addr.eq(Mux(idx > K - 1, K - 1, idx))
+            es.append(Mux(j2 == W - 1, 0, lr.data) if lane >= live_from else lr.data)
         E = Signal(fe + 1 + max(1, C.bit_length()))
-        m.d.comb += [ew.en.eq(v2), ew.addr.eq(j2), ew.data.eq(lr.data)]
+        m.d.comb += [ew.en.eq(v2), ew.addr.eq(j2), ew.data.eq(Cat(*es))]
         with m.If(v2):
-            m.d.sync += E.eq(Mux(j2 == 0, 0, E) + lr.data)
+            m.d.sync += E.eq(Mux(j2 == 0, 0, E) + _tree_sum(es))
 
-        # divider: R = 2^(fe+fr), D = E << fr halving each step: fr+1 quotient bits
-        nb = fe + fr + max(1, C.bit_length()) + 1
-        R = Signal(nb)
-        D = Signal(nb)
-        r = Signal(fr + 1)
-        step = Signal(range(fr + 2))
+        # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (see _ce_phases)
+        div = _Divider(E, fe, fr, lp.div_bits)
 
         # out phase: e_j from the e memory at S1
-        e1 = er.data
+        e1 = er.data.word_select(c.s1, fe + 1) if P > 1 else er.data
         p1 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
-        m.d.comb += p1.eq(rhu(e1 * r, fe))
+        m.d.comb += p1.eq(rhu(e1 * div.r, fe))
         dv, dc = sat(rhu(p1, fr - fd.frac) - Mux(c.j1 == label, 1 << fd.frac, 0), fd)
-        m.d.comb += er.addr.eq(c.j0)
+        m.d.comb += er.addr.eq(c.q0)
         with m.If(v_out):
             m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
             with m.If(c.j1 == label):
                 m.d.sync += c.loss_v.eq(p1)
-        self._ce_phases(m, c, ph0, v2, E, R, D, r, step)
+        self._ce_phases(m, c, ph0, v2, div)
 
-    def _ce_phases(
-        self, m: Module, c: _Shared, ph0: Signal, v2: Signal, E: Value, R, D, r, step
-    ) -> None:
-        """The cross-entropy state machine: IDLE → MAX → EXP → DIV → OUT → IDLE."""
-        C, fe, fr = self.lp.classes, self.lp.exp_frac, self.lp.recip_frac
+    def _running_max(self, m: Module, c: _Shared) -> None:
+        """``zmax`` and ``arg`` as the logit words arrive: the word's maximum (a comparison
+        tree over its lanes, lowest index on ties; padding lanes of the last word never win)
+        — registered when the word has more than two lanes — then compared with the running
+        maximum (a later word wins only when greater: lowest index on ties). Word 0 restarts
+        it. The last word arrives no later than the feeding stage's ``done``, so ``zmax`` is
+        final two cycles after the start pulse, when the exp phase first reads it."""
+        C, fz, Lz = self.lp.classes, self.lp.z, self.zl
+        zi = self.z_in
+        w = zi.payload.word
+        live_from = C - (self.words - 1) * Lz
+        base = Array(Const(q * Lz, 16) for q in range(self.words))[w] if Lz > 1 else w
+        cands = []
+        for lane in range(Lz):
+            zv = zi.payload.data.word_select(lane, fz.bits).as_signed()
+            live = (w != self.words - 1) if lane >= live_from else Const(1)
+            cands.append((zv, Const(lane, 16), live))
+        bv, bl, _ = _tree_max(cands)
+        if Lz > 2:  # one register between the comparison tree and the running maximum
+            wv, wj, wval, wfirst = (
+                Signal(signed(fz.bits)), Signal(16), Signal(), Signal()
+            )  # fmt: skip
+            m.d.sync += [
+                wv.eq(bv),
+                wj.eq(base + bl),
+                wval.eq(zi.valid),
+                wfirst.eq(w == 0),
+            ]
+        else:
+            wv, wj, wval, wfirst = bv, base + bl, zi.valid, w == 0
+        with m.If(wval & (wfirst | (wv > c.zmax))):
+            m.d.sync += [c.zmax.eq(wv), c.arg.eq(wj)]
+
+    def _ce_phases(self, m: Module, c: _Shared, ph0: Signal, v2: Signal, div: _Divider) -> None:
+        """The cross-entropy state machine: IDLE → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
+        IDLE; the first out read issues in the last divider cycle (its S1 sees the final r)."""
+        C, P = self.lp.classes, self.lp.exp_lanes
+        W = -(-C // P)
+
+        def issue_out(first: bool) -> None:
+            m.d.comb += [c.issue.eq(1), ph0.eq(1)]
+            self._advance(m, c, P)
+            with m.If(c.j0 == C - 1):
+                m.next = "OUT_TAIL"
+            if first:
+                with m.Else():
+                    m.next = "OUT"
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.ctl.done.eq(~self.ctl.start)
                 with m.If(self.ctl.start):
                     self._restart(m, c)
                     m.d.sync += c.loss_v.eq(0)
-                    m.next = "MAX"
-            with m.State("MAX"):
-                m.d.comb += [c.issue.eq(1), ph0.eq(0)]
-                self._advance(m, c)
-                with m.If(c.j0 == C - 1):
-                    self._restart(m, c)
                     m.next = "EXP"
             with m.State("EXP"):
-                m.d.comb += [c.issue.eq(1), ph0.eq(1)]
-                self._advance(m, c)
-                with m.If(c.j0 == C - 1):
+                m.d.comb += [c.issue.eq(1), ph0.eq(0)]
+                self._advance(m, c, self.zl // P)
+                with m.If(c.j0 == W - 1):
                     m.next = "EXP_TAIL"
             with m.State("EXP_TAIL"):
-                with m.If(~c.v1 & ~v2):
-                    m.d.sync += [R.eq(1 << (fe + fr)), D.eq(E << fr), r.eq(0), step.eq(0)]
+                with m.If(~c.v1 & v2):  # E is final from the next cycle
+                    self._restart(m, c)
+                    m.d.sync += div.init()
                     m.next = "DIV"
             with m.State("DIV"):
-                ge = R >= D
-                m.d.sync += [
-                    R.eq(Mux(ge, R - D, R)),
-                    D.eq(D >> 1),
-                    r.eq(Cat(ge, r[:-1])),
-                    step.eq(step + 1),
-                ]
-                with m.If(step == fr):
-                    self._restart(m, c)
-                    m.next = "OUT"
+                m.d.sync += div.step()
+                with m.If(div.last):
+                    issue_out(first=True)
             with m.State("OUT"):
-                m.d.comb += [c.issue.eq(1), ph0.eq(2)]
-                self._advance(m, c)
-                with m.If(c.j0 == C - 1):
-                    m.next = "OUT_TAIL"
+                issue_out(first=False)
             with m.State("OUT_TAIL"):
                 with m.If(~c.v1):
                     m.next = "IDLE"
+
+
+class _Divider:
+    """``r = ⌊2^(fe+fr) / E⌋`` by long division (restoring), ``k`` quotient bits a cycle.
+
+    The quotient has at most ``fr + 1`` bits (``E ≥ 2^fe``); the divider runs
+    ``D = ⌈(fr+1)/k⌉`` cycles over ``Q = k·D`` quotient bits, the top ``Q − fr − 1`` of them 0.
+    The remainder starts at ``⌊2^(fe+fr) / 2^Q⌋ = 2^(fe+fr−Q)`` (< E) and each step doubles it
+    (the dividend's lower bits are 0) and subtracts E where it can, so it stays below E: the
+    datapath is E's width + 1 bits. Source: the restoring division algorithm; the k-step
+    unrolling is *derived* (the same quotient bits, k per register stage).
+    """
+
+    def __init__(self, E: Signal, fe: int, fr: int, k: int) -> None:
+        self.E, self.k = E, k
+        self.D = -(-(fr + 1) // k)
+        self.rem0 = 1 << (fe + fr - k * self.D)
+        self.rem = Signal(len(E) + 1)
+        self.r = Signal(fr + 1)
+        self.count = Signal(range(max(self.D, 2)))
+        self.last = self.count == self.D - 1
+
+    def init(self) -> list:
+        """Statements that load the remainder and clear the quotient and the step counter."""
+        return [self.rem.eq(self.rem0), self.r.eq(0), self.count.eq(0)]
+
+    def step(self) -> list:
+        """Statements of one cycle: ``k`` compare-subtract steps, quotient bits MSB first."""
+        rem, bits = Value.cast(self.rem), []
+        for _ in range(self.k):
+            x = Cat(Const(0, 1), rem)  # 2·rem
+            ge = x >= self.E
+            rem = Mux(ge, x - self.E, x)[: len(self.rem)]
+            bits.append(ge)
+        q = Cat(*reversed(bits), self.r)  # the new bits below the old quotient
+        return [self.rem.eq(rem), self.r.eq(q[: len(self.r)]), self.count.eq(self.count + 1)]
+
+
+def _tree_sum(values: list) -> Value:
+    """Σ values as a balanced adder tree (``P`` exp lanes into E in one cycle)."""
+    while len(values) > 1:
+        values = [
+            values[i] + values[i + 1] if i + 1 < len(values) else values[i]
+            for i in range(0, len(values), 2)
+        ]
+    return values[0]
+
+
+def _tree_max(cands: list) -> tuple:
+    """The greatest live ``(value, lane, live)`` of a word's lanes by a comparison tree; on ties
+    (and a dead right operand) the lower lane wins, so the tree gives the first maximum."""
+    while len(cands) > 1:
+        nxt = []
+        for i in range(0, len(cands), 2):
+            if i + 1 == len(cands):
+                nxt.append(cands[i])
+                continue
+            (av, al, alive), (bv, bl, blive) = cands[i], cands[i + 1]
+            take_b = blive & (~alive | (bv > av))
+            nxt.append((Mux(take_b, bv, av), Mux(take_b, bl, al), alive | blive))
+        cands = nxt
+    return cands[0]

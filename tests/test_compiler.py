@@ -164,13 +164,14 @@ def test_pb_and_sequential_delays_and_cycles():
     assert [s.stash_depth for s in plan.stages] == [8, 6, 4, 2]
     assert [s.cycles_per_tick for s in plan.stages] == [8 * 65, 11 * 33, 11 * 33, 10 * 33]
     # tick = slowest pass (520 slots + 5 pipeline) + 2 control cycles; the loss unit
-    # (3·10 + 16 + 7 = 53 cycles) after stage 4's pass (330 + 5) ends earlier (hdl/tick.py)
-    assert plan.loss.cycles == 53
+    # (⌈10/1⌉ + ⌈17/1⌉ + 10 + 4 = 41 cycles: one exp lane, one quotient bit a cycle, as the
+    # slack of 525 − 335 cycles allows) after stage 4's pass (330 + 5) ends earlier
+    assert (plan.loss.exp_lanes, plan.loss.div_bits, plan.loss.cycles) == (1, 1, 41)
     assert plan.tick_cycles == 520 + 5 + 2 == plan.ideal_cycles_per_sample
     seq = build_plan(ir, TrainConfig(schedule="sequential"), lanes=[4, 3, 3, 1])
     assert seq.delays == (0, 0, 0, 0)
     # one sample at a time: admit, forward and backward pass per stage (+1 control each), loss
-    assert seq.ideal_cycles_per_sample == 1 + 2 * (526 + 369 + 369 + 336) + 53 + 1
+    assert seq.ideal_cycles_per_sample == 1 + 2 * (526 + 369 + 369 + 336) + 41 + 1
     assert [s.input_gradient for s in plan.stages] == [False, True, True, True]
 
 

@@ -194,6 +194,8 @@ def _cases(fmt: QFormat, C: int = 5):
         [lo, hi, hi, 0, -1],  # tie at the maximum: the lower index wins
         [0, 0, 40, 0, 0],  # exact tie on the LUT rounding boundary
         [lo] * C,
+        [hi, 0, 0, 0, hi],  # tie between the first and the last logit: index 0 wins
+        [0, -5, 7, 3, 9],  # the maximum in the last word's first lane
     ]
     labels = [rng.randrange(C) for _ in cases]
     trains = [True] * len(cases)
@@ -202,18 +204,27 @@ def _cases(fmt: QFormat, C: int = 5):
 
 
 @pytest.mark.parametrize(
-    "loss,d_fmt",
+    "loss,d_fmt,lanes,par",
     [
-        ("cross_entropy", None),
-        ("cross_entropy", QFormat(8, 8)),  # δ in [−0.5, 0.5): p − 1 and p > 0.5 saturate
-        ("mse", None),
-        ("mse", QFormat(8, 9)),
+        ("cross_entropy", None, (2, 2), (1, 1)),
+        ("cross_entropy", QFormat(8, 8), (2, 2), (2, 2)),  # δ in [−0.5, 0.5): p − 1, p > 0.5 clamp
+        ("cross_entropy", None, (2, 5), (5, 1)),  # one word of 5: the registered compare tree
+        ("cross_entropy", None, (2, 3), (3, 2)),  # 2 words of 3 lanes, one padding lane each
+        ("cross_entropy", None, (2, 3), (1, 2)),
+        ("mse", None, (2, 2), (1, 1)),
+        ("mse", QFormat(8, 9), (2, 2), (1, 1)),
     ],
 )
-def test_loss_unit_equals_golden(loss, d_fmt):
+def test_loss_unit_equals_golden(loss, d_fmt, lanes, par):
     """pred, loss output, every δ_j, the saturation counter and the cycle count equal the golden
-    loss unit / the plan, on random, tied, extreme and saturating logits."""
-    plan, g = _loss_plan(loss, d_fmt)
+    loss unit / the plan, on random, tied, extreme and saturating logits, for exp lanes P and
+    divider bits k ``par`` (the plan's parallelism, which never changes a result)."""
+    plan, g = _loss_plan(loss, d_fmt, lanes)
+    P, k = par
+    lu = plan.loss
+    cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k)
+    lu = dataclasses.replace(lu, exp_lanes=P, div_bits=k, cycles=cycles_pk)
+    plan = dataclasses.replace(plan, loss=lu)
     cases = _cases(plan.loss.z)
     got = _run_loss(plan, cases)
     for (z, label, train), (pred, lossv, deltas, sats, cycles) in zip(cases, got, strict=True):
@@ -224,6 +235,8 @@ def test_loss_unit_equals_golden(loss, d_fmt):
         if train:
             assert deltas == dl.tolist(), (z, label)
         assert sats == g.stage_saturations[-1]
-        assert cycles == plan.loss.cycles == loss_unit_cycles(loss, 5, plan.loss.recip_frac)
+        assert cycles == cycles_pk
+    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + 5 + 4
+        assert cycles_pk == -(-5 // P) + -(-17 // k) + 9
     if d_fmt is not None:
         assert g.stage_saturations[-1] > 0  # the saturating formats did clamp

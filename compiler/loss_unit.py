@@ -1,0 +1,75 @@
+"""The loss unit's cycle count and its parallelism (``hdl/loss.py``; docs/architecture.md §3.8).
+
+The cross-entropy loss unit (docs/numerics.md §4) has two parameters that change only its
+speed and size, never a result (the integers are those of the golden model's ``loss_unit`` for
+every setting):
+
+* ``exp_lanes`` P — logits through the exp LUT per cycle (P LUT read ports, a P-input adder
+  into E); P divides the logit buffer's ``z_lanes``, so the P logits of a cycle are one slice of
+  one buffer word;
+* ``div_bits`` k — quotient bits of the reciprocal ``r = ⌊2^(fe+fr) / E⌋`` per cycle (k chained
+  compare-subtract steps of a restoring divider).
+
+:func:`loss_parallelism` picks the smallest pair whose cycles fit the slack the tick leaves the
+loss unit (the slowest pass minus the pass of the stage feeding it), so the loss unit does not
+set the tick where the pipeline allows it (docs/architecture.md §3.3). Source: *derived* from
+the lockstep tick (``build.tick_cycles``) with FINN's "fewest resources that meet the slowest
+stage" heuristic, as for the stages' lanes (``compiler/lanes.py``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["DIV_BITS_MAX", "loss_cycles", "loss_parallelism"]
+
+#: Most quotient bits per cycle the divider chains: two compare-subtract steps of ~20 bits
+#: each between registers (derived: keeps the divider off the critical path next to the
+#: stages' multiply-accumulate; three or more would be the longest carry path of the design).
+DIV_BITS_MAX = 2
+
+
+def loss_cycles(
+    kind: str,
+    classes: int,
+    exp_frac: int,
+    recip_frac: int,
+    exp_lanes: int = 1,
+    div_bits: int = 1,
+) -> int:
+    """Cycles of the loss unit from its start pulse to ``done`` (``hdl/loss.py``, derived from
+    its phases; the maximum and argmax are taken as the logits arrive, so they cost nothing
+    after the start): cross-entropy ``⌈C/P⌉`` exp issue cycles + 2 (LUT read, sum into E) +
+    ``⌈(fr+1)/k⌉`` divider cycles + ``C`` out issue cycles (the first during the last divider
+    cycle) + 2 (δ register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 4``, with
+    ``C`` classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``; MSE
+    ``C + 3`` (one phase; P and k unused). ``exp_frac`` does not change the count (kept for
+    callers)."""
+    if kind == "mse":
+        return classes + 3
+    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 4
+
+
+def loss_parallelism(
+    kind: str, classes: int, z_lanes: int, recip_frac: int, slack: int | None
+) -> tuple[int, int]:
+    """``(exp_lanes, div_bits)`` of a loss unit: the cheapest pair (cost P + k: one exp lane or
+    one divider step each adds one compare/subtract datapath, derived) whose
+    :func:`loss_cycles` ≤ ``slack`` cycles; ties go to fewer cycles. When none fits, the
+    fastest pair (the loss unit then sets the tick, and the report says so). ``slack`` None, or
+    an MSE loss: ``(1, 1)``. P runs over the divisors of ``z_lanes``, k over
+    1..:data:`DIV_BITS_MAX`."""
+    if kind == "mse" or slack is None:
+        return 1, 1
+    pairs = [
+        (p, k)
+        for p in range(1, z_lanes + 1)
+        if z_lanes % p == 0
+        for k in range(1, DIV_BITS_MAX + 1)
+    ]
+
+    def cycles(pk: tuple[int, int]) -> int:
+        return loss_cycles(kind, classes, 0, recip_frac, *pk)
+
+    fits = [pk for pk in pairs if cycles(pk) <= slack]
+    if fits:
+        return min(fits, key=lambda pk: (pk[0] + pk[1], cycles(pk), pk))
+    return min(pairs, key=lambda pk: (cycles(pk), pk[0] + pk[1], pk))
