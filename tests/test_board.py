@@ -402,7 +402,6 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
     streams (the device checks the hash at HELLO); the toolchain is replaced by a stub that
     returns the build metadata."""
     from pipetrain.host import bitstream
-    from pipetrain.host.cli import build as cmd_build
 
     def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
         return kw["meta"] | {
@@ -412,7 +411,6 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
         }  # fmt: skip
 
     monkeypatch.setattr(bitstream, "build_design", fake_build)  # build_board's passes
-    monkeypatch.setattr(cmd_build, "build_design", fake_build, raising=False)
     args = ["mlp-digits", "--board", "icebreaker", "--lr", "0.004", "--json", "-"]
     res = _runner().invoke(cli, ["build", *args])
     assert res.exit_code == 0, res.output

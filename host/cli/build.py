@@ -22,7 +22,7 @@ from ...compiler.build import PlanError
 from ...compiler.fit import check_fit, plan_totals
 from ...compiler.lanes import parse_lanes
 from ...compiler.targets import BOARDS, BoardError, get_board
-from ..bitstream import build_design, deploy_bitstream
+from ..bitstream import build_board, deploy_bitstream
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
@@ -91,7 +91,7 @@ def build_cmd(
         raise PlanError("--epochs is not part of the plan: give it to `pipetrain train`")
     meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
     if loopback:
-        core: Any = Loopback
+        core: Any = lambda f: Loopback()  # noqa: E731
     else:
         result = compile_design(
             model,
@@ -110,16 +110,15 @@ def build_cmd(
         # plan.multipliers counts datapath multiplications (shift-add constants too, the loss
         # unit not); plan.hard_multipliers = fit.multipliers.needed: DSP blocks (docs/boards.md)
         meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan, board), "fit": fit}
-        core = lambda: network_core(plan)  # noqa: E731
-    top = BoardTop(board, core, baud=baud)
-    meta |= {"baud": top.baud, "uart_divisor": top.divisor}
+        core = lambda f: network_core(plan, clock_hz=f)  # noqa: E731
     design = "loopback" if loopback else Path(str(model)).stem
     out = out_dir or os.path.join("build", f"{design}-{board.name}")
     info(f"building {meta['design']} for {board.name} in {out} ...", json_out)
-    result = build_design(
+    result = build_board(
         board,
-        top,
+        lambda f: BoardTop(board, lambda: core(f), baud=baud, clock_hz=f),
         out,
+        baud=baud,
         force=force,
         timeout_s=timeout_s,
         meta=meta,
@@ -132,9 +131,13 @@ def build_cmd(
             return "-"
         return f"{u[key]['used']}/{u[key]['available']}"
 
+    ck = result["clock"]
+    src = f"PLL from {ck['osc_mhz']:g} MHz" if ck["pll"] else "the oscillator"
+    short = "" if ck["met"] else f", Fmax under the {ck['margin']:.0%} margin"
     info(
         f"{result['bitstream']}: Fmax {result['fmax_mhz']:.1f} MHz "
-        f"(clock {result['clock_mhz']:.1f} MHz{'' if result['timing_met'] else ', NOT MET'}); "
+        f"(network clock {ck['chosen_mhz']:g} MHz, {src}"
+        f"{'' if result['timing_met'] else ', NOT MET'}{short}); "
         f"{'logic cells' if board.family == 'ice40' else 'LUTs'} {frac('luts')}, "
         f"FFs {frac('ffs')}, multipliers {frac('multipliers')}, "
         f"block RAM {frac('bram_blocks')}"
@@ -175,7 +178,8 @@ def list_boards_cmd(json_out: str | None) -> None:
         if b.spram_blocks:
             ram += f" + SPRAM {b.spram_blocks}×{b.spram_block_bits // 1024} Kib"
         rows.append(
-            f"{b.name:<11} {b.description}; {b.clock_hz / 1e6:g} MHz, UART {b.baud} baud; "
+            f"{b.name:<11} {b.description}; {b.clock_hz / 1e6:g} MHz (PLL from "
+            f"{(b.osc_hz or b.clock_hz) / 1e6:g} MHz), UART {b.baud} baud; "
             f"{b.luts} LUT4, {b.ffs} FF, {b.multipliers} multipliers "
             f"({b.multiplier_width}×{b.multiplier_width}), RAM {ram}"
         )
