@@ -78,7 +78,7 @@ class _StateMemory:
     def __init__(self, m: Module, params: LinkParams) -> None:
         P = params
         self.m = m
-        self.E = P.num_stages + 3  # the first engine counter (`accepted`) in READ_COUNTERS order
+        self.E = P.network_counters  # the first engine counter (`accepted`), READ_COUNTERS order
         self.counter = {name: self.E + i for i, name in enumerate(ENGINE_COUNTERS)}
         self.cb = max(1, (P.num_counters - 1).bit_length())
         Z = 4 << self.cb  # bytes of a counter region
@@ -421,6 +421,8 @@ class LinkDispatcher(wiring.Component):
             with m.If(c < E):
                 with m.Switch(c):
                     network = [net.samples_trained, net.ticks, *net.saturations]
+                    if P.heads:  # then the heads' correct-prediction counters
+                        network += list(net.head_correct)
                     for i, v in enumerate(network):
                         with m.Case(i):
                             m.d.sync += sh.eq(v)

@@ -58,9 +58,11 @@ class MemoryUse:
     @property
     def owner(self) -> str:
         """The plan owner of the memory (:meth:`Plan.all_memories`): the top's submodule
-        ``stage<n>`` or ``loss``, else ``top``."""
+        ``stage<n>``, ``loss`` or ``head_loss<k>`` (an auxiliary head's loss unit), else
+        ``top``."""
         first = self.path.strip("/").split("/")[0]
-        return first if first == "loss" or first.startswith("stage") else "top"
+        owned = first == "loss" or first.startswith(("stage", "head_loss"))
+        return first if owned else "top"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -122,7 +124,7 @@ class OwnerCheck:
 
     Members
     -------
-    owner: ``stage<n>``, ``loss`` or ``top``.
+    owner: ``stage<n>``, ``loss``, ``head_loss<k>`` or ``top``.
     matched_by: ``name`` (every built memory sits under a submodule named after one of the
         plan's banks, ``MemorySpec.bank_names``, each bank once) or ``multiset`` (compared as
         multisets of (words, width, read ports, write ports, single-port)).
@@ -150,12 +152,9 @@ def compare_memories(plan: Plan, top: Any = None) -> list[OwnerCheck]:
     """Compare the plan's memories (:meth:`Plan.all_memories`) with the design's
     (:func:`design_memories`), per owner; one :class:`OwnerCheck` per owner that either side
     has. The plan's ``bram``/``lutram``/``logic`` kinds are one ``lib.memory`` each to the HDL,
-    ``spram`` a :class:`~pipetrain.hdl.spram.SinglePortRAM`. Owners only the plan has (head
-    loss units, which the HDL does not build) are left out."""
+    ``spram`` a :class:`~pipetrain.hdl.spram.SinglePortRAM`."""
     planned: dict[str, list[tuple[str, tuple]]] = {}
     for owner, m in plan.all_memories():
-        if owner.startswith("head_loss"):
-            continue
         geo = (m.words, m.width, m.read_ports, m.write_ports, m.kind == "spram")
         for bank in m.bank_names:
             planned.setdefault(owner, []).append((bank, geo))

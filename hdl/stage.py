@@ -12,8 +12,8 @@ The parts (each its own module, connected only through the signatures of
 
 * :class:`~pipetrain.hdl.sequencer.SlotSequencer` — issues the slots, carries each slot's
   position down the pipeline (:class:`~pipetrain.hdl.streams.SlotPipelineSignature`), ``done``;
-* :class:`~pipetrain.hdl.weights.WeightStore` — per-lane ``w``/``u`` banks (dual-port or SPRAM)
-  shared with the host's weight access;
+* :class:`~pipetrain.hdl.weights.WeightStore` — per-lane ``w``/``u`` banks (dual-port or SPRAM;
+  ``w_prev`` too for the LWP ``w`` form) shared with the host's weight access;
 * :class:`~pipetrain.hdl.stash.InputStash` — stashed ``x`` and ReLU mask (tanh/sigmoid: the
   output y), the ``x`` operands;
 * :class:`~pipetrain.hdl.errbuf.ErrorBuffer` — double-buffered ``g``, δ per lane;
@@ -34,7 +34,7 @@ Source: docs/architecture.md §3 (fused pass, lane ownership, adder tree), docs/
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, signed
+from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -56,20 +56,33 @@ from .streams import (
 from .update import LFSRConfig, UpdateUnit
 from .weights import WeightStore
 
-__all__ = ["StageUnit", "check_stage"]
+__all__ = ["StageUnit", "check_stage", "pass_through"]
+
+
+def pass_through(stage: Stage) -> tuple[int, ...]:
+    """The stage's pass-through streams (interlocking learning): the losses it back-propagates
+    (``grad_losses``) without updating from them (``losses``), ascending. Each runs its own
+    error buffer, mask read and input gradient in the same fused pass (docs/architecture.md
+    §2.4); the primary backward path carries the update stream."""
+    return tuple(t for t in sorted(stage.grad_losses) if t not in stage.losses)
 
 
 def check_stage(stage: Stage) -> None:
     """Raise NotImplementedError (naming the stage, what is missing and the way out) for a stage
     the HDL does not build: an activation other than identity/relu/leaky_relu/tanh/sigmoid (or
-    a tanh/sigmoid without its LUT), the LWP ``w``
-    form, or fewer than 4 inputs with several row groups and an input gradient."""
+    a tanh/sigmoid without its LUT), fewer than 4 inputs with several row groups and an input
+    gradient, or an LWP ``w`` form whose ``what_bits`` cannot hold ŵ = w + H·(w − w_prev)
+    (w.bits + bitlen(H) + 1 bits, docs/architecture.md §2.2; a plan of an older compiler that
+    sized ŵ from u)."""
     activation_of(stage)
-    if stage.update.lwp_horizon and stage.update.lwp_form != "v":
-        raise NotImplementedError(
-            f"stage {stage.index}: LWP weight-difference form (lwp_form='w') is not "
-            "implemented in the HDL yet; use lwp_form='v'"
-        )
+    up, fw = stage.update, stage.formats.w
+    if up.lwp_horizon and up.lwp_form == "w":
+        need = fw.bits + up.lwp_horizon.bit_length() + 1
+        if stage.what_bits < need:
+            raise NotImplementedError(
+                f"stage {stage.index}: LWP w form needs what_bits ≥ {need} for "
+                f"w + H·(w − w_prev), the plan has {stage.what_bits}; recompile the plan"
+            )
     if stage.row_groups > 1 and stage.input_gradient and stage.in_features < 4:
         raise NotImplementedError(
             f"stage {stage.index}: N={stage.in_features} < 4 inputs with {stage.row_groups} "
@@ -96,8 +109,10 @@ class StageUnit(wiring.Component):
         ``ctl.error.write`` (cannot stall).
     y: ``Out(ValidSignature(word_layout(row_groups, y_word_bits)))`` forward output: the ``L``
         activations of row group ``word``.
-    gin: ``Out(ValidSignature(signed(gin.bits)))`` serial input gradient ``i = 0..N−1``
-        (stages with ``input_gradient`` only).
+    gin: ``Out(ValidSignature(signed(gin.bits)))`` serial input gradient ``i = 0..N−1`` of
+        the update stream (only when the stage sends it on: ``losses[0]`` in ``gin_losses``).
+    g_in_l<t>, gin_l<t>: the same two ports of pass-through stream ``t`` (:func:`pass_through`;
+        ``ctl.extra<e>`` is its item): the error arriving, the input gradient sent back.
     access: ``In(WeightAccessSignature(L, cycles_per_tick))`` weight access (only while no
         pass runs).
     saturations: ``Out(32)`` saturation counter (z, gin, u′, w′ clamps; saturating).
@@ -111,16 +126,21 @@ class StageUnit(wiring.Component):
         self.activation = activation_of(stage, plan.shift_add)
         st, f = stage, stage.formats
         P = st.stash_entries
+        self.extra = pass_through(st)
+        self.primary_gin = st.input_gradient and st.losses[0] in st.gin_losses
         sig = {
-            "ctl": In(PassControlSignature(P * st.x_words, P * st.row_groups)),
+            "ctl": In(PassControlSignature(P * st.x_words, P * st.row_groups, len(self.extra))),
             "x_in": In(ValidSignature(word_layout(st.x_words, st.x_word_bits))),
             "g_in": In(ValidSignature(signed(f.d.bits))),
             "y": Out(ValidSignature(word_layout(st.row_groups, st.y_word_bits))),
             "access": In(WeightAccessSignature(st.lanes, st.cycles_per_tick)),
             "saturations": Out(32),
         }
-        if st.input_gradient:
+        if self.primary_gin:
             sig["gin"] = Out(ValidSignature(signed(st.gin_bits)))
+        for t in self.extra:
+            sig[f"g_in_l{t}"] = In(ValidSignature(signed(f.d.bits)))
+            sig[f"gin_l{t}"] = Out(ValidSignature(signed(st.gin_bits)))
         super().__init__(sig)
 
     def _parts(self) -> dict:
@@ -139,7 +159,14 @@ class StageUnit(wiring.Component):
         spram = (wmem.config_depth, wmem.config_width) if wmem.kind == "spram" else None
         parts = {
             "seq": SlotSequencer(pipe, st.slot_cycles),
-            "store": WeightStore(pipe, lanes=L, w_format=f.w, u_format=f.u, spram=spram),
+            "store": WeightStore(
+                pipe,
+                lanes=L,
+                w_format=f.w,
+                u_format=f.u,
+                spram=spram,
+                w_prev=any(m.name == "w_prev" for m in st.memories),
+            ),
             "stash": InputStash(
                 pipe,
                 lanes=L,
@@ -149,6 +176,7 @@ class StageUnit(wiring.Component):
                 x_format=f.x,
                 x_operand_bits=st.x_operand_bits,
                 mask_bits=st.mask_bits,
+                extra=len(self.extra),
             ),
             "errbuf": ErrorBuffer(
                 pipe,
@@ -183,8 +211,9 @@ class StageUnit(wiring.Component):
                 activation=self.activation,
             ),
         }
-        if st.input_gradient:
-            parts["ingrad"] = InputGradient(
+
+        def ingrad() -> InputGradient:
+            return InputGradient(
                 pipe,
                 lanes=L,
                 acc_bits=st.acc_bwd_bits,
@@ -193,6 +222,18 @@ class StageUnit(wiring.Component):
                 gin_format=f.gin,
                 what_bits=st.what_bits,
             )
+
+        if self.primary_gin:
+            parts["ingrad"] = ingrad()
+        for t in self.extra:  # a pass-through stream: its error buffer and input gradient
+            parts[f"errbuf_l{t}"] = ErrorBuffer(
+                pipe,
+                lanes=L,
+                out_features=st.out_features,
+                d_format=f.d,
+                activation=self.activation,
+            )
+            parts[f"ingrad_l{t}"] = ingrad()
         return parts
 
     def elaborate(self, platform) -> Module:
@@ -203,12 +244,33 @@ class StageUnit(wiring.Component):
         seq, store, stash = parts["seq"], parts["store"], parts["stash"]
         errbuf, update, fwd = parts["errbuf"], parts["update"], parts["fwd"]
         grads = [parts["ingrad"]] if "ingrad" in parts else []  # take w and δ besides update
+        grads_x: list[InputGradient] = []  # the pass-through streams' input gradients
 
         # the tick controller's control, the lockstep slot pipeline to every part
         connect(m, flipped(self.ctl.items), seq.items)
         connect(m, flipped(self.ctl.stash), stash.bases)
         connect(m, flipped(self.ctl.error), errbuf.halves)
-        connect_pipeline(m, seq.slots, *(p.slots for n, p in parts.items() if n != "seq"))
+        own = [
+            n for n in parts if n != "seq" and not n.endswith(tuple(f"_l{t}" for t in self.extra))
+        ]
+        connect_pipeline(m, seq.slots, *(parts[n].slots for n in own))
+        for e, t in enumerate(self.extra):  # pass-through stream t: its own bwd flag
+            item, eb, ig = (
+                getattr(self.ctl, f"extra{e}"),
+                parts[f"errbuf_l{t}"],
+                parts[f"ingrad_l{t}"],
+            )
+            flag = Signal(name=f"bwd_l{t}")  # latched at start, like the sequencer's flags
+            with m.If(self.ctl.items.start):
+                m.d.sync += flag.eq(item.bwd)
+            connect_pipeline(m, seq.slots, eb.slots, ig.slots, replace={"bwd": flag})
+            connect(m, flipped(self.ctl.error), eb.halves)
+            m.d.comb += stash.extra_bases[e].eq(item.mask)
+            connect(m, flipped(getattr(self, f"g_in_l{t}")), eb.write)
+            connect(m, stash.extra_masks[e], eb.mask)  # S1
+            connect(m, eb.delta, ig.delta)  # S2
+            grads_x.append(ig)
+            connect(m, ig.gin, flipped(getattr(self, f"gin_l{t}")))  # S4
         # data between the parts, in pipeline order
         connect(m, flipped(self.x_in), stash.write)
         connect(m, flipped(self.g_in), errbuf.write)
@@ -217,15 +279,17 @@ class StageUnit(wiring.Component):
         connect(m, stash.mask, errbuf.mask)  # S1
         connect(m, stash.operands, update.operands, fwd.operands)  # S2
         connect(m, errbuf.delta, update.delta, *(g.delta for g in grads))  # S2
-        connect(m, update.weights, fwd.weights, *(g.weights for g in grads))  # S2
+        connect(m, update.weights, fwd.weights, *(g.weights for g in grads + grads_x))  # S2
         connect(m, fwd.y, flipped(self.y))  # S4
         connect(m, fwd.mask_write, stash.mask_write)  # S4
         for g in grads:
             connect(m, g.gin, flipped(self.gin))  # S4
         connect(m, update.write_back, store.write_back)  # write stage
 
-        # clamp flags in a fixed order: z per lane, gin, then (u′, w′) per lane
+        # clamp flags in a fixed order: z per lane, gin, then (u′, w′) per lane, then the
+        # pass-through streams' gin
         flags = [fwd.saturated, *(g.saturated for g in grads), update.saturated]
+        flags += [g.saturated for g in grads_x]
         m.submodules.saturations = sat = SaturationCounter(sum(len(x) for x in flags))
         m.d.comb += [sat.flags.eq(Cat(*flags)), self.saturations.eq(sat.count)]
         return m

@@ -7,7 +7,8 @@
   Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2.
 * ``mask``: ``entries × row_groups`` words of ``L·mask_bits`` bits, the ``z > 0`` bits of the
   forward item (``tanh``/``sigmoid``: its outputs ``y``, ``mask_bits`` = y.bits; written at
-  S4), read for the backward item's row group at S0 (used at S1).
+  S4), read for the backward item's row group at S0 (used at S1) — and, on a stage with
+  pass-through streams (interlocking), once more per stream, for that stream's item.
 
 The entry allocation (which entry a base points to) is the tick controller's; the stash has
 ``stash_depth + 1`` entries, the extra one being written while the pass runs (*derived*: it
@@ -54,6 +55,7 @@ class InputStash(wiring.Component):
         the bias input does not fit it).
     mask_bits: bits per lane of the mask (``Stage.mask_bits``: 1, or y.bits for
         ``tanh``/``sigmoid``).
+    extra: pass-through streams (one more mask read port each; 0 without interlocking).
 
     Members
     -------
@@ -65,6 +67,9 @@ class InputStash(wiring.Component):
         mask bits, at ``bases.fwd_mask + group``.
     operands: ``Out(StashOperandsSignature(x_operand_bits))`` ``x`` operands at S2.
     mask: ``Out(MaskReadSignature(L·mask_bits))`` the backward item's mask bits at S1.
+    extra_bases: ``In(range(entries·row_groups)).array(extra)`` (``extra`` > 0) mask address
+        of each pass-through stream's item; ``extra_masks``:
+        ``Out(MaskReadSignature(L·mask_bits)).array(extra)`` its mask bits at S1.
 
     Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ or the operand is narrower than ``x``.
     """
@@ -80,6 +85,7 @@ class InputStash(wiring.Component):
         x_format: QFormat,
         x_operand_bits: int,
         mask_bits: int = 1,
+        extra: int = 0,
     ) -> None:
         N, G = pipeline.in_features, pipeline.row_groups
         if x_words != -(-N // x_lanes):
@@ -91,16 +97,19 @@ class InputStash(wiring.Component):
         self.mb = lanes * mask_bits
         self.fx, self.xb = x_format, x_operand_bits
         self.x_depth, self.m_depth = entries * x_words, entries * G
-        super().__init__(
-            {
-                "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
-                "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
-                "slots": In(pipeline.subset(stages=(0, 1), flags=("start",))),
-                "mask_write": In(ValidSignature(mask_layout(G, self.mb))),
-                "operands": Out(StashOperandsSignature(x_operand_bits)),
-                "mask": Out(MaskReadSignature(self.mb)),
-            }
-        )
+        self.extra = extra
+        members = {
+            "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
+            "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
+            "slots": In(pipeline.subset(stages=(0, 1), flags=("start",))),
+            "mask_write": In(ValidSignature(mask_layout(G, self.mb))),
+            "operands": Out(StashOperandsSignature(x_operand_bits)),
+            "mask": Out(MaskReadSignature(self.mb)),
+        }
+        if extra:
+            members["extra_bases"] = In(range(self.m_depth)).array(extra)
+            members["extra_masks"] = Out(MaskReadSignature(self.mb)).array(extra)
+        super().__init__(members)
 
     def elaborate(self, platform) -> Module:
         m = Module()
@@ -142,6 +151,12 @@ class InputStash(wiring.Component):
             mrd.addr.eq(b.bwd_mask + s0.payload.group),
             self.mask.bits.eq(mrd.data),
         ]
+        for e in range(self.extra):  # pass-through streams: their items' mask bits
+            rd = mm.read_port()
+            m.d.comb += [
+                rd.addr.eq(self.extra_bases[e] + s0.payload.group),
+                self.extra_masks[e].bits.eq(rd.data),
+            ]
 
         # S1: pick the lane, the bias input in column N; registered at S2
         sel1 = Signal.like(sel0)

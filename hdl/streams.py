@@ -128,17 +128,21 @@ def mask_layout(row_groups: int, lanes: int) -> data.StructLayout:
     return data.StructLayout({"group": index_shape(row_groups), "bits": unsigned(lanes)})
 
 
-def write_back_layout(lanes: int, w_bits: int, u_bits: int) -> data.StructLayout:
+def write_back_layout(
+    lanes: int, w_bits: int, u_bits: int, w_prev: bool = False
+) -> data.StructLayout:
     """``{w: signed(w_bits)[lanes], u: signed(u_bits)[lanes], lanes: unsigned(lanes)}``: the
     updated ``(w′, u′)`` of one slot per lane; ``lanes`` bit ``l`` is 0 for a padding lane
-    (its row does not exist), which writes nothing."""
-    return data.StructLayout(
-        {
-            "w": data.ArrayLayout(signed(w_bits), lanes),
-            "u": data.ArrayLayout(signed(u_bits), lanes),
-            "lanes": unsigned(lanes),
-        }
-    )
+    (its row does not exist), which writes nothing. ``w_prev`` (LWP ``w`` form): also
+    ``w_prev: signed(w_bits)[lanes]``, the weight before this update (numerics §5)."""
+    fields = {
+        "w": data.ArrayLayout(signed(w_bits), lanes),
+        "u": data.ArrayLayout(signed(u_bits), lanes),
+        "lanes": unsigned(lanes),
+    }
+    if w_prev:
+        fields["w_prev"] = data.ArrayLayout(signed(w_bits), lanes)
+    return data.StructLayout(fields)
 
 
 def slot_layout(in_features: int, row_groups: int) -> data.StructLayout:
@@ -228,29 +232,48 @@ class ErrorHalvesSignature(_Signature):
         super().__init__({"write": Out(1), "read": Out(1)})
 
 
+class StreamItemSignature(_Signature):
+    """One pass-through backward stream of a pass (tick controller → stage; interlocking
+    learning, docs/architecture.md §2.4): the stream's item and where its mask bits are.
+
+    Members
+    -------
+    bwd: ``Out(1)`` the pass back-propagates this stream's item (input gradient only, no
+        update); held with the pass's other flags.
+    mask: ``Out(range(m_depth))`` mask address of the stream's item.
+    """
+
+    def __init__(self, m_depth: int) -> None:
+        super().__init__({"bwd": Out(1), "mask": Out(Shape.cast(range(m_depth)))})
+
+
 class PassControlSignature(_Signature):
     """Everything the tick controller tells one stage (tick controller → stage).
 
     Parameters
     ----------
     x_depth, m_depth: see :class:`StashBasesSignature`.
+    extra: pass-through streams of the stage (0 without interlocking).
 
     Members
     -------
     items: ``Out(PassItemsSignature())``.
     stash: ``Out(StashBasesSignature(x_depth, m_depth))``.
     error: ``Out(ErrorHalvesSignature())``.
+    extra0 … extra{n−1}: ``Out(StreamItemSignature(m_depth))`` the ``extra`` pass-through
+        streams, in the stage's stream order.
     """
 
-    def __init__(self, x_depth: int, m_depth: int) -> None:
-        self.x_depth, self.m_depth = x_depth, m_depth
-        super().__init__(
-            {
-                "items": Out(PassItemsSignature()),
-                "stash": Out(StashBasesSignature(x_depth, m_depth)),
-                "error": Out(ErrorHalvesSignature()),
-            }
-        )
+    def __init__(self, x_depth: int, m_depth: int, extra: int = 0) -> None:
+        self.x_depth, self.m_depth, self.extra = x_depth, m_depth, extra
+        members = {
+            "items": Out(PassItemsSignature()),
+            "stash": Out(StashBasesSignature(x_depth, m_depth)),
+            "error": Out(ErrorHalvesSignature()),
+        }
+        for e in range(extra):  # named members: wiring cannot flip an array of interfaces
+            members[f"extra{e}"] = Out(StreamItemSignature(m_depth))
+        super().__init__(members)
 
 
 #: The pass-wide members of :class:`SlotPipelineSignature`.
@@ -351,11 +374,15 @@ def slot_at(pipeline: Any, stage: int) -> Any:
     return getattr(pipeline, f"s{stage}")
 
 
-def connect_pipeline(m: Any, source: Any, *sinks: Any) -> None:
+def connect_pipeline(
+    m: Any, source: Any, *sinks: Any, replace: dict[str, Any] | None = None
+) -> None:
     """Connect the full slot pipeline ``source`` (the sequencer's ``Out`` member) to the parts'
     ``In`` subsets ``sinks``: every member a sink declares is driven by the source's member of
-    the same name. Raises ValueError if a sink declares a member the source lacks or with
-    another shape (a sink of a different pass geometry)."""
+    the same name — or by ``replace[name]`` (a pass-wide flag of another stream, e.g. ``bwd``
+    of a pass-through stream). Raises ValueError if a sink declares a member the source lacks or
+    with another shape (a sink of a different pass geometry)."""
+    replace = replace or {}
     src = source.signature
     for sink in sinks:
         sig = sink.signature.flip()
@@ -375,6 +402,8 @@ def connect_pipeline(m: Any, source: Any, *sinks: Any) -> None:
             a, b = source, sink
             for name in path:
                 a, b = getattr(a, name), getattr(b, name)
+            if len(path) == 1 and path[0] in replace:
+                a = replace[path[0]]
             m.d.comb += b.eq(a)
 
 
@@ -410,12 +439,15 @@ class WeightReadSignature(_Signature):
     -------
     w: ``Out(signed(w_bits)).array(lanes)`` ``w`` of row ``g·L + l``, column ``i``.
     u: ``Out(signed(u_bits)).array(lanes)`` ``u`` of the same word.
+    w_prev: ``Out(signed(w_bits)).array(lanes)`` (``w_prev`` True: LWP ``w`` form only) the
+        same word's weight before its last update.
     """
 
-    def __init__(self, lanes: int, w_bits: int, u_bits: int) -> None:
-        super().__init__(
-            {"w": Out(signed(w_bits)).array(lanes), "u": Out(signed(u_bits)).array(lanes)}
-        )
+    def __init__(self, lanes: int, w_bits: int, u_bits: int, w_prev: bool = False) -> None:
+        members = {"w": Out(signed(w_bits)).array(lanes), "u": Out(signed(u_bits)).array(lanes)}
+        if w_prev:
+            members["w_prev"] = Out(signed(w_bits)).array(lanes)
+        super().__init__(members)
 
 
 class LaneWeightsSignature(_Signature):
@@ -423,8 +455,9 @@ class LaneWeightsSignature(_Signature):
 
     Members
     -------
-    w_hat: ``Out(signed(what_bits)).array(lanes)`` forward weight ŵ (``w − H·u`` with Linear
-        Weight Prediction for a training forward item, else ``w``; numerics §3).
+    w_hat: ``Out(signed(what_bits)).array(lanes)`` forward weight ŵ (``w − H·u``, or
+        ``w + H·(w − w_prev)`` in the ``w`` form, with Linear Weight Prediction for a training
+        forward item, else ``w``; numerics §3).
     w: ``Out(signed(w_bits)).array(lanes)`` current ``w`` (input-gradient product).
     """
 
@@ -491,7 +524,7 @@ class WeightAccessSignature(_Signature):
     -------
     en: ``Out(1)`` access this cycle.
     write: ``Out(1)`` write ``data`` (saturated to the memory's format) instead of reading.
-    kind: ``Out(2)`` 0 = ``w``, 1 = ``u``.
+    kind: ``Out(2)`` 0 = ``w``, 1 = ``u``, 2 = ``w_prev`` (LWP ``w`` form).
     lane: ``Out(range(max(lanes, 2)))``. addr: ``Out(range(words))`` word in the lane's bank.
     data: ``Out(signed(32))`` write data.
     rdata: ``In(signed(32))`` the value read, or the saturated value written.
@@ -568,18 +601,21 @@ def wacc_rsp_layout() -> data.StructLayout:
 
 def network_signature(plan: Plan) -> wiring.Signature:
     """``NetworkTop(plan)``'s signature (docs/ports.md), seen from the network top; the link
-    engine holds it flipped (one definition for both)."""
-    S = len(plan.stages)
-    return wiring.Signature(
-        {
-            "sample_in": In(stream.Signature(sample_layout(plan))),
-            "result_out": Out(stream.Signature(result_layout())),
-            "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
-            "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
-            "flush": In(1),
-            "idle": Out(1),
-            "samples_trained": Out(32),
-            "ticks": Out(32),
-            "saturations": Out(32).array(S + 1),
-        }
-    )
+    engine holds it flipped (one definition for both). ``saturations``: one counter per stage
+    (main stages, then head stages) and per loss unit (the true loss, then the heads');
+    ``head_correct`` (only with auxiliary heads): one counter per head."""
+    heads = len(getattr(plan, "head_losses", ()))
+    members = {
+        "sample_in": In(stream.Signature(sample_layout(plan))),
+        "result_out": Out(stream.Signature(result_layout())),
+        "wacc_cmd": In(stream.Signature(wacc_cmd_layout())),
+        "wacc_rsp": Out(stream.Signature(wacc_rsp_layout())),
+        "flush": In(1),
+        "idle": Out(1),
+        "samples_trained": Out(32),
+        "ticks": Out(32),
+        "saturations": Out(32).array(len(plan.stages) + 1 + heads),
+    }
+    if heads:
+        members["head_correct"] = Out(32).array(heads)
+    return wiring.Signature(members)

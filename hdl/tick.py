@@ -4,8 +4,11 @@ Items are samples or bubbles. ``pb`` (numerics §7): all stages run their fused 
 lockstep; the item that entered in tick τ is forwarded by stage s in tick τ+s−1, reaches the
 loss unit at the end of tick τ+S−1 and is back-propagated by stage s in tick τ+2S−s. A shift
 register ``hist`` of the last 2S items (age 0 = entered this tick) gives every stage its
-forward item (age s−1) and backward item (age 2S−s). ``sequential``: one sample at a time,
-forward stage 1..S, loss, backward stage S..1 (only training samples go backward).
+forward item (age s−1) and backward item (age 2S−s). With auxiliary heads (local learning) the
+ages come from the stage graph (:mod:`pipetrain.hdl.graph`): stage i forwards age ``p − 1``
+and back-propagates age ``2·P_t − p``, loss unit t works on age ``P_t − 1``, and the history
+holds ``span`` items. ``sequential``: one sample at a time, forward stage 1..S, loss, backward
+stage S..1 (only training samples go backward).
 
 Stash entries are allocated per stage to *samples* (bubbles take none), round-robin over the
 stage's ``stash_depth + 1`` entries: at most ``D_s + 1`` samples use stage s's stash at once
@@ -29,6 +32,7 @@ from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from .graph import LossNode, StageGraph, StageNode
 from .streams import LossControlSignature, PassControlSignature, pending_sample_layout
 
 __all__ = ["TickController"]
@@ -36,6 +40,16 @@ __all__ = ["TickController"]
 
 def _addr_bits(n: int) -> int:
     return max(1, (n - 1).bit_length())
+
+
+def _chain(S: int) -> StageGraph:
+    """The ``global`` graph of S stages: stage s forwards age s − 1, back-propagates age
+    2S − s; one loss unit on age S − 1 (its plan entry is not needed here)."""
+    nodes = tuple(
+        StageNode(s, s + 1, s - 1 if s else None, s, ((1, 2 * S - s - 1),), (1,), (1,) if s else ())
+        for s in range(S)
+    )
+    return StageGraph(nodes, (LossNode(1, S - 1, S - 1, None),), 2 * S)
 
 
 class TickController(wiring.Component):
@@ -47,6 +61,8 @@ class TickController(wiring.Component):
     entries: per stage, physical stash entries (``Stage.stash_entries``).
     x_words: per stage, stash words per entry (``Stage.x_words``, ⌈N/Lw⌉).
     row_groups: per stage, row groups (mask words per entry).
+    graph: the plan's :class:`~pipetrain.hdl.graph.StageGraph` (``pb`` only); None: the
+        ``global`` chain of ``len(entries)`` stages and one loss unit.
 
     Members
     -------
@@ -57,16 +73,22 @@ class TickController(wiring.Component):
     stage1 … stageS: ``Out(PassControlSignature(entries·x_words, entries·row_groups))`` per
         stage: start pulse and item flags (``done`` back), stash bases (``stash.write``: where
         the writer into the stage — the previous stage, or the host for stage 1 — puts its
-        output), error-buffer halves.
-    loss: ``Out(LossControlSignature())`` start, label and train flag of the loss unit.
+        output), error-buffer halves, and each pass-through stream's item (``extra``: its
+        ``bwd`` flag and mask address; interlocking learning).
+    loss: ``Out(LossControlSignature())`` start, label and train flag of the (true) loss unit.
+    head1 … head{K−1}: ``Out(LossControlSignature())`` the auxiliary heads' loss units
+        (``L_1`` … ``L_{K−1}``; only with a graph of several losses).
     result_valid: ``Out(1)`` pulse: the loss unit's outputs belong to a sample (push them);
         result_train: ``Out(1)`` its train flag.
+    head_valid: ``Out(K−1)`` bit k−1 pulses with ``result_valid``'s timing when head k's loss
+        unit worked on a sample this tick (its ``pred`` is that sample's).
     running: ``Out(1)`` a tick runs. idle: ``Out(1)`` no tick runs and nothing is in flight.
     samples_trained, ticks: ``Out(32)`` counters (docs/ports.md); ``sequential`` counts one
         tick per sample (numerics §7).
 
-    Raises NotImplementedError for another schedule, ValueError for per-stage lists of
-    different lengths.
+    Raises NotImplementedError for another schedule, for auxiliary heads under
+    ``sequential`` and for a stage updated by several losses (the interlocking ``sum`` rule);
+    ValueError for per-stage lists of different lengths.
     """
 
     def __init__(
@@ -75,7 +97,20 @@ class TickController(wiring.Component):
         entries: Sequence[int],
         x_words: Sequence[int],
         row_groups: Sequence[int],
+        graph: StageGraph | None = None,
     ) -> None:
+        if graph is not None and graph.K > 1 and schedule != "pb":
+            self._MustUse__silence = True
+            raise NotImplementedError(
+                f"auxiliary heads under schedule {schedule!r} have no tick controller; use "
+                "schedule='pb'"
+            )
+        if graph is not None and any(len(n.updates) > 1 for n in graph.stages):
+            self._MustUse__silence = True
+            raise NotImplementedError(
+                "a stage updated by several losses (interlocking rule 'sum') has no tick "
+                "controller yet; use --rule only"
+            )
         if schedule not in ("pb", "sequential"):
             self._MustUse__silence = True  # not built: no "created but never used" warning
             raise NotImplementedError(f"schedule {schedule!r} has no tick controller")
@@ -84,6 +119,7 @@ class TickController(wiring.Component):
             raise ValueError("entries, x_words and row_groups need one value per stage")
         self.schedule = schedule
         self.S = S = len(entries)
+        self.graph = graph or _chain(S)
         self.P, self.kx, self.G = list(entries), list(x_words), list(row_groups)
         self.A = max(
             max(_addr_bits(p * k) for p, k in zip(self.P, self.kx, strict=True)),
@@ -95,13 +131,17 @@ class TickController(wiring.Component):
             "can_start": In(1),
         }
         for s in range(S):
+            extra = len(self._extra(s))
             members[f"stage{s + 1}"] = Out(
-                PassControlSignature(self.P[s] * self.kx[s], self.P[s] * self.G[s])
+                PassControlSignature(self.P[s] * self.kx[s], self.P[s] * self.G[s], extra)
             )
+        members["loss"] = Out(LossControlSignature())
+        for k in range(1, self.graph.K):
+            members[f"head{k}"] = Out(LossControlSignature())
         members |= {
-            "loss": Out(LossControlSignature()),
             "result_valid": Out(1),
             "result_train": Out(1),
+            "head_valid": Out(max(self.graph.K - 1, 1)),
             "running": Out(1),
             "idle": Out(1),
             "samples_trained": Out(32),
@@ -112,6 +152,22 @@ class TickController(wiring.Component):
     def stage(self, s: int) -> wiring.PureInterface:
         """The control interface of 0-based stage ``s`` (member ``stage{s+1}``)."""
         return getattr(self, f"stage{s + 1}")
+
+    def _extra(self, s: int) -> list[tuple[int, int]]:
+        """``(loss, age)`` of 0-based stage ``s``'s pass-through streams (those that do not
+        update it), ascending loss."""
+        node = self.graph.stages[s]
+        return [(t, a) for t, a in node.streams if t not in node.updates]
+
+    def _bwd_age(self, s: int) -> int:
+        """Age of 0-based stage ``s``'s update stream (its backward item)."""
+        node = self.graph.stages[s]
+        return dict(node.streams)[node.updates[0]]
+
+    def loss_ctl(self, t: int) -> wiring.PureInterface:
+        """The control interface of loss ``t``'s unit (1-based; ``K``: member ``loss``, else
+        ``head{t}``)."""
+        return self.loss if t == self.graph.K else getattr(self, f"head{t}")
 
     def _item(self, name: str) -> dict:
         A, S = self.A, self.S
@@ -165,64 +221,78 @@ class TickController(wiring.Component):
         return m
 
     def _pb(self, m: Module, new: dict, advance_alloc, trained: Signal, ticks: Signal) -> None:
-        S = self.S
-        hist = [self._item(f"age{a}") for a in range(2 * S)]
+        g = self.graph
+        span = g.span
+        hist = [self._item(f"age{a}") for a in range(span)]
         in_flight = 0
-        for a in range(2 * S - 1):
+        for a in range(span - 1):
             in_flight = in_flight | hist[a]["valid"]
         tp = Signal()
-        for s in range(1, S + 1):
-            fw, bw = hist[s - 1], hist[2 * S - s]
-            port = self.stage(s - 1)
+        for node in g.stages:
+            i = node.index
+            fw, bw = hist[node.fwd_age], hist[self._bwd_age(i)]
+            port = self.stage(i)
             m.d.comb += [
                 port.items.fwd.eq(fw["valid"]),
                 port.items.fwd_train.eq(fw["train"]),
                 port.items.bwd.eq(bw["valid"] & bw["train"]),
-                port.stash.fwd_x.eq(fw["xb"][s - 1]),
-                port.stash.fwd_mask.eq(fw["mb"][s - 1]),
-                port.stash.bwd_x.eq(bw["xb"][s - 1]),
-                port.stash.bwd_mask.eq(bw["mb"][s - 1]),
+                port.stash.fwd_x.eq(fw["xb"][i]),
+                port.stash.fwd_mask.eq(fw["mb"][i]),
+                port.stash.bwd_x.eq(bw["xb"][i]),
+                port.stash.bwd_mask.eq(bw["mb"][i]),
                 port.error.write.eq(tp),
                 port.error.read.eq(~tp),
             ]
-            if s >= 2:
-                m.d.comb += port.stash.write.eq(hist[s - 2]["xb"][s - 1])
-        lit = hist[S - 1]
-        m.d.comb += [
-            self.loss.label.eq(lit["label"]),
-            self.loss.train.eq(lit["train"]),
-            self.result_train.eq(lit["train"]),
-        ]
-        loss_started = Signal()
-        all_done = Cat(*(self.stage(s).items.done for s in range(S))).all()
+            if node.writer is not None:  # the writer forwards the item one tick younger
+                m.d.comb += port.stash.write.eq(hist[node.fwd_age - 1]["xb"][i])
+            for e, (_, age) in enumerate(self._extra(i)):  # pass-through streams
+                item = hist[age]
+                m.d.comb += [
+                    getattr(port, f"extra{e}").bwd.eq(item["valid"] & item["train"]),
+                    getattr(port, f"extra{e}").mask.eq(item["mb"][i]),
+                ]
+        lit = hist[g.loss(g.K).age]
+        m.d.comb += self.result_train.eq(lit["train"])
+        started = [Signal(name=f"loss{ln.t}_started") for ln in g.losses]
+        loss_ok = []
+        for ln, st in zip(g.losses, started, strict=True):
+            item, ctl = hist[ln.age], self.loss_ctl(ln.t)
+            m.d.comb += [ctl.label.eq(item["label"]), ctl.train.eq(item["train"])]
+            loss_ok.append(Mux(item["valid"], st & ctl.done, 1))
+        stage_done = Cat(*(self.stage(n.index).items.done for n in g.stages)).all()
+        # samples_trained: training items whose stage-1 backward (its update) ran this tick
+        first = hist[self._bwd_age(0)]
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(~in_flight)
                 go = self.can_start & (self.sample.valid | (self.flush & in_flight))
                 with m.If(go):
-                    for a in range(2 * S - 1, 0, -1):
+                    for a in range(span - 1, 0, -1):
                         m.d.sync += self._assign(hist[a], hist[a - 1])
                     m.d.sync += self._assign(hist[0], new)
-                    m.d.sync += [tp.eq(~tp), loss_started.eq(0)]
+                    m.d.sync += [tp.eq(~tp), *(st.eq(0) for st in started)]
                     with m.If(self.sample.valid):
                         m.d.comb += self.sample.ready.eq(1)
                         advance_alloc()
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += self.running.eq(1)
-                m.d.comb += [self.stage(s).items.start.eq(1) for s in range(S)]
+                m.d.comb += [self.stage(n.index).items.start.eq(1) for n in g.stages]
                 m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += self.running.eq(1)
-                with m.If(self.stage(S - 1).items.done & lit["valid"] & ~loss_started):
-                    m.d.comb += self.loss.start.eq(1)
-                    m.d.sync += loss_started.eq(1)
-                loss_ok = Mux(lit["valid"], loss_started & self.loss.done, 1)
-                with m.If(all_done & loss_ok):
+                for ln, st in zip(g.losses, started, strict=True):
+                    item = hist[ln.age]
+                    with m.If(self.stage(ln.feed).items.done & item["valid"] & ~st):
+                        m.d.comb += self.loss_ctl(ln.t).start.eq(1)
+                        m.d.sync += st.eq(1)
+                with m.If(stage_done & Cat(*loss_ok).all()):
                     m.d.comb += self.result_valid.eq(lit["valid"])
-                    last = hist[2 * S - 1]
+                    m.d.comb += [
+                        self.head_valid[ln.t - 1].eq(hist[ln.age]["valid"]) for ln in g.losses[:-1]
+                    ]
                     m.d.sync += [
-                        trained.eq(trained + (last["valid"] & last["train"])),
+                        trained.eq(trained + (first["valid"] & first["train"])),
                         ticks.eq(ticks + 1),
                     ]
                     m.next = "IDLE"

@@ -30,6 +30,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..compiler.plan import Plan
 from .activation import activation_of
+from .graph import stage_graph
 from .loss import LossUnit
 from .stage import StageUnit, check_stage
 from .streams import (
@@ -59,13 +60,21 @@ __all__ = [
 
 def check_supported(plan: Plan) -> None:
     """Raise NotImplementedError (with the reason and the way out) for a plan the HDL does not
-    build: auxiliary-head stages (local/interlocking learning), a stage the stage parts do not
-    build (an unknown activation, LWP ``w`` form: :func:`~pipetrain.hdl.stage.check_stage`),
-    or a schedule other than ``pb``/``sequential``."""
-    if any(s.role != "main" for s in plan.stages) or getattr(plan, "head_losses", ()):
+    build: a stage updated by several losses (the interlocking ``sum`` rule), auxiliary heads
+    under ``sequential``, a stage the stage parts do not build (an unknown activation:
+    :func:`~pipetrain.hdl.stage.check_stage`), or a schedule other than ``pb``/``sequential``.
+    Local learning and interlocking with the ``only`` rule (pass-through streams) are built."""
+    if getattr(plan, "head_losses", ()) and plan.schedule != "pb":
         raise NotImplementedError(
-            f"strategy {plan.strategy!r} needs auxiliary-head stages, which the HDL does not "
-            "build yet; use strategy='global' for hardware (the reference trainer runs the rest)"
+            f"strategy {plan.strategy!r} under schedule {plan.schedule!r}: auxiliary heads are "
+            "built for schedule 'pb' only; use --schedule pb"
+        )
+    many = [s.index for s in plan.stages if len(s.losses) > 1]
+    if many:
+        raise NotImplementedError(
+            f"rule {plan.rule!r}: stage {many[0]} is updated by several losses (the δ of each "
+            "must wait for the last), which the HDL does not build yet; use --rule only for "
+            "hardware (golden and reference run the sum rule)"
         )
     for s in plan.stages:
         activation_of(s)
@@ -190,9 +199,9 @@ class NetworkTop(wiring.Component):
 
     Parameters
     ----------
-    plan: the design plan; ``schedule`` ``pb`` or ``sequential``, global strategy, main
-        stages only. Raises NotImplementedError for auxiliary heads, LWP ``w`` form or an
-        activation the HDL does not build (:func:`check_supported`).
+    plan: the design plan; ``schedule`` ``pb`` or ``sequential``; ``global`` or ``local``
+        learning (auxiliary heads: ``pb`` only, one loss unit per head). Raises
+        NotImplementedError for what the HDL does not build (:func:`check_supported`).
 
     Members
     -------
@@ -204,7 +213,11 @@ class NetworkTop(wiring.Component):
     idle: ``Out(1)`` no sample in flight and no tick running.
     samples_trained: ``Out(32)`` training samples whose stage-1 update was applied.
     ticks: ``Out(32)`` ticks run (``sequential``: samples processed).
-    saturations: ``Out(32).array(S + 1)`` per-stage counters, then the loss unit's.
+    saturations: ``Out(32).array(n + K)`` per-stage counters (all n stages of the plan, main
+        then heads), then the loss units': the true loss, then the heads' ``L_1 … L_{K−1}``
+        (``global``: S + 1).
+    head_correct: ``Out(32).array(K − 1)`` (only with heads) per head k, the samples whose
+        head-k prediction equals their label (training and inference samples alike).
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -220,40 +233,70 @@ class NetworkTop(wiring.Component):
         m = Module()
         plan = self.plan
         stages = plan.stages
-        S = len(stages)
+        graph = stage_graph(plan)
+        n = len(stages)
         units = [StageUnit(plan, st) for st in stages]
-        for n, u in enumerate(units):
-            m.submodules[f"stage{n + 1}"] = u
-        m.submodules.loss = loss = LossUnit(plan.loss, plan.shift_add)
+        for i, u in enumerate(units):
+            m.submodules[f"stage{i + 1}"] = u
+        lus = []  # loss units, L_1 … L_K
+        for ln in graph.losses:
+            lu = LossUnit(ln.spec, plan.shift_add)
+            m.submodules["loss" if ln.t == graph.K else f"head_loss{ln.t}"] = lu
+            lus.append(lu)
+        loss = lus[-1]
         m.submodules.ctrl = ctrl = TickController(
             plan.schedule,
             [s.stash_entries for s in stages],
             [s.x_words for s in stages],
             [s.row_groups for s in stages],
+            graph,
         )
         m.submodules.samples = samples = SampleWriter(plan)
         m.submodules.results = results = ResultQueue(plan.result_fifo_depth)
         m.submodules.wacc = wacc = WeightAccess(
             [
-                AccessGeometry(s.lanes, s.in_features, s.out_features, s.cycles_per_tick)
+                AccessGeometry(
+                    s.lanes,
+                    s.in_features,
+                    s.out_features,
+                    s.cycles_per_tick,
+                    3 if any(m.name == "w_prev" for m in s.memories) else 2,
+                )
                 for s in stages
             ],
             plan.shift_add,
         )
 
-        # samples in, through the stages' stashes and error buffers, to the loss unit
+        # samples in; every stage's output to the stashes of its readers (a fan-out where a
+        # head is attached) and the loss unit it feeds; errors back along the streams
         connect(m, flipped(self.sample_in), samples.samples)
         connect(m, samples.pending, ctrl.sample)
-        connect(m, samples.stash, units[0].x_in)
-        for n, u in enumerate(units):
-            connect(m, ctrl.stage(n), u.ctl)
-            connect(m, wacc.stage(n), u.access)
-            if n > 0:
-                connect(m, units[n - 1].y, u.x_in)
-                connect(m, u.gin, units[n - 1].g_in)
-        connect(m, units[-1].y, loss.z_in)
-        connect(m, loss.delta, units[-1].g_in)
+        for node, u in zip(graph.stages, units, strict=True):
+            connect(m, ctrl.stage(node.index), u.ctl)
+            connect(m, wacc.stage(node.index), u.access)
+        for node, u in zip(graph.stages, units, strict=True):
+            readers = [units[r.index].x_in for r in graph.stages if r.writer == node.index]
+            readers += [lus[ln.t - 1].z_in for ln in graph.losses if ln.feed == node.index]
+            src = samples.stash if node.index == 0 else None
+            if src is not None:
+                connect(m, src, u.x_in)
+            if readers:
+                connect(m, u.y, *readers)
+            for t, _ in node.streams:  # the update stream, then pass-through streams
+                sink = u.g_in if t in node.updates else getattr(u, f"g_in_l{t}")
+                senders = graph.senders(node.index, t)
+                if senders:
+                    j = senders[0]
+                    if t in graph.stages[j].updates:
+                        sent = units[j].gin
+                    else:
+                        sent = getattr(units[j], f"gin_l{t}")
+                    connect(m, sent, sink)
+                else:  # the stage feeds loss t
+                    connect(m, lus[t - 1].delta, sink)
         connect(m, ctrl.loss, loss.ctl)
+        for ln in graph.losses[:-1]:
+            connect(m, ctrl.loss_ctl(ln.t), lus[ln.t - 1].ctl)
 
         # results out; weight access while the pipeline is idle
         connect(m, results.out, flipped(self.result_out))
@@ -271,6 +314,14 @@ class NetworkTop(wiring.Component):
             self.samples_trained.eq(ctrl.samples_trained),
             self.ticks.eq(ctrl.ticks),
         ]
-        m.d.comb += [self.saturations[n].eq(u.saturations) for n, u in enumerate(units)]
-        m.d.comb += self.saturations[S].eq(loss.saturations)
+        m.d.comb += [self.saturations[i].eq(u.saturations) for i, u in enumerate(units)]
+        m.d.comb += self.saturations[n].eq(loss.saturations)
+        for ln in graph.losses[:-1]:  # the heads' loss units after the true one
+            k = ln.t
+            m.d.comb += self.saturations[n + k].eq(lus[k - 1].saturations)
+            correct = Signal(32, name=f"head{k}_correct")
+            hit = ctrl.head_valid[k - 1] & (lus[k - 1].pred == ctrl.loss_ctl(k).label)
+            with m.If(hit & (correct != 0xFFFF_FFFF)):
+                m.d.sync += correct.eq(correct + 1)
+            m.d.comb += self.head_correct[k - 1].eq(correct)
         return m

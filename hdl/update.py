@@ -2,8 +2,10 @@
 
 From one read of ``(w, u)`` per lane and slot (docs/numerics.md §3):
 
-* **Linear Weight Prediction** (``v`` form, horizon ``H``): the forward weight of a training
-  forward item is ``ŵ = w − H·u`` (else ``w``), formed at S1 and registered at S2.
+* **Linear Weight Prediction** (horizon ``H``): the forward weight of a training forward item
+  is ``ŵ = w − H·u`` (``v`` form) or ``ŵ = w + H·(w − w_prev)`` (``w`` form, ``w_prev`` read
+  with ``w``), else ``w``; formed at S1 and registered at S2. The ``w`` form writes the slot's
+  old ``w`` back as its new ``w_prev`` with ``(w′, u′)`` (carried from S2 to the write stage).
 * **momentum** (backward passes only): ``U = m·u + η·δ·x + ηλ·w`` aligned to ``frac_u``,
   ``u′ = sat(round_upd(U, frac_u − w.frac), u)``; without Spike Compensation
   ``w′ = sat(w − u′, w)`` (S3, registered at S4).
@@ -70,7 +72,7 @@ class UpdateUnit(wiring.Component):
     lanes: L.
     live_last: lanes live in the last row group, ``M − (G−1)·L`` (the rest are padding).
     formats: the stage's Q-formats (``w``, ``u``, ``d``, ``x``).
-    update: the stage's update constants (momentum, learning rate, SC, LWP horizon).
+    update: the stage's update constants (momentum, learning rate, SC, LWP horizon and form).
     x_operand_bits: width of the ``x`` operand (``Stage.x_operand_bits``).
     what_bits: width of ŵ (``Stage.what_bits``).
     update_stage: stage where ``w′, u′`` are ready (4, 5 with SC; ``Stage.update_stage``).
@@ -82,17 +84,19 @@ class UpdateUnit(wiring.Component):
     Members
     -------
     slots: ``In(pipeline.subset(S1…S{depth}; fwd_train, bwd))``.
-    read: ``In(WeightReadSignature(L, w.bits, u.bits))`` ``(w, u)`` at S1.
+    read: ``In(WeightReadSignature(L, w.bits, u.bits, w_prev))`` ``(w, u[, w_prev])`` at S1
+        (``w_prev``: the LWP ``w`` form, ``H > 0``).
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
     weights: ``Out(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ and ``w`` at S2.
-    write_back: ``Out(ValidSignature(write_back_layout(L, w.bits, u.bits)))`` ``(w′, u′)`` at
-        the write stage, valid in backward passes (padding lanes masked).
+    write_back: ``Out(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
+        ``(w′, u′[, w_prev′ = w])`` at the write stage, valid in backward passes (padding lanes
+        masked).
     saturated: ``Out(2·L)`` clamp flags ``u′`` of lane 0, ``w′`` of lane 0, ``u′`` of lane 1, …
         (each high for one cycle per clamp).
 
-    Raises NotImplementedError for the LWP ``w`` form; ValueError for a write stage before
-    ``update_stage``, one seed per lane missing, or an unknown rounding.
+    Raises ValueError for a write stage before ``update_stage``, one seed per lane missing, or
+    an unknown rounding.
     """
 
     def __init__(
@@ -110,11 +114,6 @@ class UpdateUnit(wiring.Component):
         lfsr: LFSRConfig,
         shift_add: Callable[[int], bool],
     ) -> None:
-        if update.lwp_horizon and update.lwp_form != "v":
-            raise NotImplementedError(
-                "LWP weight-difference form (lwp_form='w') is not implemented in the HDL yet; "
-                "use lwp_form='v'"
-            )
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
             raise ValueError(
                 f"update stage {update_stage} (write stage {pipeline.depth}) does not match the "
@@ -128,7 +127,8 @@ class UpdateUnit(wiring.Component):
         self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
         self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
         self.shift_add = shift_add
-        f = formats
+        self.w_prev = bool(update.lwp_horizon) and update.lwp_form == "w"
+        f, wp = formats, self.w_prev
         super().__init__(
             {
                 "slots": In(
@@ -136,11 +136,11 @@ class UpdateUnit(wiring.Component):
                         stages=tuple(range(1, pipeline.depth + 1)), flags=("fwd_train", "bwd")
                     )
                 ),
-                "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits)),
+                "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits, wp)),
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "delta": In(DeltaSignature(lanes, f.d.bits)),
                 "weights": Out(LaneWeightsSignature(lanes, what_bits, f.w.bits)),
-                "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits))),
+                "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits, wp))),
                 "saturated": Out(2 * lanes),
             }
         )
@@ -173,18 +173,28 @@ class UpdateUnit(wiring.Component):
             u_terms, v_terms, w3 = self._products(m, lane, v, w2, u2)
             new_u, new_w, lane_flags = self._update(m, lane, v, live, u_terms, v_terms, w3)
             flags += lane_flags
-            # single-port memories: registers up to the write stage
             us = self.update_stage
+            new = [new_u, new_w]
+            if self.w_prev:  # the old w, carried S3 → update stage: the new w_prev
+                old = w3
+                for k in range(3, us):
+                    r = Signal.like(w3, name=f"wp{k + 1}_{lane}")
+                    with m.If(v[k]):
+                        m.d.sync += r.eq(old)
+                    old = r
+                new.append(old)
+            # single-port memories: registers up to the write stage
             for _ in range(ws - us):
-                nu = Signal.like(new_u, name=f"{new_u.name}_d")
-                nw = Signal.like(new_w, name=f"{new_w.name}_d")
+                delayed = [Signal.like(x, name=f"{x.name}_d") for x in new]
                 with m.If(v[us]):
-                    m.d.sync += [nu.eq(new_u), nw.eq(new_w)]
-                new_u, new_w = nu, nw
+                    m.d.sync += [d.eq(x) for d, x in zip(delayed, new, strict=True)]
+                new = delayed
             m.d.comb += [
-                self.write_back.payload.w[lane].eq(new_w),
-                self.write_back.payload.u[lane].eq(new_u),
+                self.write_back.payload.u[lane].eq(new[0]),
+                self.write_back.payload.w[lane].eq(new[1]),
             ]
+            if self.w_prev:
+                m.d.comb += self.write_back.payload.w_prev[lane].eq(new[2])
         m.d.comb += [
             self.write_back.valid.eq(v[ws] & sp.bwd),
             self.write_back.payload.lanes.eq(Cat(*lanes_live)),
@@ -200,7 +210,8 @@ class UpdateUnit(wiring.Component):
         return lambda s: ~slot_at(self.slots, s).payload.last_group
 
     def _operands(self, m: Module, lane: int, v: list) -> tuple[Signal, Signal]:
-        """S1 → S2: ``(w, u)`` and ŵ registered; ŵ and ``w`` out to the MAC lanes."""
+        """S1 → S2: ``(w, u)`` and ŵ registered; ŵ and ``w`` out to the MAC lanes. ŵ is exact in
+        ``what_bits`` (``v`` form ``w − H·u``, ``w`` form ``w + H·(w − w_prev)``)."""
         f, up, sp = self.f, self.up, self.slots
         w1, u1 = self.read.w[lane], self.read.u[lane]
         w2 = Signal(signed(f.w.bits), name=f"w2_{lane}")
@@ -210,7 +221,12 @@ class UpdateUnit(wiring.Component):
         wh2 = w2  # without LWP the forward weight is w itself: one register, not two
         if up.lwp_horizon:
             wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
-            what1 = Mux(sp.fwd_train, w1 - const_mul(up.lwp_horizon, u1, self.shift_add), w1)
+            if self.w_prev:
+                step = wire(m, w1 - self.read.w_prev[lane], f"wstep1_{lane}")  # w.bits + 1
+                pred = w1 + const_mul(up.lwp_horizon, step, self.shift_add)
+            else:
+                pred = w1 - const_mul(up.lwp_horizon, u1, self.shift_add)
+            what1 = Mux(sp.fwd_train, pred, w1)
             with m.If(v[1]):
                 m.d.sync += wh2.eq(what1)
         m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]

@@ -1,13 +1,13 @@
 """The weight-access unit of the network top: ``wacc_cmd`` → one stage's memory → ``wacc_rsp``.
 
-A command names a stage, a kind (0 = ``w``, 1 = ``u``), a row ``j`` and a column (``N`` = the
-bias). Row ``j`` lives in lane ``j mod L`` at address ``(j div L)·(N+1) + col``; the division
-by the constant ``L`` is a multiply-and-shift (exact for 16-bit rows, Granlund–Montgomery). A
-write stores the data saturated to the memory's format (uncounted) and answers with the stored
-value; a command for a stage, kind, row or column that does not exist answers 0 and changes
-nothing. Commands are taken only while ``allowed`` (the top: pipeline idle, no sample pending),
-so the memories' ports are free. Per command: CALC (lane, address) → ACC (the access) → RESP
-(answer until taken); back-to-back commands skip IDLE.
+A command names a stage, a kind (0 = ``w``, 1 = ``u``, 2 = ``w_prev``), a row ``j`` and a column
+(``N`` = the bias). Row ``j`` lives in lane ``j mod L`` at address ``(j div L)·(N+1) + col``;
+the division by the constant ``L`` is a multiply-and-shift (exact for 16-bit rows,
+Granlund–Montgomery). A write stores the data saturated to the memory's format (uncounted) and
+answers with the stored value; a command for a stage, kind, row or column that does not exist
+answers 0 and changes nothing. Commands are taken only while ``allowed`` (the top: pipeline
+idle, no sample pending), so the memories' ports are free. Per command: CALC (lane, address) →
+ACC (the access) → RESP (answer until taken); back-to-back commands skip IDLE.
 
 Source: docs/ports.md (``wacc`` contract); the state machine and the constant division are
 *derived*.
@@ -43,7 +43,7 @@ def div_const(v: Value, d: int, shift_add: Callable[[int], bool]) -> Value:
 class AccessGeometry:
     """What the weight access needs of one stage: ``lanes`` L, ``in_features`` N,
     ``out_features`` M, ``words`` per lane bank (row_groups·(N+1)) and ``kinds`` (memories
-    per row: 2 = ``w``, ``u``)."""
+    per row: 2 = ``w``, ``u``; 3 = also ``w_prev``, the LWP ``w`` form)."""
 
     lanes: int
     in_features: int

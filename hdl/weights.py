@@ -1,7 +1,11 @@
-"""The weight store of a stage: per-lane banks of ``w`` and ``u`` and their two clients.
+"""The weight store of a stage: per-lane banks of ``w`` and ``u`` (and ``w_prev``) and their two
+clients.
 
 Lane ``l`` owns rows ``j ≡ l (mod L)``; its banks ``w{l}`` and ``u{l}`` hold word ``g·(N+1)+i``
 = row ``g·L + l``, column ``i`` (column N: the bias), ``words = row_groups·(N+1)`` words each.
+With the LWP ``w`` form a third bank ``w_prev{l}`` per lane holds each weight before its last
+update (numerics §3 step 1, §5), read with ``w`` and written with ``(w′, u′)``; it is always
+dual-port (the plan refuses single-port memories with it).
 A bank is an ``amaranth.lib.memory`` read/write port pair, or a single-port RAM (iCE40 SPRAM,
 ``hdl/spram.py``) for stages with ``slot_cycles`` = 2, whose sequencer leaves every other cycle
 free for the write-back.
@@ -79,7 +83,8 @@ class WeightBank:
 
 
 class WeightStore(wiring.Component):
-    """The ``w`` and ``u`` banks of all lanes, shared by the pass and the weight access.
+    """The ``w`` and ``u`` (and ``w_prev``) banks of all lanes, shared by the pass and the
+    weight access.
 
     Parameters
     ----------
@@ -88,15 +93,19 @@ class WeightStore(wiring.Component):
     w_format, u_format: Q-formats of ``w`` and ``u``.
     spram: one SPRAM's (words, bits) when the banks are single-port SPRAM (the plan's ``w``
         memory of kind ``spram``: ``Stage.slot_cycles`` = 2), else ``None`` (dual-port).
+    w_prev: build the ``w_prev`` banks (LWP ``w`` form: the plan's ``w_prev`` memory).
 
     Members
     -------
     slots: ``In(pipeline.subset(busy, read_addr, write_addr))``.
-    read: ``Out(WeightReadSignature(L, w.bits, u.bits))`` the slot's words at S1.
-    write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits)))`` ``(w′, u′)`` of
-        the slot at the write stage (cannot stall).
-    access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs; ``rdata``
-        the cycle after ``en``: the word read, or the saturated word written.
+    read: ``Out(WeightReadSignature(L, w.bits, u.bits, w_prev))`` the slot's words at S1.
+    write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
+        ``(w′, u′[, w_prev′])`` of the slot at the write stage (cannot stall).
+    access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs (kind 0
+        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` the cycle after ``en``: the word read, or the
+        saturated word written.
+
+    Raises ValueError for ``w_prev`` with single-port banks.
     """
 
     def __init__(
@@ -107,16 +116,18 @@ class WeightStore(wiring.Component):
         w_format: QFormat,
         u_format: QFormat,
         spram: tuple[int, int] | None,
+        w_prev: bool = False,
     ) -> None:
+        if w_prev and spram is not None:
+            raise ValueError("w_prev banks need dual-port memories (spram must be None)")
         self.pipeline, self.L, self.fw, self.fu = pipeline, lanes, w_format, u_format
-        self.spram, self.single_port = spram, spram is not None
+        self.spram, self.single_port, self.w_prev = spram, spram is not None, w_prev
+        fb, ub = w_format.bits, u_format.bits
         super().__init__(
             {
                 "slots": In(pipeline.subset(flags=("busy", "read_addr", "write_addr"))),
-                "read": Out(WeightReadSignature(lanes, w_format.bits, u_format.bits)),
-                "write_back": In(
-                    ValidSignature(write_back_layout(lanes, w_format.bits, u_format.bits))
-                ),
+                "read": Out(WeightReadSignature(lanes, fb, ub, w_prev)),
+                "write_back": In(ValidSignature(write_back_layout(lanes, fb, ub, w_prev))),
                 "access": In(WeightAccessSignature(lanes, pipeline.words)),
             }
         )
@@ -130,15 +141,15 @@ class WeightStore(wiring.Component):
         u_in, _ = sat(acc.data, fu)
         read_addr = Signal(range(T))
         m.d.comb += read_addr.eq(Mux(sp.busy, sp.read_addr, acc.addr))
-        banks = []
         for lane in range(L):
             live = wb.valid & wb.payload.lanes[lane]
             sel = acc.lane == lane
-            for kind, (fmt, new, acc_in) in enumerate(
-                ((fw, wb.payload.w[lane], w_in), (fu, wb.payload.u[lane], u_in))
-            ):
-                name = f"{'wu'[kind]}{lane}"
-                bank = WeightBank(m, name, signed(fmt.bits), T, spram=self.spram)
+            kinds = [("w", fw, wb.payload.w[lane], w_in), ("u", fu, wb.payload.u[lane], u_in)]
+            if self.w_prev:
+                kinds.append(("w_prev", fw, wb.payload.w_prev[lane], w_in))
+            banks = []
+            for kind, (prefix, fmt, new, acc_in) in enumerate(kinds):
+                bank = WeightBank(m, f"{prefix}{lane}", signed(fmt.bits), T, spram=self.spram)
                 m.d.comb += [
                     bank.read.addr.eq(read_addr),
                     bank.write.en.eq(live | (acc_w & sel & (acc.kind == kind))),
@@ -147,9 +158,11 @@ class WeightStore(wiring.Component):
                 ]
                 banks.append(bank)
             m.d.comb += [
-                self.read.w[lane].eq(banks[-2].read.data),
-                self.read.u[lane].eq(banks[-1].read.data),
+                self.read.w[lane].eq(banks[0].read.data),
+                self.read.u[lane].eq(banks[1].read.data),
             ]
+            if self.w_prev:
+                m.d.comb += self.read.w_prev[lane].eq(banks[2].read.data)
 
         # weight-access answer, the cycle after en
         r_we = Signal()
@@ -160,13 +173,17 @@ class WeightStore(wiring.Component):
             r_we.eq(acc.write),
             r_kind.eq(acc.kind),
             r_lane.eq(acc.lane),
-            r_wv.eq(Mux(acc.kind == 0, w_in, u_in)),
+            r_wv.eq(Mux(acc.kind == 1, u_in, w_in)),
         ]
         rsel_w = Signal(signed(fw.bits))
         rsel_u = Signal(signed(fu.bits))
+        rsel_p = Signal(signed(fw.bits))
         with m.Switch(r_lane):
             for lane in range(L):
                 with m.Case(lane):
                     m.d.comb += [rsel_w.eq(self.read.w[lane]), rsel_u.eq(self.read.u[lane])]
-        m.d.comb += acc.rdata.eq(Mux(r_we, r_wv, Mux(r_kind == 0, rsel_w, rsel_u)))
+                    if self.w_prev:
+                        m.d.comb += rsel_p.eq(self.read.w_prev[lane])
+        rsel = Mux(r_kind == 0, rsel_w, Mux(r_kind == 1, rsel_u, rsel_p))
+        m.d.comb += acc.rdata.eq(Mux(r_we, r_wv, rsel))
         return m

@@ -463,7 +463,7 @@ class LinkClient:
         if len(p) != 4 * self.params.num_counters:
             raise LinkError(f"READ_COUNTERS response of {len(p)} bytes")
         words = [int.from_bytes(p[4 * k : 4 * k + 4], "little") for k in range(len(p) // 4)]
-        return Counters.from_words(words)
+        return Counters.from_words(words, self.params.heads)
 
     def reset_counters(self) -> None:
         """Start every counter of :meth:`counters` from zero."""

@@ -48,7 +48,8 @@ class NetworkBackend(Protocol):
         """One weight access (network idle); returns the value read or written."""
 
     def counters(self) -> tuple[int, int, Sequence[int]]:
-        """(samples_trained, ticks, saturations[S + 1])."""
+        """(samples_trained, ticks, the rest of the network's counters: saturations (S + 1 +
+        heads), then the heads' ``head_correct``; :attr:`LinkParams.network_counters` − 2)."""
 
 
 def _wrap_s32(v: int) -> int:
@@ -63,7 +64,8 @@ class ToyNetwork:
     sample runs one tick, and once more than ``latency`` samples are in flight the oldest yields
     its result; ``flush`` runs bubble ticks until none is in flight. The result of sample
     ``n`` is ``pred = (Σx + label) mod classes``, ``loss = (7·Σx + label) mod 2^32``. A training
-    result bumps ``samples_trained``; ``saturations[i]`` counts pushed samples with
+    result bumps ``samples_trained``; ``saturations[i]`` (every network counter after ``ticks``:
+    the saturation counters, then the heads' ``head_correct``) counts pushed samples with
     ``x[i mod N] < 0``. Weights start at a hash of their address. Every applied sample is kept in
     :attr:`applied` (for exactly-once checks).
     """
@@ -76,7 +78,7 @@ class ToyNetwork:
         self.applied: list[tuple[tuple[int, ...], int, bool]] = []
         self.samples_trained = 0
         self.ticks = 0
-        self.saturations = [0] * (params.num_stages + 1)
+        self.saturations = [0] * (params.network_counters - 2)
         self.weights: dict[tuple[int, int, int, int], int] = {}
         self._next = 0
 

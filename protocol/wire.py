@@ -242,7 +242,9 @@ class LinkParams:
     max_results: results per READ_RESULTS response (≤ 255).
     record_bytes: R = 3 + N·B, one sample record.
     rx_max, tx_max: largest command / response payload.
-    num_counters: 32-bit words of a READ_COUNTERS response (S + 1 + 2 + 7).
+    num_counters: 32-bit words of a READ_COUNTERS response: :attr:`network_counters` + 7.
+    heads: auxiliary heads of the plan (K − 1; 0 for ``global``): their loss units add
+        saturation counters and each head a ``head_correct`` counter (docs/protocol.md §4).
     """
 
     plan_hash: bytes
@@ -262,6 +264,7 @@ class LinkParams:
     rx_max: int
     tx_max: int
     num_counters: int
+    heads: int = 0
 
     @classmethod
     def from_plan(
@@ -299,7 +302,8 @@ class LinkParams:
             3 if (s.update.lwp_horizon > 0 and s.update.lwp_form == "w") else 2 for s in stages
         )
         max_results = min(255, result_depth)
-        num_counters = S + 1 + 2 + len(ENGINE_COUNTERS)
+        heads = len(getattr(plan, "head_losses", ()))
+        num_counters = 2 + S + 1 + 2 * heads + len(ENGINE_COUNTERS)
         return cls(
             plan_hash=bytes.fromhex(plan.hash),
             in_features=N,
@@ -320,7 +324,15 @@ class LinkParams:
                 HELLO_BYTES, 1 + RESULT_BYTES * max_results, 4 * max_words, 4 * num_counters
             ),
             num_counters=num_counters,
+            heads=heads,
         )
+
+    @property
+    def network_counters(self) -> int:
+        """The network's words of a READ_COUNTERS response: ``samples_trained``, ``ticks``, the
+        saturation counters (S + 1 + heads: every stage, then every loss unit) and the heads'
+        ``head_correct`` counters."""
+        return 2 + self.num_stages + 1 + 2 * self.heads
 
     def command_length_ok(self, cmd: int, length: int) -> bool:
         """Whether a command header with this type and payload length is well formed."""
@@ -453,7 +465,8 @@ class Counters:
     -------
     samples_trained: training samples whose last update the network applied.
     ticks: network ticks (bubble ticks included).
-    saturations: per-stage saturation counters, then the loss unit's (S + 1 values).
+    saturations: per-stage saturation counters (all S stages, main then heads), then the loss
+        units' (the true loss, then the heads'): S + 1 + heads values.
     accepted: samples the engine handed to the network.
     results_read: results the host has read.
     frames_ok: frames received with a good CRC (duplicates included).
@@ -461,6 +474,8 @@ class Counters:
     bad_header: headers dropped for a type/length that no command has.
     rx_timeouts: frames dropped because the bytes stopped mid-frame.
     duplicates: retransmitted frames answered from the response cache (not re-applied).
+    head_correct: per auxiliary head, samples whose head prediction equals their label (empty
+        for ``global``; sent after the saturation counters).
     """
 
     samples_trained: int
@@ -473,13 +488,18 @@ class Counters:
     bad_header: int
     rx_timeouts: int
     duplicates: int
+    head_correct: tuple[int, ...] = ()
 
     @classmethod
-    def from_words(cls, words: Sequence[int]) -> Counters:
-        """Build from the words of a READ_COUNTERS response."""
-        n_sat = len(words) - 2 - len(ENGINE_COUNTERS)
-        eng = words[2 + n_sat :]
-        return cls(words[0], words[1], tuple(words[2 : 2 + n_sat]), *eng)
+    def from_words(cls, words: Sequence[int], heads: int = 0) -> Counters:
+        """Build from the words of a READ_COUNTERS response (``heads``:
+        :attr:`LinkParams.heads`)."""
+        n_net = len(words) - len(ENGINE_COUNTERS)
+        n_sat = n_net - 2 - heads
+        eng = words[n_net:]
+        return cls(
+            words[0], words[1], tuple(words[2 : 2 + n_sat]), *eng, tuple(words[2 + n_sat : n_net])
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

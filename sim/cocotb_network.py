@@ -5,9 +5,9 @@ It executes a *job* — a list of operations built by :mod:`pipetrain.sim.tb.net
 in the caller, outside the simulator.
 
 Job keys: ``fields`` (flat payload layouts of ``sample_in``, ``result_out``, ``wacc_cmd``,
-``wacc_rsp``), ``in_features`` N, ``counters`` (S + 1), ``clock_ns``, ``valid_prob`` /
-``ready_prob`` / ``seed`` (handshake randomisation of every stream; 1.0 = free-running),
-``timeout_cycles`` and ``ops``, each one of:
+``wacc_rsp``), ``in_features`` N, ``counters`` (saturation counters), ``heads``, ``clock_ns``,
+``valid_prob`` / ``ready_prob`` / ``seed`` (handshake randomisation of every stream; 1.0 =
+free-running), ``timeout_cycles`` and ``ops``, each one of:
 
 * ``{"op": "wacc", "cmds": [[write, stage, kind, row, col, data], …]}`` → ``{"data": [...]}``,
   one response per command, in order (commands and responses pipelined);
@@ -16,7 +16,8 @@ Job keys: ``fields`` (flat payload layouts of ``sample_in``, ``result_out``, ``w
   takes them from another beat is caught);
 * ``{"op": "flush"}``: holds ``flush`` high until every streamed sample's result has arrived
   and ``idle`` is high;
-* ``{"op": "counters"}`` → ``samples_trained``, ``ticks``, ``saturations`` (S + 1 values).
+* ``{"op": "counters"}`` → ``samples_trained``, ``ticks``, ``saturations`` (``counters``
+  values), and ``head_correct`` (``heads`` values, with auxiliary heads).
 
 Result: ``{"ops": [...], "results": [{sample, pred, loss, train}, …], "result_cycles": [...]
 (clock edge after each result's transfer, counted from the end of reset), "cycles": total,
@@ -141,6 +142,14 @@ class _Bench:
             "ticks": dut.ticks.value.to_unsigned(),
             "saturations": sats,
         }
+        heads = int(self.job.get("heads", 0))
+        if heads and hasattr(dut, "head_correct__0"):
+            out["head_correct"] = [
+                getattr(dut, f"head_correct__{k}").value.to_unsigned() for k in range(heads)
+            ]
+        elif heads:  # one packed port
+            raw = dut.head_correct.value.to_unsigned()
+            out["head_correct"] = [(raw >> (32 * k)) & 0xFFFFFFFF for k in range(heads)]
         await RisingEdge(dut.clk)
         return out
 

@@ -42,6 +42,7 @@ CASES = [
     (dict(mitigation="sc+lwp", rounding="nearest_even"), 1),
     (dict(lanes=(1, 3, 1), single_port=(1, 3), const_bits=5), 0),  # SPRAM slots
     (dict(mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4), 1),
+    (dict(mitigation="sc+lwp", lwp_form="w"), 1),  # LWP w form: the w_prev banks (kind 2)
 ]
 
 
@@ -78,6 +79,8 @@ def test_stage_unit_equals_the_golden_stage(case, s):
         for j in range(M):
             for i in range(N + 1):
                 await access(ctx, 1, 0, j, i, int(w0[j, i]))
+                if eng.w_prev is not None:  # w_prev = w before the first update
+                    await access(ctx, 1, 2, j, i, int(w0[j, i]))
         ctl = dut.ctl
         x_beats = [(0, q) for q in range(kx)]  # (sample, word) still to write
         g_beats = []  # (sample, row)
@@ -138,6 +141,10 @@ def test_stage_unit_equals_the_golden_stage(case, s):
                 await ctx.tick()
         got["w"] = [[await access(ctx, 0, 0, j, i) for i in range(N + 1)] for j in range(M)]
         got["u"] = [[await access(ctx, 0, 1, j, i) for i in range(N + 1)] for j in range(M)]
+        if eng.w_prev is not None:
+            got["w_prev"] = [
+                [await access(ctx, 0, 2, j, i) for i in range(N + 1)] for j in range(M)
+            ]
         got["sat"] = ctx.get(dut.saturations)
 
     def set_x(ctx, smp, q):
@@ -181,6 +188,9 @@ def test_stage_unit_equals_the_golden_stage(case, s):
                 assert got["gin"][t - 1] == gin.tolist(), t - 1
     assert torch.equal(torch.tensor(got["w"]), eng.w)
     assert torch.equal(torch.tensor(got["u"]), eng.u)
+    if eng.w_prev is not None:
+        assert torch.equal(torch.tensor(got["w_prev"]), eng.w_prev)
+        assert not torch.equal(eng.w_prev, w0)
     assert not torch.equal(eng.w, w0)  # the stage did train
     assert got["sat"] == eng.sat
     assert set(got["cycles"]) == {st.pass_cycles}

@@ -36,19 +36,30 @@ def assert_bit_exact(g, run):
     assert run.results == [(r.sample, r.pred, r.loss_raw, int(r.train)) for r in g.results]
     gm = g.memories()
     for name, mem in gm.items():
-        for kind in ("w", "u"):
+        assert sorted(run.memories[name]) == sorted(mem), name  # w_prev with the LWP w form
+        for kind in mem:
             assert torch.equal(run.memories[name][kind], mem[kind]), (name, kind)
-    assert run.counters == {
+    expect = {
         "samples_trained": g.samples_applied,
         "ticks": g.ticks,
         "saturations": g.stage_saturations,
     }
+    if g.head_results:  # per head: samples whose head prediction equals the label
+        x, y, train = tiny_stream(len(g.results))
+        expect["head_correct"] = [
+            sum(r.pred == int(y[r.sample]) for r in g.head_results[k])
+            for k in sorted(g.head_results)
+        ]
+    assert run.counters == expect
 
 
 CASES = [
     dict(schedule="pb"),
     dict(schedule="pb", mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
     dict(schedule="pb", mitigation="lwp", loss="mse", lr=0.3),  # drives the formats to clamp
+    # LWP w form (the w_prev banks) with SC, where it differs from the v form, and clamps: a
+    # clamped step makes w − w_prev wider than u (Stage.what_bits)
+    dict(schedule="pb", mitigation="sc+lwp", lwp_form="w", loss="mse", lr=0.3),
     dict(schedule="sequential", mitigation="sc"),
     # the iCE40 options: single-port (SPRAM) weights, a slot every other cycle, and 5-bit
     # constants (lr a shift, m = 0.90625 a shift-add) — with and without SC (write stage 5
@@ -57,6 +68,19 @@ CASES = [
     dict(schedule="pb", mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4),
     # tanh and sigmoid hidden stages: the LUT ROM, the stashed y, the derivative (numerics §3.4)
     dict(schedule="pb", acts=("tanh", "sigmoid")),
+    # local learning: a one-stage head on stage 1 (fan-out to stage 2 and the head, two loss
+    # units), then two-stage heads on two blocks with SC+LWP w form and clamps
+    dict(schedule="pb", strategy="local", blocks=(1,)),
+    dict(
+        schedule="pb",
+        strategy="local",
+        blocks=(1, 2),
+        head_stages=2,
+        mitigation="sc+lwp",
+        lwp_form="w",
+        loss="mse",
+        lr=0.3,
+    ),
 ]
 
 
@@ -169,3 +193,50 @@ def test_weight_access_rules():
     g.submit(torch.tensor([100 * i for i in range(6)]), 1, True)
     g.flush()
     assert value == int(g.memories()[plan.stages[0].name]["w"][3, 6]) != wmax
+
+
+@pytest.mark.slow  # ≈ 45 CPU-s in Amaranth's simulator; the normal suite has the Verilator case
+def test_interlocking_pass_through_streams_equal_golden_under_backpressure():
+    """Interlocking d=2 with K=4 blocks (rule ``only``): stages 2–5 carry L3's pass-through
+    stream (own error buffer, mask read and input gradient) besides their L4 update stream;
+    SC+LWP w form; random valid/ready. Results, memories (w_prev too), every counter and the
+    three heads' head_correct equal the golden model's."""
+    from pipetrain.hdl.graph import stage_graph
+    from pipetrain.sim.tb.regress import Case, prepare
+
+    case = Case(
+        "inter-d2",
+        (6, 5, 5, 5, 5, 5, 4),
+        (1, 2, 1, 2, 1, 2),
+        strategy="interlocking",
+        blocks=(1, 3, 5),
+        distance=2,
+        mitigation="sc+lwp",
+        lwp_form="w",
+        samples=20,
+        seed=3,
+    )
+    plan, model, x, labels, train = prepare(case)
+    graph = stage_graph(plan)
+    assert [len(n.streams) for n in graph.stages[:6]] == [1, 2, 2, 2, 2, 1]
+    g = GoldenModel(plan, model)
+    init = g.memories()
+    for i in range(len(x)):
+        g.submit(x[i], int(labels[i]), train[i])
+    g.flush()
+    run = simulate_top(plan, x, labels, train, init=init, valid_prob=0.6, ready_prob=0.7, seed=5)
+    assert run.results == [(r.sample, r.pred, r.loss_raw, int(r.train)) for r in g.results]
+    for name, mem in g.memories().items():
+        assert sorted(run.memories[name]) == sorted(mem), name
+        for kind in mem:
+            assert torch.equal(run.memories[name][kind], mem[kind]), (name, kind)
+    heads = [
+        sum(int(r.pred == labels[r.sample]) for r in g.head_results[k])
+        for k in sorted(g.head_results)
+    ]
+    assert run.counters == {
+        "samples_trained": g.samples_applied,
+        "ticks": g.ticks,
+        "saturations": g.stage_saturations,
+        "head_correct": heads,
+    }

@@ -69,6 +69,9 @@ CASES = [
     (dict(mitigation="sc", lr=0.3), 0),  # large steps: u′ and w′ clamp
     (dict(lanes=(1, 3, 1), single_port=(1, 3), const_bits=5), 0),  # shift-add constants, SPRAM
     (dict(mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4), 1),
+    # LWP w form: ŵ = w + H·(w − w_prev) from the w_prev read, the old w written back as w_prev
+    (dict(mitigation="sc+lwp", lwp_form="w"), 0),
+    (dict(mitigation="lwp", lwp_form="w", rounding="nearest_even", const_bits=5), 1),
 ]
 
 
@@ -95,6 +98,8 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         lfsr=lfsr,
         shift_add=plan.shift_add,
     )
+    w_form = up.lwp_horizon > 0 and up.lwp_form == "w"
+    assert w_form == (case.get("lwp_form") == "w")
     rng = random.Random(zlib.crc32(repr((case, s)).encode()))
     passes = [(True, True), (False, False), (True, False), (True, True), (False, True)]
     log = []
@@ -108,10 +113,13 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                 if s1 is not None:
                     w = [_value(rng, f.w) for _ in range(L)]
                     u = [_value(rng, f.u) for _ in range(L)]
-                    ops[s1[0]] = [w, u]
+                    wp = [_value(rng, f.w) for _ in range(L)]  # w_prev (w form only)
+                    ops[s1[0]] = [w, u, wp]
                     for k in range(L):
                         ctx.set(dut.read.w[k], w[k])
                         ctx.set(dut.read.u[k], u[k])
+                        if w_form:
+                            ctx.set(dut.read.w_prev[k], wp[k])
                 if s2 is not None:
                     n, i, _ = s2
                     d = [_value(rng, f.d) for _ in range(L)]
@@ -130,6 +138,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                     wb[n] = (
                         lanes,
                         [(ctx.get(out.payload.w[k]), ctx.get(out.payload.u[k])) for k in range(L)],
+                        [ctx.get(out.payload.w_prev[k]) for k in range(L)] if w_form else None,
                     )
                 sat = ctx.get(dut.saturated)
                 for b in range(2 * L):
@@ -160,14 +169,17 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         assert sorted(wb) == (list(range(st.cycles_per_tick)) if bwd else [])
         exp_flags = [0] * (2 * L)
         for n in range(st.cycles_per_tick):
-            w, u, d, x = ops[n]
+            w, u, wp, d, x = ops[n]
             g = n // (N + 1)
             for k in range(L):
-                what = w[k] - up.lwp_horizon * u[k] if (fwd_train and up.lwp_horizon) else w[k]
+                what = w[k]
+                if fwd_train and up.lwp_horizon:  # numerics §3 step 1, exact
+                    step = w[k] - wp[k] if w_form else -u[k]
+                    what = w[k] + up.lwp_horizon * step
                 assert w_s2[n][k] == (what, w[k]), (n, k)
             if not bwd:
                 continue
-            lanes, got = wb[n]
+            lanes, got, got_prev = wb[n]
             for k in range(L):
                 state[k] = golden_lfsr.draw(
                     state[k], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
@@ -177,6 +189,8 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                 w1, u1, cu, cw = reference_update(plan, st, w[k], u[k], d[k], x, state[k])
                 if live:
                     assert got[k] == (w1, u1), (n, k)
+                    if w_form:  # numerics §5: w_prev ← the w before this update
+                        assert got_prev[k] == w[k], (n, k)
                     exp_flags[2 * k] += cu
                     exp_flags[2 * k + 1] += cw
         assert flags == exp_flags

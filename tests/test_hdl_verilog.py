@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.models import build_mlp
-from pipetrain.hdl.top import NetworkTop
 from pipetrain.hdl.verilog import generate_verilog, verilog_name
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -95,10 +94,6 @@ def test_names_and_unsupported_plans(tmp_path):
     plan, _, _ = tiny()
     with pytest.raises(ValueError, match="legal Verilog"):
         generate_verilog(plan, "mlp-digits")
-    # LWP weight-difference form is not built yet: a clear NotImplementedError
-    lwp_w, _, _ = tiny(mitigation="lwp", lwp_form="w")
-    with pytest.raises(NotImplementedError, match="lwp_form='w'"):
-        NetworkTop(lwp_w)
 
 
 def test_compile_writes_the_verilog(tmp_path):
@@ -111,15 +106,26 @@ def test_compile_writes_the_verilog(tmp_path):
     assert res.files[-1] == "net_a.v"
     text = (tmp_path / "out" / "net_a.v").read_text()
     assert "module net_a(" in text
-    # interlocking learning needs auxiliary heads: no Verilog, a warning instead of a failure
+    # the interlocking sum rule (a stage updated by two losses) is not built: no Verilog, a
+    # warning, no failure
     inter = compile_design(
         build_mlp([8, 6, 5, 4]),
-        TrainConfig(strategy="interlocking", blocks=(1,), distance=1),
+        TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1, rule="sum"),
         tmp_path / "inter",
         formats="default",
     )
     assert not any(f.endswith(".v") for f in inter.files)
     assert any("no Verilog written" in w for w in inter.warnings)
+    # local learning is: the head's stage and loss unit are in the Verilog
+    local = compile_design(
+        build_mlp([8, 6, 5, 4]),
+        TrainConfig(strategy="local", blocks=(1,)),
+        tmp_path / "local",
+        formats="default",
+        name="net-local",
+    )
+    assert local.files[-1] == "net_local.v"
+    assert "head_correct" in (tmp_path / "local" / "net_local.v").read_text()
 
 
 def test_design_resources_count_the_lanes():

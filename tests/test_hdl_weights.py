@@ -5,7 +5,8 @@
   word at the *write* address (the hazard the sequencer must avoid).
 * :class:`WeightStore`: weight-access writes saturate and echo the stored value, reads return
   it; a pass (random gaps between slots) reads every lane's ``(w, u)`` of each slot at S1 and
-  writes ``(w′, u′)`` back at the write stage to exactly the live lanes.
+  writes ``(w′, u′)`` back at the write stage to exactly the live lanes — with the LWP ``w``
+  form's third bank ``w_prev`` (kind 2) as well.
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ def _sat(v, fmt):
     return fixed.sat_int(v, fmt)[0]
 
 
-@pytest.mark.parametrize("single_port,L,N,G,depth", [(False, 3, 4, 2, 4), (True, 2, 3, 3, 5)])
-def test_weight_store_access_and_pass(single_port, L, N, G, depth):
+@pytest.mark.parametrize(
+    "single_port,L,N,G,depth,w_prev",
+    [(False, 3, 4, 2, 4, False), (True, 2, 3, 3, 5, False), (False, 2, 4, 2, 5, True)],
+)
+def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
     T = G * (N + 1)
     pipe = SlotPipelineSignature(N, G, T, depth)
     spram = (16384, 16) if single_port else None  # one SB_SPRAM256KA
-    dut = WeightStore(pipe, lanes=L, w_format=FW, u_format=FU, spram=spram)
-    rng = random.Random(L * 10 + N)
-    mem = {(kind, lane, a): 0 for kind in (0, 1) for lane in range(L) for a in range(T)}
+    dut = WeightStore(pipe, lanes=L, w_format=FW, u_format=FU, spram=spram, w_prev=w_prev)
+    rng = random.Random(L * 10 + N + w_prev)
+    kinds = ((0, FW), (1, FU), (2, FW)) if w_prev else ((0, FW), (1, FU))
+    K = len(kinds)
+    mem = {(kind, lane, a): 0 for kind in range(K) for lane in range(L) for a in range(T)}
     echoes, reads, passes = [], [], []
 
     async def access(ctx, write, kind, lane, addr, data=0):
@@ -95,14 +101,14 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth):
         return out
 
     async def bench(ctx):
-        for kind, fmt in ((0, FW), (1, FU)):
+        for kind, fmt in kinds:
             for lane in range(L):
                 for a in range(T):
                     data = rng.choice([rng.randrange(-3000, 3000), 1 << 20, -(1 << 20)])
                     echoes.append((await access(ctx, 1, kind, lane, a, data), _sat(data, fmt)))
                     mem[kind, lane, a] = _sat(data, fmt)
         for _ in range(12):
-            kind, lane, a = rng.randrange(2), rng.randrange(L), rng.randrange(T)
+            kind, lane, a = rng.randrange(K), rng.randrange(L), rng.randrange(T)
             reads.append((await access(ctx, 0, kind, lane, a), mem[kind, lane, a]))
         for _ in range(2):
             new = {}
@@ -112,8 +118,16 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth):
                 wb = dut.write_back
                 if pipe[1] is not None:
                     n = pipe[1][0]
+                    rd = dut.read
                     seen.append(
-                        (n, [(ctx.get(dut.read.w[k]), ctx.get(dut.read.u[k])) for k in range(L)])
+                        (
+                            n,
+                            [
+                                (ctx.get(rd.w[k]), ctx.get(rd.u[k]))
+                                + ((ctx.get(rd.w_prev[k]),) if w_prev else ())
+                                for k in range(L)
+                            ],
+                        )
                     )
                 s = pipe[depth]
                 ctx.set(wb.valid, s is not None)
@@ -126,6 +140,11 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth):
                         ctx.set(wb.payload.u[k], u)
                         if (lanes >> k) & 1:
                             new[0, k, s[0]], new[1, k, s[0]] = w, u
+                        if w_prev:
+                            p = rng.randrange(-2000, 2000)
+                            ctx.set(wb.payload.w_prev[k], p)
+                            if (lanes >> k) & 1:
+                                new[2, k, s[0]] = p
 
             snapshot = dict(mem)
             await drive_pass(
@@ -134,7 +153,7 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth):
             ctx.set(dut.write_back.valid, 0)
             mem.update(new)
             passes.append((snapshot, seen))
-        for kind in (0, 1):
+        for kind in range(K):
             for lane in range(L):
                 for a in range(T):
                     reads.append((await access(ctx, 0, kind, lane, a), mem[kind, lane, a]))
@@ -143,9 +162,9 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    assert all(got == exp for got, exp in echoes) and len(echoes) == 2 * L * T
-    assert all(got == exp for got, exp in reads) and len(reads) == 12 + 2 * L * T
+    assert all(got == exp for got, exp in echoes) and len(echoes) == K * L * T
+    assert all(got == exp for got, exp in reads) and len(reads) == 12 + K * L * T
     for snapshot, seen in passes:
         assert [n for n, _ in seen] == list(range(T))
         for n, lanes in seen:
-            assert lanes == [(snapshot[0, k, n], snapshot[1, k, n]) for k in range(L)], n
+            assert lanes == [tuple(snapshot[kind, k, n] for kind in range(K)) for k in range(L)], n

@@ -171,6 +171,7 @@ def test_plan_memories_are_the_built_memories(make, request) -> None:
     checks = compare_memories(plan)
     owners = {c.owner for c in checks}
     expect = {f"stage{s.index}" for s in plan.stages} | {"loss", "top"}
+    expect |= {f"head_loss{k}" for k in range(1, len(plan.head_losses) + 1)}  # local learning
     assert owners == expect
     bad = [f"{c.owner} ({c.matched_by}): {c.difference()}" for c in checks if not c.ok]
     assert not bad, "plan and HDL memories differ:\n" + "\n".join(bad)

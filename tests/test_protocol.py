@@ -24,6 +24,7 @@ from pipetrain.protocol.wire import (
     NAK,
     SYNC,
     Cmd,
+    Counters,
     Frame,
     FrameDecoder,
     LinkParams,
@@ -169,6 +170,17 @@ def test_link_params_from_plan():
     # result buffer holds the in-flight samples of the pipeline plus one full frame
     assert p.result_depth >= p.num_stages + p.max_batch
     assert p.num_counters == 2 + 3 + 7
+    # local learning: per auxiliary head one more saturation counter (its loss unit) and a
+    # head_correct counter, sent after the saturations (docs/protocol.md §2)
+    ir3 = NetworkIR("t3", 4, (LayerIR("0", 4, 3, "relu"), LayerIR("2", 3, 3), LayerIR("4", 3, 2)))
+    local = LinkParams.from_plan(build_plan(ir3, TrainConfig(strategy="local", blocks=(1,))))
+    assert (local.num_stages, local.heads) == (4, 1)
+    assert local.network_counters == 2 + (4 + 2) + 1 and local.num_counters == 9 + 7
+    words = [5, 6, *range(10, 16), 77, *range(100, 107)]
+    c = Counters.from_words(words, local.heads)
+    assert (c.samples_trained, c.ticks, c.head_correct) == (5, 6, (77,))
+    assert c.saturations == tuple(range(10, 16)) and (c.accepted, c.duplicates) == (100, 106)
+    assert Counters.from_words(words[:8] + words[9:]).head_correct == ()
     with pytest.raises(ValueError, match="result_depth"):
         LinkParams.from_plan(PLAN, max_batch=8, result_depth=9)
     assert p.command_length_ok(Cmd.SAMPLES, 3 * 11) and not p.command_length_ok(Cmd.SAMPLES, 12)

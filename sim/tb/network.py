@@ -150,7 +150,9 @@ class RTLRun:
     result_cycles: clock cycle (from the end of reset) each record transferred at.
     memories: ``{stage name: {"w"|"u"|"w_prev": int64 (M, N+1)}}`` read back after the flush
         (empty when no read-back was asked for).
-    counters: ``samples_trained``, ``ticks``, ``saturations`` (S + 1 values) after the flush.
+    counters: ``samples_trained``, ``ticks``, ``saturations`` (one per stage and loss unit:
+        S + 1 for ``global``) after the flush; with auxiliary heads ``head_correct`` (one per
+        head: samples whose head prediction equals the label).
     echo_errors: ``(cmd, echoed)`` for initial writes whose response differs from the data.
     cycles: total simulated cycles; ``stream_cycles``: from the first sample beat to the last
         one accepted; ``flush_cycles``: the flush; ``stream_start``: cycle of the first beat.
@@ -222,6 +224,7 @@ def run_network(
     n = len(x)
     train = [True] * n if train is None else list(train)
     S = len(plan.stages)
+    heads = len(getattr(plan, "head_losses", ()))
     N = plan.in_features
     rows = [
         [int(v) for v in x[k].tolist()] + [int(labels[k]), int(bool(train[k]))] for k in range(n)
@@ -244,7 +247,8 @@ def run_network(
     job = {
         "fields": design.fields,
         "in_features": N,
-        "counters": S + 1,
+        "counters": S + 1 + heads,
+        "heads": heads,
         "clock_ns": CLOCK_NS,
         "valid_prob": valid_prob,
         "ready_prob": ready_prob,
@@ -362,12 +366,24 @@ def _update_ticks(golden: Any) -> dict[tuple[int, int], int]:
     return out
 
 
-def compare(golden: Any, rtl: RTLRun, plan: Plan) -> list[Mismatch]:
+def head_correct(golden: Any, labels: Sequence[int]) -> list[int]:
+    """Per auxiliary head k (loss L_k, k < K), the samples whose head-k prediction equals their
+    label in the golden model's :attr:`head_results` — the RTL's ``head_correct`` counters."""
+    return [
+        sum(int(r.pred == int(labels[r.sample])) for r in golden.head_results[k])
+        for k in sorted(golden.head_results)
+    ]
+
+
+def compare(
+    golden: Any, rtl: RTLRun, plan: Plan, labels: Sequence[int] | None = None
+) -> list[Mismatch]:
     """Every difference between a finished (flushed, traced) golden model and an RTL run.
 
     Results are compared record by record (tagged with the loss unit's tick), memories element
-    by element (tagged with the tick of the stage's last update), then the counters and the
-    echoes of the initial writes.
+    by element (tagged with the tick of the stage's last update), then the counters (with
+    ``labels``: the heads' ``head_correct`` too, :func:`head_correct`) and the echoes of the
+    initial writes.
     """
     S = len(plan.stages)
     out: list[Mismatch] = []
@@ -421,6 +437,12 @@ def compare(golden: Any, rtl: RTLRun, plan: Plan) -> list[Mismatch]:
     ):
         if e != a:
             out.append(Mismatch("counter", "saturations", k + 1, (k,), e, a))
+    if labels is not None and getattr(golden, "head_results", None):
+        got = rtl.counters.get("head_correct", [])
+        for k, e in enumerate(head_correct(golden, labels), start=1):
+            a = got[k - 1] if k - 1 < len(got) else None
+            if e != a:
+                out.append(Mismatch("counter", "head_correct", None, (k,), e, a))
     for cmd, echoed in rtl.echo_errors:
         _, s, kind, j, i, data = cmd
         name = KIND_NAMES[kind]
@@ -526,7 +548,7 @@ def localise(
     def check(k: int) -> list[Mismatch]:
         g = _golden(plan, model, x[:k], labels[:k], train[:k])
         r = run_network(design, x[:k], labels[:k], train[:k], init=init, **run_kw)
-        return compare(g, r, plan)
+        return compare(g, r, plan, labels[:k])
 
     lo, hi, found = 0, len(x), full
     while hi - lo > 1:
@@ -592,7 +614,7 @@ def check_network(
     run_kw = {"valid_prob": valid_prob, "ready_prob": ready_prob, "seed": seed}
     rtl = run_network(design, x, labels, train, init=init, waves_file=waves, **run_kw)
     golden = _golden(plan, model, x, labels, train)
-    mismatches = compare(golden, rtl, plan)
+    mismatches = compare(golden, rtl, plan, labels)
     first = min(mismatches, key=lambda m: (m.tick is None, m.tick or 0)) if mismatches else None
     how = None
     if mismatches and localise_first and any(m.what == "memory" for m in mismatches):
@@ -625,6 +647,11 @@ def check_network(
             "ticks": rtl.counters["ticks"],
             "samples_trained": rtl.counters["samples_trained"],
             "saturations": rtl.counters["saturations"],
+            **(
+                {"head_correct": rtl.counters["head_correct"]}
+                if "head_correct" in rtl.counters
+                else {}
+            ),
             "handshakes": rtl.handshakes,
             "train_cycles_per_s": _train_speed(rtl),
         },

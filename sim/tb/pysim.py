@@ -31,6 +31,14 @@ from ...protocol.wire import KIND_CODES, KIND_NAMES
 __all__ = ["TopRun", "simulate_top"]
 
 
+def _kinds(stage) -> tuple[str, ...]:
+    """The weight memories the weight access serves for ``stage``: ``w``, ``u`` and, with the
+    LWP ``w`` form, ``w_prev`` (docs/ports.md ``wacc``)."""
+    if any(m.name == "w_prev" for m in stage.memories):
+        return ("w", "u", "w_prev")
+    return ("w", "u")
+
+
 @dataclass
 class TopRun:
     """What one simulation of ``NetworkTop`` observed.
@@ -39,8 +47,9 @@ class TopRun:
     -------
     results: ``(sample, pred, loss, train)`` per ``result_out`` record, in order.
     result_cycles: the cycle (from the end of reset) each record was transferred.
-    memories: ``{stage name: {"w"|"u": int64 (M, N+1)}}`` read back after the flush.
-    counters: ``samples_trained``, ``ticks``, ``saturations`` (S + 1 values).
+    memories: ``{stage name: {"w"|"u"|"w_prev": int64 (M, N+1)}}`` read back after the flush.
+    counters: ``samples_trained``, ``ticks``, ``saturations`` (one per stage and loss unit:
+        S + 1 for ``global``), and with auxiliary heads ``head_correct`` (one per head).
     echo_errors: initial writes whose response differed from the data sent.
     cycles: total cycles; stream_cycles: from the first sample beat to the last result.
     wall_s: seconds of simulation.
@@ -91,8 +100,8 @@ def simulate_top(
         cmds = []
         for s, st in enumerate(plan.stages):
             mem = (init or {}).get(st.name, {})
-            for kind in ("w", "u"):
-                if kind not in mem:
+            for kind in ("w", "u", "w_prev"):
+                if kind not in mem or kind not in _kinds(st):
                     continue
                 vals = mem[kind].tolist()
                 for j in range(st.out_features):
@@ -104,7 +113,7 @@ def simulate_top(
         return [
             (0, s, KIND_CODES[kind], j, i, 0)
             for s, st in enumerate(plan.stages)
-            for kind in ("w", "u")
+            for kind in _kinds(st)
             for j in range(st.out_features)
             for i in range(st.in_features + 1)
         ]
@@ -114,7 +123,9 @@ def simulate_top(
     si, ro = top.sample_in, top.result_out
     wc, wr = top.wacc_cmd, top.wacc_rsp
     si_p, ro_p, wc_p, wr_p = (v.payload.as_value() for v in (si, ro, wc, wr))
-    sat_sigs = [top.saturations[k] for k in range(S + 1)]
+    heads = len(getattr(plan, "head_losses", ()))
+    sat_sigs = [top.saturations[k] for k in range(S + 1 + heads)]
+    head_sigs = [top.head_correct[k] for k in range(heads)]
 
     def pack(layout, **fields) -> int:
         return int(Const.cast(layout.const(fields).as_value()).value)
@@ -214,6 +225,8 @@ def simulate_top(
             "ticks": ctx.get(top.ticks),
             "saturations": [ctx.get(s) for s in sat_sigs],
         }
+        if head_sigs:
+            run.counters["head_correct"] = [ctx.get(s) for s in head_sigs]
         if readback:
             cmds = reads()
             data = await wacc(ctx, cmds)

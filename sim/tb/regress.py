@@ -1,12 +1,12 @@
 """Regression cases for the RTL check: small networks over the design space.
 
 A :class:`Case` names a network (layer sizes, activation), its lanes, the training algorithm
-(schedule, mitigation, rounding, loss, momentum, weight decay) and a format set; :func:`prepare`
-compiles it (:func:`pipetrain.compiler.compile.compile_result`) and draws a seeded sample stream
-with a few inference-only samples mixed in. :data:`SMOKE_CASES` is the fixed set the default
-test run covers; :func:`random_cases` draws more: :data:`CI_RANDOM_CASES` small ones in every
-default run from the run's seed (:func:`regress_seed`: ``PIPETRAIN_REGRESS_SEED``, else the
-commit), and 12 larger ones with ``--runslow``.
+(schedule, mitigation and LWP form, rounding, loss, momentum, weight decay) and a format set;
+:func:`prepare` compiles it (:func:`pipetrain.compiler.compile.compile_result`) and draws a
+seeded sample stream with a few inference-only samples mixed in. :data:`SMOKE_CASES` is the
+fixed set the default test run covers; :func:`random_cases` draws more: :data:`CI_RANDOM_CASES`
+small ones in every default run from the run's seed (:func:`regress_seed`:
+``PIPETRAIN_REGRESS_SEED``, else the commit), and 12 larger ones with ``--runslow``.
 
 Format sets: ``default`` (:meth:`FormatSpec.default`), ``narrow`` (12-bit activations and
 errors, 18-bit weights: saturations happen, so the counters are exercised) and ``wide``
@@ -72,6 +72,7 @@ class Case:
     lanes: tuple[int, ...]
     schedule: str = "pb"
     mitigation: str = "none"
+    lwp_form: str = "v"
     rounding: str = "stochastic"
     loss: str = "cross_entropy"
     activation: str = "relu"
@@ -81,6 +82,11 @@ class Case:
     lr: float = 0.05
     samples: int = 16
     seed: int = 0
+    strategy: str = "global"
+    blocks: tuple[int, ...] = ()
+    head_stages: int = 1
+    distance: int = 1
+    rule: str = "only"
 
     @property
     def depth(self) -> int:
@@ -129,9 +135,15 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
         momentum=case.momentum,
         weight_decay=case.weight_decay,
         mitigation=case.mitigation,
+        lwp_form=case.lwp_form,
         loss=case.loss,
         rounding=case.rounding,
         seed=case.seed,
+        strategy=case.strategy,
+        blocks=case.blocks,
+        head_stages=case.head_stages,
+        distance=case.distance,
+        rule=case.rule,
     )
     model = _model(case)
     res = compile_result(
@@ -149,8 +161,9 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
     return res.plan, res.model, x, labels, train
 
 
-#: The fixed default regression (depths 1–4, lanes, both schedules, every mitigation, both
-#: roundings, both losses, all activations, three format sets).
+#: The fixed default regression (depths 1–4, lanes, both schedules, every mitigation and both
+#: LWP forms, both roundings, both losses, all activations, three format sets, local learning
+#: and interlocking).
 SMOKE_CASES: tuple[Case, ...] = (
     Case("d1-ce", (6, 4), (2,), samples=12),
     Case("d2-lanes-sc", (10, 7, 3), (3, 2), mitigation="sc", samples=16),
@@ -175,14 +188,26 @@ SMOKE_CASES: tuple[Case, ...] = (
         seed=3,
     ),
     Case(
-        "d4-sclwp-wd-wide",
+        "d4-sclwp-wd-wide",  # LWP w form: the w_prev banks
         (7, 6, 5, 4, 3),
         (1, 2, 4, 3),
         mitigation="sc+lwp",
+        lwp_form="w",
         weight_decay=0.01,
         formats="wide",
         samples=20,
         seed=4,
+    ),
+    Case(
+        "d4-local-h2",  # local learning: heads of 2 stages on blocks ending after stages 1, 3
+        (8, 7, 6, 5, 4),
+        (2, 3, 1, 2),
+        mitigation="sc",
+        strategy="local",
+        blocks=(1, 3),
+        head_stages=2,
+        samples=20,
+        seed=6,
     ),
     Case(
         "d2-identity-rne",
@@ -237,7 +262,10 @@ def regress_seed() -> tuple[int, str]:
 
 def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12) -> list[Case]:
     """Draw ``n`` random cases (depth 1–4, sizes 4–``max_size``, 1–``max_lanes`` lanes, random
-    algorithm/formats).
+    algorithm/formats; the LWP form ``v`` or ``w`` when the mitigation has LWP; in about half
+    of the ``pb`` cases of depth ≥ 2 local learning (heads of 1 or 2 stages) or interlocking
+    (``only`` rule, d = 1 or 2, one-stage heads) with 1–3 random block ends — the strategies
+    the HDL builds).
 
     Each case is named ``rand<seed>-<k>``; the same ``(n, seed, max_size)`` draws the same cases.
 
@@ -268,6 +296,24 @@ def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12)
         )
         if kw["schedule"] == "sequential":
             kw["mitigation"] = "none"  # no delay to mitigate
+        # drawn last, so the fields above stay what they were for a given seed
+        lwp_form = rng.choice(["v", "w"])
+        if "lwp" in kw["mitigation"]:
+            kw["lwp_form"] = lwp_form
+        strategy = rng.choice(["global", "global", "local", "interlocking"])
+        head_stages = rng.choice([1, 1, 2])
+        distance = rng.choice([1, 2])
+        ends = (
+            sorted(rng.sample(range(1, depth), k=rng.randint(1, min(3, depth - 1))))
+            if (depth > 1)
+            else []
+        )
+        if strategy != "global" and ends and kw["schedule"] == "pb":
+            kw |= dict(strategy=strategy, blocks=tuple(ends), head_stages=head_stages)
+            if strategy == "interlocking":
+                # one-stage heads: a longer head could pass a stream back beyond the stage's
+                # delay, which the compiler refuses
+                kw |= dict(distance=distance, head_stages=1)
         if kw["formats"] == "wide":
             kw["weight_decay"] = 0.0
         out.append(Case(f"rand{seed}-{k}", sizes, lanes, **kw))
