@@ -8,9 +8,9 @@ from typing import Any
 
 from ..errors import UserError
 from .enums import Activation, Loss, LwpForm, Mitigation, Rounding, Rule, Schedule, Strategy, parse
-from .schedule import batch1_scaling
+from .schedule import batch1_scaling, same_as_global
 
-__all__ = ["TrainConfig", "ConfigError"]
+__all__ = ["TrainConfig", "ConfigError", "strategy_overrides"]
 
 #: Accepted values (CLI choices), from the enums.
 LOSSES = tuple(m.value for m in Loss)
@@ -91,7 +91,15 @@ class TrainConfig:
         if self.batch_ref < 1:
             raise ConfigError(f"batch_ref must be ≥ 1, got {self.batch_ref}")
         if self.distance < 0:
-            raise ConfigError(f"distance must be ≥ 0, got {self.distance}")
+            raise ConfigError(
+                f"--distance {self.distance}: the interlocking distance must be ≥ 0 "
+                "(0 trains each block by its own head, as local; K − 1 is global)"
+            )
+        if self.rule == Rule.SUM and self.strategy != Strategy.INTERLOCKING:
+            raise ConfigError(
+                f"--rule sum needs --strategy interlocking (the strategy is "
+                f"{self.strategy.value}): the rule says which losses an interlocking block sums"
+            )
         if self.head_stages < 1:
             raise ConfigError(f"head_stages must be ≥ 1, got {self.head_stages}")
         if self.epochs < 1:
@@ -138,3 +146,54 @@ class TrainConfig:
                 + ", ".join(f.name for f in dataclasses.fields(cls))
             )
         return cls(**d)
+
+
+#: The options of each learning setting and the strategies that use them (CLI names).
+_STRATEGY_OPTIONS = {
+    "blocks": ("--blocks", ("local", "interlocking")),
+    "head_stages": ("--head-stages", ("local", "interlocking")),
+    "distance": ("--distance", ("interlocking",)),
+    "rule": ("--rule", ("interlocking",)),
+}
+
+
+def strategy_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Check the learning-strategy options a command was given and return them normalised,
+    with a warning line or None.
+
+    ``overrides``: the TrainConfig fields given on the command line (only those given). With
+    an explicit ``strategy``, an option that strategy cannot use is a :class:`ConfigError`
+    naming the option and the strategies that take it (``--blocks 2`` with ``global``,
+    ``--distance`` or ``--rule`` with ``local``). Interlocking learning that equals ``global``
+    (rule ``only``, d ≥ K − 1 with K = blocks + 1, :func:`~.schedule.same_as_global`) becomes
+    ``global`` without the blocks, so the plan builds no head that would change nothing, and
+    the warning says so. Source: *derived* (docs/architecture.md §2.4).
+    """
+    out = dict(overrides)
+    strategy = out.get("strategy")
+    if strategy is None:
+        return out, None
+    strategy = getattr(strategy, "value", strategy)
+    for field_, (opt, users) in _STRATEGY_OPTIONS.items():
+        if field_ in out and strategy not in users:
+            raise ConfigError(
+                f"{opt} applies to --strategy {' or '.join(users)}, not {strategy}: drop "
+                f"{opt} or choose --strategy {users[-1]}"
+            )
+    if strategy != "interlocking":
+        return out, None
+    blocks = tuple(out.get("blocks", ()))
+    distance = int(out.get("distance", TrainConfig.distance))
+    rule = getattr(out.get("rule", "only"), "value", out.get("rule", "only"))
+    if blocks and same_as_global("interlocking", len(blocks) + 1, distance, rule):
+        for k in ("blocks", "distance", "rule", "head_stages"):
+            out.pop(k, None)
+        out["strategy"] = "global"
+        note = (
+            f"interlocking with {len(blocks) + 1} blocks and distance {distance} updates every "
+            "block from the true loss alone: it is global learning; training it as global, "
+            "without auxiliary heads (use a smaller --distance or more --blocks for "
+            "interlocking)"
+        )
+        return out, note
+    return out, None

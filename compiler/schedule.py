@@ -12,6 +12,7 @@ batch-1 scaling rules are *derived* (``docs/architecture.md`` §2.1, §2.3).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ __all__ = [
     "StageRole",
     "stage_layout",
     "update_losses",
+    "carried_losses",
+    "same_as_global",
     "spike_compensation",
     "batch1_scaling",
     "naive_overshoot",
@@ -105,6 +108,15 @@ class StageRole:
         stages included) + 1 (docs/architecture.md §2.4, *derived*).
     derivation: str
         The delay's derivation, for the plan report.
+    streams: tuple[tuple[int, int], ...]
+        The stage's backward streams as ``(loss t, delay D_{s,t})`` pairs, ascending t: the
+        error of L_t reaches the stage at position p (main stage s: s; head stage h of block
+        k: the end of block k + h) D_{s,t} = 2·(P_t − p) + 1 updates after the stage's forward
+        of the same sample, P_t being the position of the stage feeding loss t (S for the true
+        loss, the end of block t + the head's stages otherwise); 0 under ``sequential``.
+        ``delay`` is the largest D_{s,t} of the update losses; a shorter stream is a
+        pass-through stream or, under the ``sum`` rule, an earlier update loss
+        (docs/numerics.md §7.2, *derived* from the tick model).
     """
 
     position: int
@@ -113,6 +125,7 @@ class StageRole:
     losses: tuple[int, ...]
     delay: int
     derivation: str
+    streams: tuple[tuple[int, int], ...] = ()
 
 
 def stage_layout(
@@ -132,7 +145,11 @@ def stage_layout(
     With ``schedule="sequential"`` every delay is 0 (exact batch-1 SGD).
 
     Raises :class:`ValueError` for an unknown schedule, block ends that are not strictly
-    increasing inside 1..S−1, or blocks given with the ``global`` strategy and no heads needed.
+    increasing inside 1..S−1 (S itself: a head on the last block), no block end for
+    ``local``/``interlocking``, or a stream that would reach a stage after the stage's own
+    delay (a D_{s,t} > D_s, :attr:`StageRole.streams`: its stash holds D_s + 1 samples) — a
+    pass-through stream from a head longer than the rest of the network, e.g. interlocking
+    with ``head_stages`` 2 and a last block of one stage.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; supported: {', '.join(SCHEDULES)}")
@@ -141,9 +158,16 @@ def stage_layout(
     ends = list(block_ends)
     if strategy == "global":
         ends = []
+    given = ",".join(map(str, block_ends))
+    if num_main_stages in ends:
+        raise ValueError(
+            f"--blocks {given}: a block boundary after stage {num_main_stages}, the last, would "
+            "put an auxiliary head on the last block, whose loss is the true loss; block "
+            f"boundaries must be strictly increasing stage numbers in 1..{num_main_stages - 1}"
+        )
     if any(not 1 <= e < num_main_stages for e in ends) or ends != sorted(set(ends)):
         raise ValueError(
-            f"block boundaries {list(block_ends)} must be strictly increasing stage numbers in "
+            f"--blocks {given}: block boundaries must be strictly increasing stage numbers in "
             f"1..{num_main_stages - 1} (the last block always ends at stage {num_main_stages})"
         )
     if strategy != "global" and not ends:
@@ -191,7 +215,65 @@ def stage_layout(
                 why = f"head stage {h} of {head_stages}: 2·({head_stages}−{h})+1"
             trained_by = (num_blocks,) if strategy == "global" else (k,)
             roles.append(StageRole(position, k, True, trained_by, delay, why))
-    return roles
+    return [
+        _with_streams(r, roles, ends, schedule, strategy, distance, rule, head_stages)
+        for r in roles
+    ]
+
+
+def _with_streams(
+    r: StageRole,
+    roles: list[StageRole],
+    ends: list[int],
+    schedule: str,
+    strategy: str,
+    distance: int,
+    rule: str,
+    head_stages: int,
+) -> StageRole:
+    """``r`` with its :attr:`StageRole.streams`; raises :class:`ValueError` for a stream beyond
+    the stage's delay."""
+    K = len(ends)
+    S = ends[-1]
+    P = {t: ends[t - 1] + (head_stages if t < K else 0) for t in range(1, K + 1)}
+    if r.head:
+        pos = ends[r.block - 1] + r.position - S - (r.block - 1) * head_stages
+        streams = r.losses
+    else:
+        pos, streams = r.position, carried_losses(K, r.block, strategy, distance, rule)
+    pairs = tuple((t, 0 if schedule == "sequential" else 2 * (P[t] - pos) + 1) for t in streams)
+    t, far = max(pairs, key=lambda p: p[1])
+    if far > r.delay:
+        kind = "head stage" if r.head else "stage"
+        raise ValueError(
+            f"{kind} {r.position} would pass loss L{t}'s error back {far} updates after its "
+            f"forward, beyond its delay D = {r.delay} (its stash holds D + 1 samples): use "
+            "--head-stages 1, a longer last block (--blocks) or --rule sum"
+        )
+    return dataclasses.replace(r, streams=pairs)
+
+
+def carried_losses(
+    num_blocks: int, block: int, strategy: str, distance: int = 0, rule: str = "only"
+) -> tuple[int, ...]:
+    """Return the losses whose error a main stage of 1-based ``block`` back-propagates: loss t
+    if t ≥ k and t updates some block j ≤ k (its update losses plus pass-through streams,
+    docs/architecture.md §2.4). Raises :class:`ValueError` as :func:`update_losses`."""
+    return tuple(
+        t
+        for t in range(block, num_blocks + 1)
+        if any(
+            t in update_losses(num_blocks, j, strategy, distance, rule) for j in range(1, block + 1)
+        )
+    )
+
+
+def same_as_global(strategy: str, num_blocks: int, distance: int, rule: str = "only") -> bool:
+    """True when interlocking learning updates every block from the true loss alone, as
+    ``global`` does: rule ``only`` with distance d ≥ K − 1 (e.g. 2 blocks, d = 1; Gomez et
+    al. 2022 §3: d = K − 1 is global). Its auxiliary heads would then train without changing
+    any block (docs/architecture.md §2.4)."""
+    return strategy == "interlocking" and rule == "only" and distance >= num_blocks - 1
 
 
 def spike_compensation(momentum: float, delay: int) -> tuple[float, float]:

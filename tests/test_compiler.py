@@ -178,7 +178,8 @@ def test_pb_and_sequential_delays_and_cycles():
 HEAD_CONFIGS = [
     dict(strategy="local", blocks=(2,)),
     dict(strategy="local", blocks=(1, 3), schedule="sequential"),
-    dict(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2),
+    dict(strategy="interlocking", blocks=(1, 2), distance=1, head_stages=2),
+    dict(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2, rule="sum"),
     dict(strategy="interlocking", blocks=(1, 2), distance=2, rule="sum"),
 ]
 
@@ -199,9 +200,10 @@ def test_head_stage_delays_equal_reference_trainer(cfg):
 
 
 def test_interlocking_streams_and_heads():
-    # K = 4 blocks of one stage each, d = 1, two-stage heads: block k is updated by L_{k+1}
+    # K = 3 blocks (stages 1 | 2 | 3, 4), d = 1, two-stage heads: block k is updated by
+    # L_{k+1}, the last block by the true loss L3
     ir = _ir("mlp-digits-deep")
-    cfg = TrainConfig(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2)
+    cfg = TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1, head_stages=2)
     plan = build_plan(ir, cfg, lanes=[1, 1, 1, 1])
     rows = [
         (s.index, s.role, s.block, s.losses, s.grad_losses, s.gin_losses, s.attach, s.delay)
@@ -209,16 +211,19 @@ def test_interlocking_streams_and_heads():
     ]
     assert rows == [
         (1, "main", 1, (2,), (2,), (), 0, 7),
-        (2, "main", 2, (3,), (2, 3), (2,), 1, 7),  # L2 passes through to block 1
-        (3, "main", 3, (4,), (3, 4), (3,), 2, 3),
-        (4, "main", 4, (4,), (4,), (4,), 3, 1),
+        (2, "main", 2, (3,), (2, 3), (2,), 1, 5),  # L2 passes through to block 1
+        (3, "main", 3, (3,), (3,), (3,), 2, 3),
+        (4, "main", 3, (3,), (3,), (3,), 3, 1),
         (5, "head", 1, (1,), (1,), (), 1, 3),  # L1 updates no block: no input gradient
         (6, "head", 1, (1,), (1,), (1,), 5, 1),
         (7, "head", 2, (2,), (2,), (2,), 2, 3),
         (8, "head", 2, (2,), (2,), (2,), 7, 1),
-        (9, "head", 3, (3,), (3,), (3,), 3, 3),
-        (10, "head", 3, (3,), (3,), (3,), 9, 1),
     ]
+    # K = 4 blocks of one stage each with two-stage heads: stage 3 would pass L3 back 5
+    # updates after its forward (P_3 = 3 + 2), beyond its delay 3 from the true loss — refused
+    bad = TrainConfig(strategy="interlocking", blocks=(1, 2, 3), distance=1, head_stages=2)
+    with pytest.raises(PlanError, match="stage 3 would pass loss L3's error back 5 updates"):
+        build_plan(ir, bad, lanes=[1, 1, 1, 1])
     heads = plan.head_stages
     assert [(s.name, s.in_features, s.out_features, s.activation) for s in heads[:2]] == [
         ("head1.0", 32, 32, "relu"),

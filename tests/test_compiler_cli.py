@@ -84,7 +84,7 @@ def test_compile_deep_pb_sequential_and_defaults(tmp_path):
             "--strategy",
             "interlocking",
             "--blocks",
-            "1,2,3",
+            "1,2",  # 1,2,3 would pass L3 back beyond stage 3's stash: refused
             "--distance",
             "1",
             "--head-stages",

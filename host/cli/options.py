@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ...compiler.build import PlanError
-from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig
+from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig, strategy_overrides
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
 from ..flow import DEFAULT_HIDDEN
@@ -18,6 +18,7 @@ from ..flow import DEFAULT_HIDDEN
 __all__ = [
     "DEFAULT_EPOCHS",
     "train_config_options",
+    "config_options",
     "plan_format_options",
     "simulator_option",
     "data_option",
@@ -65,14 +66,29 @@ def _config_default(field: str) -> str:
     return f"{text}, or the model file's config"
 
 
+def config_options(*fields: str) -> Callable[[Callable], Callable]:
+    """A decorator adding the TrainConfig options of ``fields`` (all when none are named;
+    default: unset, i.e. keep the model's config; the help shows the TrainConfig default).
+    Their values reach the command's ``**options``, for :func:`config_overrides`."""
+    chosen = [o for o in _CONFIG_OPTIONS if not fields or o[1] in fields]
+
+    def add(func: Callable) -> Callable:
+        for opt, field, typ, text in reversed(chosen):
+            func = click.option(
+                opt,
+                field,
+                type=typ,
+                default=None,
+                help=f"{text}  [default: {_config_default(field)}]",
+            )(func)
+        return func
+
+    return add
+
+
 def train_config_options(func: Callable) -> Callable:
-    """Add one option per TrainConfig field (default: unset, i.e. keep the model's config; the
-    help shows the TrainConfig default)."""
-    for opt, field, typ, text in reversed(_CONFIG_OPTIONS):
-        func = click.option(
-            opt, field, type=typ, default=None, help=f"{text}  [default: {_config_default(field)}]"
-        )(func)
-    return func
+    """Add one option per TrainConfig field (:func:`config_options` of every field)."""
+    return config_options()(func)
 
 
 def plan_format_options(func: Callable) -> Callable:
@@ -104,7 +120,11 @@ def plan_format_options(func: Callable) -> Callable:
             help="Samples streamed for calibration [default: the whole training run].",
         ),
         click.option(
-            "--lanes", "lanes_text", default=None, help="Lanes: N for all stages, or 8,2."
+            "--lanes",
+            "lanes_text",
+            default=None,
+            help="Lanes: N for all stages, 8,2, or auto [auto: with --board the fastest plan "
+            "that fits the board (docs/boards.md §3), else 4 lanes on the largest stage].",
         ),
     )
     for opt in reversed(options):
@@ -115,7 +135,13 @@ def plan_format_options(func: Callable) -> Callable:
 def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Return the TrainConfig overrides from :func:`train_config_options` values (pops them).
 
-    Raises :class:`PlanError` for a malformed ``--blocks``.
+    The learning-strategy options are checked and normalised by
+    :func:`~pipetrain.compiler.config.strategy_overrides`: interlocking learning that equals
+    ``global`` becomes ``global`` (no unused auxiliary head) with a ``warning:`` line on
+    stderr.
+
+    Raises :class:`PlanError` for a malformed ``--blocks``, :class:`ConfigError` for a strategy
+    option the given ``--strategy`` cannot use.
     """
     out = {}
     for _, field, _, _ in _CONFIG_OPTIONS:
@@ -128,6 +154,9 @@ def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
                 raise PlanError(f"--blocks {value!r} must be stage numbers like 2 or 1,3")
             value = tuple(int(v) for v in text.split(",")) if text else ()
         out[field] = value
+    out, note = strategy_overrides(out)
+    if note:
+        click.echo(f"warning: {note}", err=True)
     return out
 
 
