@@ -93,7 +93,8 @@ def board_result(
     from), ``cached`` (this call reused it), ``stale`` (``hdl_hash`` differs from the current
     HDL), ``plan_changed`` (the current plan hash, when the record was made for another plan
     hash of the same model, board, lanes and resource totals — reused only when not building
-    for current HDL).
+    for current HDL; with ``build=False`` also a built report of the same lanes whose resource
+    totals differ, then ``fit_changed``).
 
     ``build=False`` never runs the toolchain (a missing record gives ``status: missing``);
     ``require_current_hdl`` rebuilds a record made from other HDL. Build folders are
@@ -137,11 +138,24 @@ def board_result(
         # training settings): reuse a report of the same model, board, lanes and resource
         # totals, marked stale
         fit = fit_rows(plan, board)
+        same_lanes = []
         for other in sorted(cache.glob(f"*-{board.name}.json")):
             rec = json.loads(other.read_text())
             if rec.get("model") == model and rec.get("lanes") == base["lanes"]:
                 if rec.get("fit") == fit:
                     return rec | {"cached": True, "stale": True, "plan_changed": plan.hash}
+                if rec.get("status") == "built":
+                    same_lanes.append(rec)
+        if same_lanes and not build:
+            # only when asked not to build: the newest report of the same lanes, though the
+            # memories changed since (``fit_changed``), rather than none
+            rec = max(same_lanes, key=lambda r: r.get("built_at", ""))
+            return rec | {
+                "cached": True,
+                "stale": True,
+                "plan_changed": plan.hash,
+                "fit_changed": True,
+            }
     if not build:
         return base | {
             "fits": None,
@@ -198,6 +212,33 @@ def board_result(
     return rec | {"cached": False, "stale": False}
 
 
+def import_records(results_json: Path, cache_dir: Path | None = None) -> list[str]:
+    """Copy the built board reports of a ``results.json`` (:mod:`run`'s output) into the cache.
+
+    Each goes to ``<cache>/boards/<its plan hash>-<board>.json`` unless that file exists, with
+    its own ``hdl_hash`` and ``built_at``, so :func:`board_result` reuses it only as a stale
+    report (a full run with ``--reuse-stale-boards``, or ``--quick``). For a machine whose cache
+    is empty where the board builds would take hours. Returns the keys written.
+    """
+    keep = (
+        "model board plan_hash lanes fits status fit fmax_mhz clock_mhz timing_met "
+        "utilization build_s hdl_hash built_at"
+    ).split()
+    cache = (cache_dir or default_cache_dir()) / "boards"
+    cache.mkdir(parents=True, exist_ok=True)
+    written = []
+    for m in json.loads(Path(results_json).read_text())["models"]:
+        for rec in m["boards"].values():
+            if rec.get("status") != "built" or "hdl_hash" not in rec:
+                continue
+            key = board_key(rec["plan_hash"], rec["board"])
+            path = cache / f"{key}.json"
+            if not path.is_file():
+                path.write_text(json.dumps({k: rec[k] for k in keep if k in rec}, indent=2) + "\n")
+                written.append(key)
+    return written
+
+
 def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """:func:`pipetrain.host.bitstream.build_design` (imported lazily: it loads Amaranth)."""
     from pipetrain.host.bitstream import build_design as _bd
@@ -205,9 +246,14 @@ def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return _bd(*args, **kwargs)
 
 
-if __name__ == "__main__":  # fill the cache: python benchmarks/board_cache.py BOARD MODEL...
+if __name__ == "__main__":
+    # fill the cache: python benchmarks/board_cache.py BOARD MODEL...
+    # or copy a results.json's reports in: python benchmarks/board_cache.py --import FILE
     import sys
 
+    if sys.argv[1] == "--import":
+        print("\n".join(import_records(Path(sys.argv[2]))) or "nothing new")
+        sys.exit(0)
     for m in sys.argv[2:]:
         r = board_result(m, sys.argv[1])
         print(json.dumps({k: v for k, v in r.items() if k != "utilization"}), flush=True)

@@ -428,12 +428,15 @@ def lr_search(model: str, batch: int, epochs: int, seed: int = 0) -> dict[str, A
 def peers(model: str, epochs: int, seed: int = 0, quick: bool = False) -> dict[str, Any]:
     """Every peer of ``model``: ``{peer: record}``. A torch peer's record is the faster of 1
     thread and the default threads (both under ``by_threads``), at the rule's η_B; a batch > 1
-    also has ``lr_search`` (:func:`lr_search`)."""
+    also has ``lr_search`` (:func:`lr_search`). Repetitions (best one reported): batch 1 3,
+    batch 32/128 10, the C loop 30 (``quick``: 1, 3, 10) — more for the short runs, so some land
+    in a quiet moment of a shared machine."""
     import torch
 
-    reps = 1 if quick else 3
     out: dict[str, Any] = {}
     for b in TORCH_BATCHES:
+        # repetitions: a whole run at batch 1 takes seconds, at 32 or 128 a fraction of one
+        reps = (1 if quick else 3) if b == 1 else (3 if quick else 10)
         runs = [torch_peer(model, b, epochs, seed, threads=1, reps=reps)]
         if torch.get_num_threads() > 1:
             runs.append(torch_peer(model, b, epochs, seed, threads=None, reps=reps))
@@ -441,7 +444,7 @@ def peers(model: str, epochs: int, seed: int = 0, quick: bool = False) -> dict[s
         out[f"torch_b{b}"] = best | {"by_threads": {str(r["threads"]): r for r in runs}}
         if b > 1:
             out[f"torch_b{b}"]["lr_search"] = lr_search(model, b, epochs, seed)
-    out["compiled_b1"] = compiled_peer(model, epochs, seed, reps=2 if quick else 5)
+    out["compiled_b1"] = compiled_peer(model, epochs, seed, reps=10 if quick else 30)
     return out
 
 

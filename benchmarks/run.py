@@ -291,7 +291,7 @@ def bench_model(
         }
         proj = None
         if rec.get("status") == "built" and rec.get("fmax_mhz"):
-            key = rec["plan_hash"]
+            key = rec.get("plan_changed") or rec["plan_hash"]  # the plan the board runs now
             design = None
             if key not in rtl_by_plan:  # the board runs its fitted plan: measure that one
                 log(f"[{name}] RTL pb, the plan fitted to {bname} ({key}) ...")
@@ -451,7 +451,9 @@ def _board_cell(rec: dict[str, Any], short: bool = False) -> str:
     if short and rec.get("status") in ("no_fit_plan", "no_fit_synth"):
         return "does not fit"
     if rec.get("status") == "built":
-        return f"{rec['fmax_mhz']:.1f} MHz" + ("" if not rec.get("stale") else " (older HDL/plan)")
+        if not rec.get("stale"):
+            return f"{rec['fmax_mhz']:.1f} MHz"
+        return f"{rec['fmax_mhz']:.1f} MHz (older HDL/plan, built {rec.get('built_at', '?')[:16]})"
     if rec.get("status") in ("no_fit_plan", "no_fit_synth"):
         rows = rec.get("synth") or rec.get("fit") or {}
         over = [

@@ -415,3 +415,48 @@ def test_peer_and_board_tables() -> None:
     assert "compiled_b1: 21.08×" in peers  # 2 M ÷ 94,877
     v = bench.verdict(res)
     assert "21.1× the ulx3s-85f projection" in v and "1.32× its whole DSP ceiling" in v
+
+
+def test_imported_reports_are_reused_only_as_stale(tmp_path: Path) -> None:
+    """A results.json's board reports go into the cache under their own plan hash and HDL hash:
+    a run that does not build reuses the same-lanes report, marked stale with the current plan
+    hash (also when the memories changed since, ``fit_changed``); other lanes stay missing."""
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.host.flow import compile_design
+
+    board = get_board("ulx3s-85f")
+    plan = compile_design("mlp-digits", board=board).plan
+    lanes = [s.lanes for s in plan.stages]
+    old = {
+        "model": "mlp-digits",
+        "board": board.name,
+        "plan_hash": "1" * 16,
+        "lanes": lanes,
+        "fit": {"multipliers": {"needed": 1, "available": 156}},  # not today's fit rows
+        "status": "built",
+        "fits": True,
+        "fmax_mhz": 47.0,
+        "clock_mhz": 25,
+        "hdl_hash": "old",
+        "built_at": "2026-01-01 00:00:00",
+        "projected_samples_per_s": 1.0,  # a run's figure: not copied
+    }
+    nofit = {"model": "mlp-digits", "board": "icebreaker", "status": "no_fit_plan"}
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"models": [{"boards": {"u": old, "i": nofit}}]}))
+    assert board_cache.import_records(results, tmp_path) == [f"{'1' * 16}-{board.name}"]
+    assert board_cache.import_records(results, tmp_path) == []  # never overwrites
+    stored = json.loads((tmp_path / "boards" / f"{'1' * 16}-{board.name}.json").read_text())
+    assert "projected_samples_per_s" not in stored and stored["hdl_hash"] == "old"
+    rec = board_cache.board_result(
+        "mlp-digits", board.name, cache_dir=tmp_path, build=False, echo=lambda m: None
+    )
+    assert rec["fmax_mhz"] == 47.0 and rec["stale"] and rec["fit_changed"]
+    assert rec["plan_changed"] == plan.hash
+    assert "47.0 MHz (older HDL/plan, built 2026-01-01 00:00)" == bench._board_cell(rec)
+    stored["lanes"] = [1] * len(lanes)
+    (tmp_path / "boards" / f"{'1' * 16}-{board.name}.json").write_text(json.dumps(stored))
+    rec = board_cache.board_result(
+        "mlp-digits", board.name, cache_dir=tmp_path, build=False, echo=lambda m: None
+    )
+    assert rec["status"] == "missing"
