@@ -238,7 +238,7 @@ class LossUnit(wiring.Component):
         with m.If(v2):
             m.d.sync += E.eq(Mux(j2 == 0, 0, E) + _tree_sum(es))
 
-        # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (see _ce_phases)
+        # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
         div = _Divider(E, fe, fr, lp.div_bits)
 
         # out phase: e_j from the e memory at S1
