@@ -83,9 +83,9 @@ def test_more_classes_than_outputs_is_a_clear_error(tmp_path):
     [
         ({"x_train": np.zeros((4, 40))}, "lacks array(s) y_train, x_test, y_test"),
         (
-            {"x_train": np.zeros((4, 40, 2)), "y_train": np.zeros(4, int),
+            {"x_train": np.zeros((4, 40, 2, 1, 1)), "y_train": np.zeros(4, int),
              "x_test": np.zeros((2, 40)), "y_test": np.zeros(2, int)},
-            "x_train must be 2-D",
+            "x_train must be (samples, features), (samples, C, L) or (samples, C, H, W)",
         ),
         (
             {"x_train": np.zeros((4, 40)), "y_train": np.zeros(4),
