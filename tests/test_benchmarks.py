@@ -414,7 +414,26 @@ def test_peer_and_board_tables() -> None:
     assert "30,000 (0.942) |" in peers.replace("  ", " ")  # rule's η_B picked: no bracket
     assert "compiled_b1: 21.08×" in peers  # 2 M ÷ 94,877
     v = bench.verdict(res)
-    assert "21.1× the ulx3s-85f projection" in v and "1.32× its whole DSP ceiling" in v
+    assert "`compiled_b1`, trains 2,000,000 samples/s" in v
+    assert "21× the ulx3s-85f projection" in v and "1.3× its whole DSP ceiling" in v
+    assert "(1,514,563: above it)" in v and "icebreaker: does not fit" in v
+
+
+def test_the_fastest_cpu_peer_must_learn() -> None:
+    """torch_b128 at 90,000 samples/s with 0.10 accuracy is shown but not the CPU's best; the
+    best is the fastest peer within LEARN_MARGIN of torch_b1's accuracy."""
+    cpu = _fake_results()["models"][0]["cpu"]
+    assert bench.best_learning_peer(cpu) == ("compiled_b1", 2e6)
+    del cpu["compiled_b1"]
+    assert bench.best_learning_peer(cpu) == ("torch_b32", 30000.0)  # 0.942 ≥ 0.956 − 0.05
+    cpu["torch_b32"]["test_accuracy"] = 0.9
+    assert bench.best_learning_peer(cpu) == ("torch_b1", 1000.0)
+    res = _fake_results()
+    res["models"][0]["cpu"]["compiled_b1"]["test_accuracy"] = 0.5
+    m = bench.refresh_derived(res)["models"][0]
+    assert m["best_cpu_peer"] == "torch_b32"
+    assert m["boards"]["ulx3s-85f"]["vs_best_cpu"] == pytest.approx(50e6 / 527 / 30000)
+    assert "vs_best_cpu" not in m["boards"]["icebreaker"]
 
 
 def test_imported_reports_are_reused_only_as_stale(tmp_path: Path) -> None:
