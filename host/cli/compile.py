@@ -26,7 +26,6 @@ from typing import Any
 import click
 
 from ...compiler.build import PlanError
-from ...compiler.fit import check_fit
 from ...compiler.lanes import parse_lanes
 from ...compiler.report import plan_summary, stage_table, totals_text
 from ...compiler.targets import BOARDS, get_board
@@ -124,7 +123,7 @@ def compile_cmd(
         clock_hz=clock_mhz * 1e6,
     )
     plan = result.plan
-    fit = check_fit(plan, board) if board is not None else None
+    fit = result.fit
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     for n in result.formats.notes:
@@ -161,6 +160,8 @@ _FIT_LABELS = {
     "spram": "SPRAM",
     "memory_bits": "memory bits",
     "memory_block_bits": "block-RAM bits as mapped",
+    "bram_blocks": "block RAMs (link's included)",
+    "logic_cells": "logic cells (estimate)",
 }
 
 
