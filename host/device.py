@@ -656,13 +656,15 @@ class Device:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights as a ``state_dict`` of the original module (``name.weight`` (M, N),
         ``name.bias`` (M,)): the fixed-point weights ``w / 2^w.frac``, float32 when that is exact
-        (``w.bits ≤ 25``), else float64 — so :meth:`load_state_dict` round-trips exactly."""
+        (``w.bits ≤ 25``), else float64 — so :meth:`load_state_dict` round-trips exactly. Main
+        stages only: the auxiliary heads of local/interlocking learning are not in the original
+        module (they are in :meth:`memories`)."""
         self._check()
         if self.client is None:
             return self.trainer.state_dict()
         mem = self.memories()
         out = {}
-        for st in self.plan.stages:
+        for st in (s for s in self.plan.stages if s.role == "main"):
             fw = st.formats.w
             dtype = torch.float32 if fw.bits <= 25 else torch.float64
             wf = mem[st.name]["w"].to(torch.float64) * 2.0**-fw.frac
