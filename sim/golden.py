@@ -634,6 +634,12 @@ class GoldenModel:
                 raise GoldenError(f"stage {st.index} carries a loss that it does not reach")
             eng.main_loss = max(st.losses, key=lambda t: (delay[t], t))
             if plan.schedule == "pb":
+                listed = getattr(st, "streams", None)
+                if listed is not None and dict(listed) != delay:
+                    raise GoldenError(
+                        f"stage {st.index}: the plan's streams {listed} are not the tick "
+                        f"model's {tuple(delay.items())} (numerics §7.2)"
+                    )
                 want = delay[eng.main_loss]
                 if st.delay != want:
                     raise GoldenError(

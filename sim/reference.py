@@ -31,9 +31,13 @@ block comes from :func:`pipetrain.compiler.schedule.update_losses` (through
 :func:`~pipetrain.compiler.schedule.stage_layout` or the plan). The gradient of loss L_t runs
 back from its output to the first stage of the lowest block it updates; blocks on the way that
 L_t does not update pass it through (input gradients only). Per sample, the errors of all
-losses that update a stage are summed before its single update. *Derived choice*: every
-backward of sample n (update stream or pass-through stream) uses version n of each stage; every
-forward (main and head stages) uses version n − D_s with the stage's own D_s from the layout.
+losses that update a stage are summed before its single update. *Derived choice* (the tick
+model's causality, docs/numerics.md §7.2): every forward (main and head stages) uses version
+n − D_s with the stage's own D_s from the layout; the update and the backward of the stream
+that defines D_s use version n; a stream of loss L_t that reaches the stage earlier — a
+pass-through stream, or an earlier update loss under the ``sum`` rule — forms its input
+gradient with the version the stage holds when it arrives, n − (D_s − D_{s,t}) (clipped at
+the last flush), D_{s,t} = 2·(P_t − s) + 1 being that stream's delay.
 
 Updates, in velocity-in-weight-units form u = η·v (the form of ``docs/numerics.md`` §5, so the
 plan's constants are used directly)::
@@ -54,6 +58,7 @@ Gomez et al., "Interlocking Backpropagation", JMLR 2022, §3; the version bookke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -64,10 +69,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..compiler.config import ConfigError, TrainConfig
+from ..compiler.conv import ConvGeometry
 from ..compiler.enums import unknown
+from ..compiler.frontend import trace
 from ..compiler.models import ModelError
 from ..compiler.plan import Plan
 from ..compiler.schedule import lwp_horizon, spike_compensation, stage_layout
+from .heads import seeded_linear
+from .reference_conv import ConvStage, one_thread
 from .trainer import accuracy, stream_epochs
 
 __all__ = [
@@ -89,7 +98,14 @@ SUPPORTED_MODULES: tuple[type[nn.Module], ...] = (
     nn.Sigmoid,
     nn.Flatten,
     nn.Identity,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
 )
+_CONV_TYPES = (nn.Conv1d, nn.Conv2d)
 _ACT_TYPES = {nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
 _SUPPORTED_TEXT = "nn.Sequential of " + ", ".join(f"nn.{t.__name__}" for t in SUPPORTED_MODULES)
 
@@ -116,6 +132,8 @@ class StageSpec:
     activation: ``relu``, ``leaky_relu``, ``tanh``, ``sigmoid`` or ``identity``.
     negative_slope: LeakyReLU slope (0.0 otherwise).
     head: True for an auxiliary-head stage.
+    conv: a convolution stage's geometry, its pooling included (None for Linear; then
+        ``in_features`` / ``out_features`` are the values of one input / output sample).
     """
 
     name: str
@@ -125,6 +143,7 @@ class StageSpec:
     activation: str = "identity"
     negative_slope: float = 0.0
     head: bool = False
+    conv: ConvGeometry | None = None
 
 
 @dataclass(frozen=True)
@@ -212,11 +231,14 @@ def _flatten(module: nn.Module, prefix: str, out: list[tuple[str, nn.Module]]) -
             )
 
 
-def parse_model(model: nn.Module) -> list[tuple[StageSpec, nn.Linear]]:
+def parse_model(model: nn.Module) -> list[tuple[StageSpec, nn.Module]]:
     """Split ``model`` into stages: each Linear with the (at most one) activation after it.
 
     Nested ``nn.Sequential`` containers are flattened; ``Flatten`` and ``Identity`` are
-    no-ops on a sample that is already a vector (N,).
+    no-ops on a sample that is already a vector (N,). A model with ``Conv1d``/``Conv2d``
+    layers is read by the compiler's front end (:func:`pipetrain.compiler.frontend.trace`,
+    which gives each convolution its geometry: the input shape from ``model.input_shape`` or
+    inferred; it raises its ``CompileError``, a :class:`ModelError`).
 
     Raises :class:`UnsupportedModelError` for a model that is not an ``nn.Sequential`` (or a
     single ``nn.Linear``), a module type outside :data:`SUPPORTED_MODULES`, an activation
@@ -233,6 +255,17 @@ def parse_model(model: nn.Module) -> list[tuple[StageSpec, nn.Linear]]:
             f"module '(root)' is a {type(model).__module__}.{type(model).__name__}; the "
             f"reference trainer supports {_SUPPORTED_TEXT}"
         )
+    if any(type(mod) in _CONV_TYPES for _, mod in items):
+        modules = dict(model.named_modules())
+        ir = trace(model, type(model).__name__)
+        out = []
+        for ly in ir.layers:
+            mod = modules[ly.name]
+            bias = mod.bias is not None
+            act, slope = str(ly.activation), float(ly.negative_slope)
+            spec = StageSpec(ly.name, ly.in_features, ly.out_features, bias, act, slope)
+            out.append((dataclasses.replace(spec, conv=ly.conv), mod))
+        return out
     stages: list[list] = []  # [path, linear, activation, slope]
     for path, mod in items:
         if type(mod) is nn.Linear:
@@ -376,6 +409,18 @@ class _Stage:
         return Version(w, u, ver.w, ver.index + 1)
 
 
+class _ConvStage(ConvStage, _Stage):
+    """A convolution stage: the Linear stage's state and versions with the arithmetic of
+    :class:`~pipetrain.sim.reference_conv.ConvStage` (forward, δ, input gradient, update)."""
+
+    def __init__(
+        self, spec: StageSpec, rule: UpdateRule, delay: int, w: torch.Tensor, keep: int
+    ) -> None:
+        super().__init__(spec, rule, delay, w, keep)
+        assert spec.conv is not None
+        self.setup_conv(spec.conv)
+
+
 def loss_gradient(kind: str, z: torch.Tensor, label: int) -> torch.Tensor:
     """Return ∂L/∂z (C,) of one sample: cross-entropy p − onehot(y), or MSE 2(z − onehot)/C.
 
@@ -390,13 +435,6 @@ def loss_gradient(kind: str, z: torch.Tensor, label: int) -> torch.Tensor:
     t = torch.zeros_like(z)
     t[label] = 1.0
     return (z - t) * (2.0 / z.numel())
-
-
-def _seeded_linear(n_in: int, n_out: int, gen: torch.Generator, dtype: torch.dtype):
-    """nn.Linear's default init, U(−1/√N, 1/√N) for weights and bias, from ``gen``."""
-    bound = 1.0 / math.sqrt(n_in)
-    w = torch.rand(n_out, n_in + 1, generator=gen, dtype=torch.float64) * 2.0 - 1.0
-    return (w * bound).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -483,9 +521,11 @@ class ReferenceTrainer:
         per_head = len(head_roles) // (K - 1) if K > 1 else 0
         gen = torch.Generator().manual_seed(config.seed * 1000003 + 7919)
         init: list[torch.Tensor] = []
-        for spec, lin in parsed:
-            b = lin.bias.detach() if lin.bias is not None else torch.zeros(spec.out_features)
-            init.append(torch.cat((lin.weight.detach(), b.to(dtype)[:, None]), 1).clone())
+        for _, lin in parsed:
+            rows = lin.weight.shape[0]  # M, or a convolution's C_out (weight.view(C_out, -1))
+            b = lin.bias.detach() if lin.bias is not None else torch.zeros(rows)
+            wm = lin.weight.detach().reshape(rows, -1)
+            init.append(torch.cat((wm, b.to(dtype)[:, None]), 1).clone())
         for k in range(1, K):
             width = main_specs[ends[k - 1] - 1].out_features
             for h in range(1, per_head + 1):
@@ -494,7 +534,7 @@ class ReferenceTrainer:
                 if plan is not None:  # the plan's head activation wins (one source)
                     act = plan.stages[len(specs)].activation
                 specs.append(StageSpec("", width, n_out, True, act, 0.0, head=True))
-                init.append(_seeded_linear(width, n_out, gen, dtype))
+                init.append(seeded_linear(width, n_out, gen, dtype))
         if plan is not None:
             for i, (spec, pst) in enumerate(zip(specs, plan.stages, strict=False)):
                 if (spec.in_features, spec.out_features) != (pst.in_features, pst.out_features):
@@ -507,7 +547,9 @@ class ReferenceTrainer:
         self._roles = roles
         self.delays: tuple[int, ...] = tuple(r.delay for r in roles)
         self._st = [
-            _Stage(spec, rule, r.delay, w, self._keep(r.delay))
+            (_Stage if spec.conv is None else _ConvStage)(
+                spec, rule, r.delay, w, self._keep(r.delay)
+            )
             for spec, rule, r, w in zip(specs, rules, roles, init, strict=True)
         ]
         self._main = self._st[:S]
@@ -559,9 +601,20 @@ class ReferenceTrainer:
         return roles, rules
 
     def _backward_programs(self) -> dict[int, tuple[list[_Stage], list[tuple[int, bool]]]]:
-        """Per loss t: (head stages top-down, [(main stage index 0-based, updates?)…])."""
+        """Per loss t: (head stages top-down, [(main stage index 0-based, updates?)…]).
+
+        Also sets :attr:`_lag`: per (t, main stage index) how many versions older than the
+        newest the stream of L_t reads, D_s − D_{s,t} with D_{s,t} = 2·(P_t − s) + 1 the
+        stream's own delay (P_t: stages from the input to loss t, heads included) under
+        ``pb``, 0 under ``sequential`` — the version the stage holds when that stream
+        arrives in the tick model (docs/architecture.md §2.4, docs/numerics.md §7.2)."""
         K = self.num_losses
         S = len(self._main)
+        sequential = (self.plan.schedule if self.plan is not None else self.config.schedule) == (
+            "sequential"
+        )
+        per_head = (len(self._st) - S) // (K - 1) if K > 1 else 0
+        self._lag: dict[tuple[int, int], int] = {}
         progs = {}
         for t in range(1, K + 1):
             heads = list(reversed(self._heads[t - 1])) if t < K else []
@@ -573,6 +626,15 @@ class ReferenceTrainer:
                 top = self.block_ends[t - 1] if t < K else S
                 for s in range(top, first - 1, -1):
                     chain.append((s - 1, t in self._roles[s - 1].losses))
+                    P_t = self.block_ends[t - 1] + per_head if t < K else S
+                    lag = 0 if sequential else self._roles[s - 1].delay - (2 * (P_t - s) + 1)
+                    if lag < 0:
+                        raise ConfigError(
+                            f"stage {s} passes loss L{t} back {-lag} updates after its own "
+                            "delay; its stash cannot hold it (use fewer --head-stages or move "
+                            "the block boundary)"
+                        )
+                    self._lag[(t, s - 1)] = lag
             progs[t] = (heads, chain)
         return progs
 
@@ -584,7 +646,12 @@ class ReferenceTrainer:
     def train(
         self, x: torch.Tensor, y: torch.Tensor, epochs: int = 1, progress: bool = False
     ) -> None:
-        """Stream ``epochs`` passes over ``x`` (n, N), ``y`` (n,) in epoch order; then flush."""
+        """Stream ``epochs`` passes over ``x`` (n, N), ``y`` (n,) in epoch order; then flush
+        (a network with convolution stages on one torch thread, :func:`one_thread`)."""
+        if any(isinstance(st, _ConvStage) for st in self._st):
+            with one_thread():
+                stream_epochs(self, x, y, epochs, self.config.seed, progress)
+            return
         stream_epochs(self, x, y, epochs, self.config.seed, progress)
 
     def flush(self) -> None:
@@ -608,6 +675,10 @@ class ReferenceTrainer:
         d_acc: list[torch.Tensor | None] = [None] * n_st
         g_acc: list[torch.Tensor | None] = [None] * n_st
         gin_acc: list[torch.Tensor | None] = [None] * n_st
+        # every stream's own error and input gradient (pass-through streams included): the
+        # fixed-point formats hold each of them, not only the update streams' sum
+        streams_g: list[list[torch.Tensor]] = [[] for _ in range(n_st)]
+        streams_gin: list[list[torch.Tensor]] = [[] for _ in range(n_st)]
         head_x: dict[int, torch.Tensor] = {}
         K = self.num_losses
         for t in sorted(self.active_losses, reverse=True):
@@ -634,11 +705,17 @@ class ReferenceTrainer:
                 st = main[i]
                 _, _, z, a = cache[i]
                 d = st.delta(g, z, a)
+                if self.profile:
+                    streams_g[i].append(g)
                 if upd:
                     d_acc[i] = d if d_acc[i] is None else d_acc[i] + d
                     g_acc[i] = g if g_acc[i] is None else g_acc[i] + g
-                if c + 1 < len(chain):
-                    g = st.input_grad(st.current.w, d)
+                if c + 1 < len(chain):  # the version the stage holds when this stream arrives
+                    lag = self._lag[(t, i)]
+                    ver = st.queue[-1 - lag] if len(st.queue) > lag else st.queue[0]
+                    g = st.input_grad(ver.w, d)
+                    if self.profile:
+                        streams_gin[i].append(g)
                     if upd:
                         gin_acc[i] = g if gin_acc[i] is None else gin_acc[i] + g
         vals: list[torch.Tensor] | None = [] if self.profile else None
@@ -656,7 +733,9 @@ class ReferenceTrainer:
             st.queue.append(new)
             if vals is not None and i < S:
                 h_in, _, z, a = cache[i]
-                self._record(vals, h_in, z, a, g_acc[i], gin_acc[i], new, d, x_aug)
+                g_all = [t for t in (g_acc[i], *streams_g[i]) if t is not None]
+                gin_all = [t for t in (gin_acc[i], *streams_gin[i]) if t is not None]
+                self._record(vals, h_in, z, a, g_all, gin_all, new, d, x_aug)
         if vals is not None:  # one stack and one max per sample for all stages
             torch.maximum(self._acc, torch.stack(vals).view(S, 8), out=self._acc)
         self.samples_trained += 1
@@ -673,7 +752,9 @@ class ReferenceTrainer:
             self._acc[i, 6] = float(st.current.u.abs().max())
 
     def _record(self, vals: list[torch.Tensor], x, z, a, g, gin, new: Version, d, x_aug) -> None:
-        """Append one main stage's 8 max-|value| scalars (order of :attr:`_acc`) to ``vals``."""
+        """Append one main stage's 8 max-|value| scalars (order of :attr:`_acc`) to ``vals``;
+        ``g`` / ``gin``: the error at the output and the input gradient, as lists of tensors
+        (the update streams' sum and every stream's own, pass-through streams included)."""
         inf = math.inf
         nrm = torch.linalg.vector_norm
         zero = self._zero
@@ -682,8 +763,8 @@ class ReferenceTrainer:
             nrm(x, inf),
             nz,
             nz if a is z else nrm(a, inf),
-            zero if g is None else nrm(g, inf),
-            zero if gin is None else nrm(gin, inf),
+            max((nrm(t, inf) for t in g), default=zero),
+            max((nrm(t, inf) for t in gin), default=zero),
             nrm(new.w, inf),
             nrm(new.u, inf),
             nrm(d, inf) * nrm(x_aug, inf),
@@ -720,6 +801,9 @@ class ReferenceTrainer:
         h = x.to(self.dtype)
         for st in self._main:
             w = st.current.w
+            if isinstance(st, _ConvStage):
+                h = st.predict_batch(w, h)
+                continue
             z = torch.addmm(w[:, st.n], h, w[:, : st.n].t())
             act = st.spec.activation
             if act == "relu":
@@ -750,9 +834,10 @@ class ReferenceTrainer:
         for (path, lin), st in zip(self._linears, self._main, strict=True):
             w = st.current.w
             pre = f"{path}." if path else ""
-            out[pre + "weight"] = w[:, : st.n].clone().to(lin.weight.dtype)
+            cols = st.cols if isinstance(st, _ConvStage) else st.n
+            out[pre + "weight"] = w[:, :cols].reshape(lin.weight.shape).clone().to(lin.weight.dtype)
             if lin.bias is not None:
-                out[pre + "bias"] = w[:, st.n].clone().to(lin.bias.dtype)
+                out[pre + "bias"] = w[:, cols].clone().to(lin.bias.dtype)
         return out
 
     def head_weights(self) -> list[torch.Tensor]:

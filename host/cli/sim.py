@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ...compiler.lanes import parse_lanes
 from ...compiler.targets import BOARDS, BoardError, get_board
+from ...hdl.support import require_hdl
 from ...hdl.synth import family_board, yosys_command
 from ...sim.harness import RTLSimError, check_toolchain, check_waves
 from ...sim.postsynth import build_postsynth_network
@@ -41,7 +43,7 @@ from ...sim.stimulus import plan_samples
 from ...sim.tb.network import check_network, network_cached
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import hidden_option, simulator_option
+from .options import config_options, config_overrides, hidden_option, simulator_option
 
 __all__ = ["sim_command"]
 
@@ -124,6 +126,7 @@ def _cells_line(cells: dict[str, int]) -> str:
     default=None,
     help="Compile the plan fitted to this board (and, with --post-synth, its synthesis options).",
 )
+@config_options("lwp_form", "strategy", "distance", "rule", "blocks", "head_stages")
 @simulator_option
 @json_option
 @user_errors
@@ -144,9 +147,12 @@ def sim_command(
     board_name: str | None,
     simulator: str,
     json_out: str | None,
+    **training: Any,
 ) -> None:
     """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
-    model."""
+    model. The training options (``--strategy --blocks --distance --rule --head-stages
+    --mitigation --lwp-form``, with ``--schedule`` and ``--rounding``) shape the plan as they
+    do for ``pipetrain train``."""
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     wave_kind = None if waves is None else ("fst" if waves.endswith(".fst") else "vcd")
     check_waves(simulator, wave_kind)  # FST without lz4/zlib: named here, not in a make log
@@ -161,6 +167,8 @@ def sim_command(
             )
         yosys_command()  # a missing Yosys is reported before anything is compiled
     overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides |= config_overrides(training)  # checked, as for train (nothing built yet)
     lane_list = parse_lanes(lanes) if lanes else None
     result = compile_design(
         model,
@@ -173,6 +181,7 @@ def sim_command(
         writers=(),
     )
     plan, module = result.plan, result.model
+    require_hdl(plan)  # before anything is built or written
     x, y = plan_samples(plan, samples, data, seed)
     design, synth = None, None
     if synth_board is None:
