@@ -15,6 +15,13 @@ such a perturbation grows until the two float runs end on different weights, so 
 between the two float runs (``float_gap_pp``) shows how far any change of the arithmetic moves
 one seed's accuracy by chance; the golden-vs-float gap is to be read against it.
 
+``--streams K`` (default 1) also averages each seed over K runs of either side: the golden
+model with the plan's LFSR seeds and K − 1 other sets (``lfsr_seeds(seed + 1000·k, …)``: only
+the stochastic rounding's random numbers change), the float reference from the initial weights
+and from K − 1 starts perturbed uniformly by at most one LSB of the stage's ``w`` format
+(seeded). ``stream_gap_pp`` is the float mean minus the golden mean: the gap of the expected
+accuracies at that seed, without one random stream's luck.
+
 Data sets (:data:`SETS`): scikit-learn's digits, and sets of our own making from
 ``sklearn.datasets.make_classification`` (fixed ``random_state``, 80/20 stratified split):
 ``wide`` (40 features → 100, 100 → 10 classes: the issue's shape), ``deep`` (20 features → 64,
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -36,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pipetrain.compiler.build import lfsr_seeds
 from pipetrain.data import Dataset, load_digits
 from pipetrain.host.device import local_trainer
 from pipetrain.host.flow import compile_design
@@ -101,8 +110,30 @@ def make_dataset(name: str, spec: Synthetic) -> Dataset:
     return Dataset(name, t[0].float(), t[1].long(), t[2].float(), t[3].long())
 
 
-def check(name: str, seed: int) -> dict[str, Any]:
-    """One data set × seed: golden and reference test accuracy, gap (pp), saturations."""
+def _streams(r: Any, ds: Dataset, epochs: int, seed: int, k: int) -> tuple[float, float]:
+    """Test accuracy of the golden model with the ``k``-th other LFSR seeds and of the float
+    reference from the ``k``-th perturbed start (module docstring, ``--streams``)."""
+    stages = tuple(
+        dataclasses.replace(s, lfsr_seeds=lfsr_seeds(seed + 1000 * k, s.index, s.lanes))
+        for s in r.plan.stages
+    )
+    g = local_trainer("golden", dataclasses.replace(r.plan, stages=stages), r.model, r.config)
+    g.train(ds.x_train, ds.y_train, epochs=epochs)
+    start = copy.deepcopy(r.model)
+    gen = torch.Generator().manual_seed(1234 + 1000 * seed + k)
+    linears = [m for m in start.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for lin, st in zip(linears, r.plan.main_stages, strict=True):
+            for p in lin.parameters():
+                p.add_((torch.rand(p.shape, generator=gen) * 2 - 1) * 2.0**-st.formats.w.frac)
+    f = local_trainer("reference", r.plan, start, r.config)
+    f.train(ds.x_train, ds.y_train, epochs=epochs)
+    return g.evaluate(ds.x_test, ds.y_test), f.evaluate(ds.x_test, ds.y_test)
+
+
+def check(name: str, seed: int, streams: int = 1) -> dict[str, Any]:
+    """One data set × seed: golden and reference test accuracy, gap (pp), saturations; with
+    ``streams`` > 1 also both sides' means over that many random streams / starts."""
     spec = SETS[name]
     if spec is None:
         ds, (hidden, epochs) = load_digits(), DIGITS
@@ -129,6 +160,11 @@ def check(name: str, seed: int) -> dict[str, Any]:
         if isinstance(tr, GoldenModel):
             golden = tr
     assert golden is not None
+    runs = [(acc["golden"], acc["reference"])] + [
+        _streams(r, ds, epochs, seed, k) for k in range(1, streams)
+    ]
+    g_mean = float(np.mean([a for a, _ in runs]))
+    f_mean = float(np.mean([b for _, b in runs]))
     return {
         "set": name,
         "seed": seed,
@@ -139,6 +175,10 @@ def check(name: str, seed: int) -> dict[str, Any]:
         "gap_pp": 100 * (acc["reference"] - acc["golden"]),
         "reference_qstart": acc["qstart"],
         "float_gap_pp": 100 * (acc["reference"] - acc["qstart"]),
+        "streams": streams,
+        "golden_streams": [a for a, _ in runs],
+        "reference_starts": [b for _, b in runs],
+        "stream_gap_pp": 100 * (f_mean - g_mean),
         "saturations": golden.saturations,
         "tensor_saturations": golden.tensor_saturations,
         "input_saturations": golden.input_saturations,
@@ -178,6 +218,14 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"**{100 * (f - g):+.2f}** | {q:.4f} | {100 * (f - q):+.2f} (sd {spread:.2f}) | "
             f"{sum(r['saturations'] for r in sel)} in all |"
         )
+        if sel[0]["streams"] > 1:
+            gaps = [r["stream_gap_pp"] for r in sel]
+            out.append(
+                f"| **{name}** {sel[0]['streams']} streams per seed | golden/float means | "
+                f"{np.mean([np.mean(r['golden_streams']) for r in sel]):.4f} | "
+                f"{np.mean([np.mean(r['reference_starts']) for r in sel]):.4f} | "
+                f"**{np.mean(gaps):+.2f}** | per seed {' '.join(f'{v:+.2f}' for v in gaps)} | | |"
+            )
     return "\n".join(out)
 
 
@@ -186,17 +234,25 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     ap.add_argument("--sets", default=",".join(SETS), help="comma-separated data sets")
     ap.add_argument("--json", default=None, help="write the rows to this file")
+    ap.add_argument(
+        "--streams", type=int, default=1, help="runs per seed and side (random streams, starts)"
+    )
     args = ap.parse_args()
     rows = []
     for name in args.sets.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            row = check(name, seed)
+            row = check(name, seed, args.streams)
             rows.append(row)
+            more = (
+                f"; {args.streams} streams {row['stream_gap_pp']:+.2f} pp"
+                if args.streams > 1
+                else ""
+            )
             print(
                 f"{name:9} seed {seed}: golden {row['golden']:.4f} reference "
                 f"{row['reference']:.4f} gap {row['gap_pp']:+.2f} pp (float-float "
                 f"{row['float_gap_pp']:+.2f}), saturations "
-                f"{row['saturations']} ({row['wall_s']:.0f} s)",
+                f"{row['saturations']} ({row['wall_s']:.0f} s){more}",
                 flush=True,
             )
     print(table(rows))
