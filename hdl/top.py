@@ -43,6 +43,7 @@ from .streams import (
     wacc_rsp_layout,
     word_layout,
 )
+from .support import require_hdl
 from .tick import TickController
 from .wacc import AccessGeometry, WeightAccess
 
@@ -63,7 +64,9 @@ def check_supported(plan: Plan) -> None:
     build: a stage updated by several losses (the interlocking ``sum`` rule), auxiliary heads
     under ``sequential``, a stage the stage parts do not build (an unknown activation:
     :func:`~pipetrain.hdl.stage.check_stage`), or a schedule other than ``pb``/``sequential``.
-    Local learning and interlocking with the ``only`` rule (pass-through streams) are built."""
+    Local learning and interlocking with the ``only`` rule (pass-through streams) are built. A
+    convolution stage raises :class:`~pipetrain.hdl.support.HDLSupportError` (a UserError)."""
+    require_hdl(plan)
     if getattr(plan, "head_losses", ()) and plan.schedule != "pb":
         raise NotImplementedError(
             f"strategy {plan.strategy!r} under schedule {plan.schedule!r}: auxiliary heads are "
