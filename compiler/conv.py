@@ -26,6 +26,7 @@ __all__ = [
     "ConvGeometry",
     "conv_cycles",
     "conv_geometry",
+    "p_sum_bits",
     "pool_scale",
 ]
 
@@ -196,6 +197,15 @@ def conv_geometry(
         pool_scale=scale,
         pool_shift=shift,
     )
+
+
+def p_sum_bits(conv: ConvGeometry | None) -> int:
+    """Extra bits of a stage's weight gradient P over one product δ·x: 0 for Linear (None),
+    ⌈log2 P⌉ for a convolution, whose P sums the products of its P output positions
+    (docs/numerics.md §9.2; ``UpdateConstants.sum_bits`` counts them)."""
+    if conv is None or conv.positions < 2:
+        return 0
+    return (conv.positions - 1).bit_length()
 
 
 def conv_cycles(g: ConvGeometry, lanes: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from .build import (
     stage_slots,
 )
 from .config import TrainConfig
+from .conv import p_sum_bits
 from .ir import NetworkIR
 from .plan import QFormat
 
@@ -173,7 +174,12 @@ def formats_from_ranges(
     slots = stage_slots(ir, config)
     for s in range(S):  # keep the update sum within 62 bits (numerics.md §5)
         delay = slots[s].delay
-        while _update_constants(config, delay, xs[s], ds[s], ws[s], us[s]).sum_bits > MAX_SUM_BITS:
+        extra = p_sum_bits(getattr(slots[s], "conv", None))  # a conv's P sums positions
+        more = {"p_sum_bits": extra} if extra else {}
+        while (
+            _update_constants(config, delay, xs[s], ds[s], ws[s], us[s], **more).sum_bits
+            > MAX_SUM_BITS
+        ):
             ds[s] = QFormat(ds[s].bits, ds[s].frac - 1)
             if _int_bits(ds[s]) > DATA_BITS:
                 raise PlanError(
