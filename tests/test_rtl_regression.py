@@ -74,7 +74,7 @@ def test_smoke_case_bit_exact(case):
     _check_reproducibly(case, f'pytest "{HERE}::test_smoke_case_bit_exact[{case.name}]"')
 
 
-@pytest.mark.parametrize("name", ["d4-local-h2"])
+@pytest.mark.parametrize("name", ["d4-local-h2", "d5-inter-d1"])
 def test_heads_bit_exact_under_backpressure(name):
     """The local and interlocking smoke designs (their builds are cached by the smoke cases)
     with random valid/ready on every stream: results, memories, counters and head_correct stay

@@ -19,9 +19,11 @@ from typing import Any
 import click
 
 from ...compiler.build import PlanError
-from ...compiler.fit import check_fit, plan_totals
+from ...compiler.fit import logic_cells, plan_totals
 from ...compiler.lanes import parse_lanes
 from ...compiler.targets import BOARDS, BoardError, get_board
+from ...hdl.shell import board_shell
+from ...hdl.support import require_hdl
 from ..bitstream import build_board, deploy_bitstream
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
@@ -106,10 +108,19 @@ def build_cmd(
             writers=(),
         )
         plan = result.plan
-        fit = check_fit(plan, board)
+        fit = result.fit
+        require_hdl(plan)  # before anything is built or written
         # plan.multipliers counts datapath multiplications (shift-add constants too, the loss
         # unit not); plan.hard_multipliers = fit.multipliers.needed: DSP blocks (docs/boards.md)
-        meta |= {"plan_hash": plan.hash, "plan": plan_totals(plan, board), "fit": fit}
+        totals = plan_totals(plan, board, board_shell)
+        meta |= {
+            "plan_hash": plan.hash,
+            "lanes": [s.lanes for s in plan.stages],
+            "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
+            "plan": totals,
+            "fit": fit,
+            "estimate": logic_cells(plan, board),
+        }
         core = lambda f: network_core(plan, clock_hz=f)  # noqa: E731
     design = "loopback" if loopback else Path(str(model)).stem
     out = out_dir or os.path.join("build", f"{design}-{board.name}")

@@ -26,8 +26,8 @@ value), so a board built with ``pipetrain build MODEL`` accepts any number of ep
 ``--json FILE`` gets ``{"target", "model", "test_accuracy", "float_test_accuracy",
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
-"stage_saturations", "tensor_saturations", "tensor_saturations_source", "input_saturations",
-"epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
+"stage_saturations", "head_online_accuracy", "tensor_saturations", "tensor_saturations_source",
+"input_saturations", "epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
 "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1] (``float_test_accuracy``: the
 device's weights loaded into the original module, evaluated by PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
@@ -37,6 +37,9 @@ samples the host streamed (``samples`` is the same number), ``device_samples`` t
 model on the same stream (null for other targets, and ``mismatches`` empty); ``retransmits``
 counts link frames sent again (null for ``golden`` and ``reference``, which have no link);
 ``saturations`` are the fixed-point saturation counters (0 for ``reference``, float);
+``head_online_accuracy`` (local learning on a link target, else null): per auxiliary head
+L_1 … L_{K−1}, the fraction of the training stream its loss unit predicted right (the device's
+``head_correct`` counters, read after training);
 ``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
 table. The printed summary shows only the lines that apply to the target.
 
@@ -119,6 +122,9 @@ def _check_sizes(result: CompileResult, ds: Dataset) -> None:
         f"; give data of the model's shape with --data FILE.npz (x_train: (n, "
         f"{plan.in_features})), or use model 'mlp', which sizes the network from the data"
     )
+    wrong = ds.mismatch(plan.input_shape, result.name)
+    if wrong and (len(plan.input_shape) > 1 or len(ds.shape) > 1):  # feature maps: both shapes
+        raise PlanError(wrong)
     if ds.features != plan.in_features:
         raise PlanError(
             f"data {ds.name!r} has {ds.features} features but model {result.name!r} takes "
@@ -131,11 +137,16 @@ def _check_sizes(result: CompileResult, ds: Dataset) -> None:
         )
 
 
-def _float_accuracy(model: nn.Module, state: dict[str, torch.Tensor], ds: Dataset) -> float:
-    """Accuracy of ``model`` with ``state`` loaded (strict), evaluated by PyTorch in float."""
+def _float_accuracy(
+    model: nn.Module, state: dict[str, torch.Tensor], ds: Dataset, shape: tuple[int, ...] = ()
+) -> float:
+    """Accuracy of ``model`` with ``state`` loaded (strict), evaluated by PyTorch in float; the
+    flat test samples are viewed as ``shape`` (a CNN's (C, L) / (C, H, W), the IR's
+    ``input_shape``) first."""
     model.load_state_dict(state)
+    x = ds.x_test.reshape(len(ds.x_test), *shape) if shape else ds.x_test
     with torch.no_grad():
-        out = model(ds.x_test.to(next(model.parameters()).dtype))
+        out = model(x.to(next(model.parameters()).dtype))
     return accuracy(out.argmax(dim=1), ds.y_test)
 
 
@@ -199,6 +210,9 @@ def run_training(
             checkpoint_every=checkpoint_every,
             resume=resume,
         )
+        # the heads' loss units count their correct predictions (link targets, docs/ports.md);
+        # read before the evaluation streams more samples through them
+        heads_correct = dev.counters().get("head_correct") if result.plan.head_losses else None
         test_acc = dev.evaluate(ds.x_test, ds.y_test)
         train_acc = dev.evaluate(ds.x_train, ds.y_train)
         counters = dev.counters()
@@ -219,7 +233,7 @@ def run_training(
         "target": target,
         "model": result.name,
         "test_accuracy": test_acc,
-        "float_test_accuracy": _float_accuracy(result.model, state, ds),
+        "float_test_accuracy": _float_accuracy(result.model, state, ds, result.ir.input_shape),
         "train_accuracy": train_acc,
         "online_accuracy": rep.accuracy,
         "train_samples": rep.samples,
@@ -232,6 +246,9 @@ def run_training(
         "retransmits": retransmits if target not in LOCAL_TARGETS else None,
         "saturations": sum(sats),
         "stage_saturations": sats,
+        "head_online_accuracy": (
+            None if not heads_correct else [c / max(rep.samples, 1) for c in heads_correct]
+        ),
         **per_tensor,
         "epochs": epochs,
         "board": board,
@@ -257,7 +274,8 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
     counts per stage only, and the shadow equals it stage by stage when ``bit_exact``).
 
     Returns ``{"tensor_saturations": [{"stage": "1", "y", "gin", "u", "w", "total"}, …,
-    {"stage": "loss", "d", "total"}] or None, "tensor_saturations_source": "golden" |
+    {"stage": "loss", "d", "total"}] or None (with auxiliary heads one ``loss L<t>`` row per
+    loss unit, the true loss first), "tensor_saturations_source": "golden" |
     "golden shadow" | None, "input_saturations": input values clamped by the host's
     quantisation, summed over streamed samples (golden target only, else None)}``; each
     ``total`` is the stage's entry of ``stage_saturations`` below 2^32.
@@ -270,8 +288,10 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
             "input_saturations": None,
         }
     rows: list[dict[str, Any]] = []
+    K = getattr(g, "K", 1)  # loss units: the true loss, then the heads' L_1 … L_{K−1}
+    losses = ["loss"] if K == 1 else [f"loss L{K}", *(f"loss L{t}" for t in range(1, K))]
     for k, counts in enumerate(g.tensor_saturations, start=1):
-        name = str(k) if k <= g.S else "loss"
+        name = str(k) if k <= g.S else losses[k - g.S - 1]
         rows.append({"stage": name, **counts, "total": sum(counts.values())})
     own = g is dev.trainer
     return {
@@ -447,6 +467,12 @@ def train_cmd(
         lines.append(f"bit_exact: {str(bit).lower()} (against the golden model)")
     if link:
         lines.append(f"retransmits: {report['retransmits']}, saturations: {report['saturations']}")
+    heads = report.get("head_online_accuracy")
+    if heads:
+        lines.append(
+            "head accuracy during training (the heads' loss units): "
+            + ", ".join(f"L{k} {a:.4f}" for k, a in enumerate(heads, start=1))
+        )
     elif target == "golden":
         lines.append(f"saturations: {report['saturations']}")
     lines += saturation_table(report)

@@ -210,6 +210,17 @@ SMOKE_CASES: tuple[Case, ...] = (
         seed=6,
     ),
     Case(
+        "d5-inter-d1",  # interlocking d=1 (K=3): stages 2, 3 pass L2 back to stage 1 (L2's
+        # stream arrives two ticks before their L3 update stream)
+        (7, 6, 6, 5, 5, 4),
+        (2, 3, 1, 2, 2),
+        strategy="interlocking",
+        blocks=(1, 3),
+        distance=1,
+        samples=20,
+        seed=2,
+    ),
+    Case(
         "d2-identity-rne",
         (5, 4, 3),
         (4, 3),
