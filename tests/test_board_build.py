@@ -47,10 +47,12 @@ def test_loopback_bitstream_builds(name: str, monkeypatch: pytest.MonkeyPatch) -
         assert b"\x7e\xaa\x99\x7e" in head
     else:
         assert head[:2] == b"\xff\x00"
-    # The loopback runs at the board clock with ample margin (measured: iCE40 ≈ 27 MHz,
-    # ECP5 ≈ 190 MHz) and uses a few hundred LUTs, no multipliers.
+    # The loopback meets the board's network clock (the PLL's: 16.875 MHz iCE40, 50 MHz ECP5)
+    # with the margin the build asks of every design (CLOCK_MARGIN; measured with the PLL:
+    # iCE40 19.1 MHz = 1.13×; before the PLL, at the 12 MHz oscillator, ≈ 27 MHz) and uses a
+    # few hundred LUTs, no multipliers.
     assert r["clock_mhz"] == pytest.approx(board.clock_hz / 1e6, rel=1e-3)
-    assert r["timing_met"] and r["fmax_mhz"] > 1.5 * r["clock_mhz"]
+    assert r["timing_met"] and r["fmax_mhz"] >= (1 + CLOCK_MARGIN) * r["clock_mhz"]
     u = r["utilization"]
     assert 100 < u["luts"]["used"] < 1000 and u["luts"]["available"] == board.luts
     assert 30 < u["ffs"]["used"] < 1000
