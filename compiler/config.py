@@ -101,7 +101,15 @@ class TrainConfig:
                 f"{self.strategy.value}): the rule says which losses an interlocking block sums"
             )
         if self.head_stages < 1:
-            raise ConfigError(f"head_stages must be ≥ 1, got {self.head_stages}")
+            raise ConfigError(
+                f"--head-stages {self.head_stages}: an auxiliary head needs ≥ 1 stage"
+            )
+        if self.strategy == Strategy.GLOBAL and (self.blocks or self.head_stages != 1):
+            opt = "--blocks" if self.blocks else "--head-stages"
+            raise ConfigError(
+                f"{opt} applies to --strategy local or interlocking, and the strategy is global "
+                f"(the default): add --strategy local or --strategy interlocking, or drop {opt}"
+            )
         if self.epochs < 1:
             raise ConfigError(f"epochs must be ≥ 1, got {self.epochs}")
         object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))

@@ -43,7 +43,7 @@ from .streams import (
     wacc_rsp_layout,
     word_layout,
 )
-from .support import require_hdl
+from .support import HDLSupportError, require_hdl
 from .tick import TickController
 from .wacc import AccessGeometry, WeightAccess
 
@@ -60,22 +60,26 @@ __all__ = [
 
 
 def check_supported(plan: Plan) -> None:
-    """Raise NotImplementedError (with the reason and the way out) for a plan the HDL does not
-    build: a stage updated by several losses (the interlocking ``sum`` rule), auxiliary heads
-    under ``sequential``, a stage the stage parts do not build (an unknown activation:
-    :func:`~pipetrain.hdl.stage.check_stage`), or a schedule other than ``pb``/``sequential``.
-    Local learning and interlocking with the ``only`` rule (pass-through streams) are built. A
-    convolution stage raises :class:`~pipetrain.hdl.support.HDLSupportError` (a UserError)."""
+    """Raise :class:`~pipetrain.hdl.support.HDLSupportError` (a UserError and a
+    NotImplementedError: one ``Error:`` line on the command line) with the reason and the way
+    out for a plan the HDL does not build: a convolution stage, a stage updated by several
+    losses (the interlocking ``sum`` rule), auxiliary heads under ``sequential``; a plain
+    NotImplementedError for a stage the stage parts do not build (an unknown activation:
+    :func:`~pipetrain.hdl.stage.check_stage`) or a schedule other than ``pb``/``sequential``.
+    Local learning and interlocking with the ``only`` rule (pass-through streams) are built."""
     require_hdl(plan)
-    if getattr(plan, "head_losses", ()) and plan.schedule != "pb":
-        raise NotImplementedError(
-            f"strategy {plan.strategy!r} under schedule {plan.schedule!r}: auxiliary heads are "
-            "built for schedule 'pb' only; use --schedule pb"
+    strategy = getattr(plan.strategy, "value", plan.strategy)
+    schedule = getattr(plan.schedule, "value", plan.schedule)
+    if getattr(plan, "head_losses", ()) and schedule != "pb":
+        raise HDLSupportError(
+            f"--strategy {strategy} with --schedule {schedule}: the HDL builds auxiliary heads "
+            "for --schedule pb only; use --schedule pb, or --target golden or reference"
         )
     many = [s.index for s in plan.stages if len(s.losses) > 1]
     if many:
-        raise NotImplementedError(
-            f"rule {plan.rule!r}: stage {many[0]} is updated by several losses (the δ of each "
+        raise HDLSupportError(
+            f"--rule {getattr(plan.rule, 'value', plan.rule)}: stage {many[0]} is updated by "
+            "several losses (the δ of each "
             "must wait for the last), which the HDL does not build yet; use --rule only for "
             "hardware (golden and reference run the sum rule)"
         )

@@ -278,6 +278,10 @@ def _cli(args, cwd, monkeypatch):
         (["--rule", "sum"], "--rule sum needs --strategy interlocking"),
         (["--strategy", "local", "--blocks", "2", "--rule", "sum"], "--rule applies to"),
         (["--strategy", "global", "--blocks", "2"], "--blocks applies to --strategy local or"),
+        # without --strategy the default global cannot use them either (they were ignored)
+        (["--blocks", "2"], "--blocks applies to --strategy local or interlocking"),
+        (["--head-stages", "2"], "--head-stages applies to --strategy local or interlocking"),
+        (["--strategy", "local", "--blocks", "2", "--head-stages", "0"], "--head-stages 0"),
         (["--strategy", "local", "--blocks", "2", "--distance", "1"], "--distance applies to"),
         (
             ["--strategy", "interlocking", "--blocks", "5,6,7", "--head-stages", "2"],
@@ -361,3 +365,27 @@ def test_train_golden_with_interlocking_and_sim_takes_the_options(tmp_path, monk
     assert bad.exit_code == 2 and "--blocks 3,2: block boundaries must be" in bad.stderr
     bad = _cli(["sim", "mlp-digits", "--rule", "sum", "--lwp-form", "w"], tmp_path, monkeypatch)
     assert bad.exit_code == 2 and "--rule sum needs --strategy interlocking" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--strategy", "interlocking", "--blocks", "2,4,6", "--rule", "sum"], "--rule sum: stage"),
+        (
+            ["--strategy", "local", "--blocks", "2", "--schedule", "sequential"],
+            "--strategy local with --schedule sequential: the HDL builds auxiliary heads",
+        ),
+    ],
+)
+def test_strategies_the_hdl_does_not_build_are_one_error_line(tmp_path, monkeypatch, args, needle):
+    """``sim`` on a plan the HDL does not build (the sum rule, heads under sequential) is one
+    ``Error:`` line naming the way out, exit 2, before any RTL build — it was an 'Internal
+    error: NotImplementedError' (exit 1) with enum reprs in the message."""
+    res = _cli(
+        ["sim", "mlp-digits-deep8", *args, "--samples", "2"],
+        tmp_path,
+        monkeypatch,
+    )
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and "Traceback" not in res.output
+    assert "Internal error" not in res.output and "<Rule." not in res.output
