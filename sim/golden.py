@@ -347,17 +347,21 @@ class _StageEngine:
         acc = xb @ self.w_hat(predict).T
         z = self._clamp(rhu(acc, self.k_fwd), self.fy, "y")
         mask = z > 0
+        return z, self.activate(z, mask), mask
+
+    def activate(self, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """a = f(z) (same shape) with ``mask`` = ``z > 0`` (numerics §3): ReLU, LeakyReLU
+        (rhu(z·slope)), identity, tanh/sigmoid (the plan's LUT). Shared by the Linear and the
+        convolution engines (:mod:`~pipetrain.sim.golden_conv`)."""
         if self.act == "relu":
-            a = z.clamp_min(0)
-        elif self.act == "leaky_relu":
-            a = torch.where(mask, z, rhu(z * self.slope[0], self.slope[1]))
-        elif self.act == "identity":
-            a = z
-        elif self.act in ("tanh", "sigmoid"):
-            a = lut_forward(z, self.lut, self.fy.frac)
-        else:
-            unknown(self.act, "activation")
-        return z, a, mask
+            return z.clamp_min(0)
+        if self.act == "leaky_relu":
+            return torch.where(mask, z, rhu(z * self.slope[0], self.slope[1]))
+        if self.act == "identity":
+            return z
+        if self.act in ("tanh", "sigmoid"):
+            return lut_forward(z, self.lut, self.fy.frac)
+        unknown(self.act, "activation")
 
     # -- backward and update (numerics §5) ---------------------------------------------------
     def _randoms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -398,6 +402,12 @@ class _StageEngine:
         mask = self.stash[sid][1]
         if self.act in ("tanh", "sigmoid"):
             return lut_derivative(self.act, mask, g, self.fy.frac)
+        return self.masked_derivative(mask, g)
+
+    def masked_derivative(self, mask: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """δ = f′(z)·g (same shape) for ReLU, LeakyReLU (rhu(g·slope) where the mask is off)
+        and identity, from the stashed ``mask`` = ``z > 0`` (numerics §5.1). Shared by the
+        Linear and the convolution engines."""
         if self.act == "relu":
             return torch.where(mask, g, 0)
         if self.act == "leaky_relu":

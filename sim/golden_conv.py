@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from ..compiler.conv import ConvGeometry
-from ..compiler.enums import unknown
 from ..compiler.plan import Plan, Stage
 from .fixed import rhu
 from .golden import GoldenError, _StageEngine
@@ -120,14 +119,7 @@ class ConvEngine(_StageEngine):
         acc = torch.matmul(self.w_hat(predict), X)  # (n, C_out, P)
         z = self._clamp(rhu(acc, self.k_fwd), self.fy, "y")
         mask = z > 0
-        if self.act == "relu":
-            a = z.clamp_min(0)
-        elif self.act == "leaky_relu":
-            a = torch.where(mask, z, rhu(z * self.slope[0], self.slope[1]))
-        elif self.act == "identity":
-            a = z
-        else:
-            unknown(self.act, "activation after a convolution")
+        a = self.activate(z, mask)
         g = self.conv
         arg = None
         if g.pool == "none":
@@ -162,13 +154,7 @@ class ConvEngine(_StageEngine):
             else:
                 share = rhu(g2 * geo.pool_scale, geo.pool_shift)
                 e[:, self.win.reshape(-1)] = share.repeat_interleave(geo.window, dim=1)
-        if self.act == "relu":
-            return torch.where(mask, e, 0)
-        if self.act == "leaky_relu":
-            return torch.where(mask, e, rhu(e * self.slope[0], self.slope[1]))
-        if self.act == "identity":
-            return e
-        unknown(self.act, "activation after a convolution")
+        return self.masked_derivative(mask, e)
 
     def input_grad(self, delta: torch.Tensor) -> torch.Tensor:
         """gin (N_in,): the transposed correlation of δ (C_out, P) with the current weights,
