@@ -110,6 +110,10 @@ class StageTrace:
     (the saturated sum of its update streams' δ, numerics §5.6).
     w, u (M, N+1), w_prev (LWP ``w`` form, else None): the memories at the end of the tick.
     lfsr (L,): per-lane LFSR states at the end of the tick (None with nearest-even rounding).
+    A convolution stage (docs/numerics.md §9): x (N_in,) = the input sample's C_in·Πin values
+    in C order, z (C_out·P,) before pooling, a and g (C_out·P′,) after it, mask (C_out, P),
+    ``argmax`` (C_out, P′) the stashed MaxPool index inside each window (None without MaxPool
+    and for Linear), delta (C_out, P), gin (N_in,), w, u (C_out, T + 1), T = C_in·Πkernel.
     """
 
     stage: int
@@ -118,6 +122,7 @@ class StageTrace:
     z: torch.Tensor | None = None
     a: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
     bwd_sample: int | None = None
     g: torch.Tensor | None = None
     delta: torch.Tensor | None = None
@@ -227,6 +232,8 @@ class _StageEngine:
         f = st.formats
         self.spec = st
         self.N, self.M, self.L, self.G = st.in_features, st.out_features, st.lanes, st.row_groups
+        #: input values per sample (without the bias input); a conv engine's N is its taps T
+        self.N_in = st.in_features
         if self.G != -(-self.M // self.L):
             raise GoldenError(f"stage {st.index}: row_groups {self.G} ≠ ⌈M/L⌉")
         self.fx, self.fy, self.fd, self.fgin, self.fw, self.fu = f.x, f.y, f.d, f.gin, f.w, f.u
@@ -818,14 +825,9 @@ class GoldenModel:
                     new_fwd[j] = (sample, self._with_bias(a, self.stages[j]))
                 if i in self._feeds:
                     logits[self._feeds[i]] = (sample, a)
-                if st_tr is not None:
-                    st_tr.fwd_sample, st_tr.x, st_tr.z, st_tr.a, st_tr.mask = (
-                        sample.id,
-                        xb[: eng.N],
-                        z,
-                        a,
-                        mask,
-                    )
+                if st_tr is not None:  # a conv stage's mask is (mask, argmax); x its N_in
+                    st_tr.fwd_sample, st_tr.x, st_tr.z, st_tr.a = sample.id, xb[: eng.N_in], z, a
+                    st_tr.mask, st_tr.argmax = mask if isinstance(mask, tuple) else (mask, None)
             done: tuple[_Sample, torch.Tensor] | None = None
             for loss_t in sorted(self._bwd[i]):  # every stream reads the start-of-tick weights
                 sample, g = self._bwd[i][loss_t]

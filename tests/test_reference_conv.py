@@ -9,35 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conv_nets import cnn as _cnn
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.sim.reference import ReferenceTrainer
 from pipetrain.sim.reference_conv import one_thread
 from pipetrain.sim.reference_tick import PBTickSimulator
-from torch import nn
-
-
-def _cnn(kind: str, pool: str, stride: int, padding: int, bias: bool) -> nn.Module:
-    torch.manual_seed(11)
-    if kind == "conv1d":
-        conv, size = nn.Conv1d, (10,)
-        pools = {"max": nn.MaxPool1d(2), "avg": nn.AvgPool1d(2), "none": nn.Identity()}
-    else:
-        conv, size = nn.Conv2d, (6, 7)
-        pools = {"max": nn.MaxPool2d(2), "avg": nn.AvgPool2d(2), "none": nn.Identity()}
-    m = nn.Sequential(
-        conv(2, 4, 3, stride=stride, padding=padding, bias=bias),
-        nn.LeakyReLU(0.1),
-        pools[pool],
-        conv(4, 3, 2, padding=1),
-        nn.ReLU(),
-    )
-    with torch.no_grad():
-        out = m(torch.zeros(1, 2, *size)).numel()
-    m.append(nn.Flatten())
-    m.append(nn.Linear(out, 4))
-    m.input_shape = (2, *size)
-    return m
-
 
 GEOMETRIES = [
     ("conv2d", "max", 1, 1, True),
