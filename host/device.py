@@ -52,6 +52,7 @@ from ..hdl.support import require_hdl
 from ..protocol.wire import Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel
+from ..sim.golden_conv import conv_slot
 from ..sim.trainer import Trainer, accuracy
 from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
 from .client import LinkClient, LinkError, quantise_inputs
@@ -224,12 +225,16 @@ class Device:
 
     def _xy(self, x: Any, y: Any | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         xt = _as_tensor(x, torch.float32)
-        if xt.ndim == 1:
-            xt = xt[None, :]
+        shape = tuple(self.plan.input_shape)  # a CNN's (C, L) / (C, H, W): flat in C order
+        if xt.ndim == 1 or (len(shape) > 1 and tuple(xt.shape) == shape):
+            xt = xt.reshape(1, -1)
+        elif len(shape) > 1 and tuple(xt.shape[1:]) == shape:
+            xt = xt.reshape(len(xt), -1)
         if xt.ndim != 2 or xt.shape[1] != self.plan.in_features:
+            also = f" or (n, {', '.join(map(str, shape))})" if len(shape) > 1 else ""
             raise DeviceError(
                 f"inputs have shape {tuple(xt.shape)}; the network takes (n, "
-                f"{self.plan.in_features})"
+                f"{self.plan.in_features}){also}"
             )
         if y is None:
             return xt, None
@@ -640,7 +645,8 @@ class Device:
 
     # -- weights --------------------------------------------------------------------------------
     def memories(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Raw integer memories per stage name: ``w``, ``u`` (M, N+1), and ``w_prev`` for LWP
+        """Raw integer memories per stage name: ``w``, ``u`` (M, N+1; a convolution stage's
+        (C_out, T + 1), docs/numerics.md §9), and ``w_prev`` for LWP
         ``w`` form, in the plan's fixed-point formats (golden and link targets)."""
         self._check()
         if self.client is None:
@@ -655,7 +661,8 @@ class Device:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights as a ``state_dict`` of the original module (``name.weight`` (M, N),
-        ``name.bias`` (M,)): the fixed-point weights ``w / 2^w.frac``, float32 when that is exact
+        ``name.bias`` (M,); a convolution's weight (C_out, C_in, *kernel), its bias only when the
+        layer has one): the fixed-point weights ``w / 2^w.frac``, float32 when that is exact
         (``w.bits ≤ 25``), else float64 — so :meth:`load_state_dict` round-trips exactly. Main
         stages only: the auxiliary heads of local/interlocking learning are not in the original
         module (they are in :meth:`memories`)."""
@@ -668,8 +675,11 @@ class Device:
             fw = st.formats.w
             dtype = torch.float32 if fw.bits <= 25 else torch.float64
             wf = mem[st.name]["w"].to(torch.float64) * 2.0**-fw.frac
-            out[f"{st.name}.weight"] = wf[:, : st.in_features].to(dtype).contiguous()
-            out[f"{st.name}.bias"] = wf[:, st.in_features].to(dtype).contiguous()
+            conv = getattr(st, "conv", None)  # a convolution's (C_out, T + 1): numerics §9
+            shape = (st.out_features, st.in_features) if conv is None else conv.weight_shape
+            out[f"{st.name}.weight"] = wf[:, : st.cols].reshape(shape).to(dtype).contiguous()
+            if conv is None or conv.bias:
+                out[f"{st.name}.bias"] = wf[:, st.cols].to(dtype).contiguous()
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -748,7 +758,17 @@ class Device:
                 words += want.numel()
                 if have is None or not torch.equal(have, want):
                     diff = 0 if have is None else int((have != want).sum())
-                    bad.append(f"stage {st.name} {kind}: {diff} of {want.numel()} words differ")
+                    first = ""
+                    if diff:  # the first differing word, a conv stage's slot named
+                        j, i = (have != want).nonzero()[0].tolist()
+                        conv = getattr(st, "conv", None)
+                        first = f", first {kind}[{j}, {i}]" + (
+                            f" ({conv_slot(conv, j, i)})" if conv is not None else ""
+                        )
+                        first += f": golden {int(want[j, i])}, device {int(have[j, i])}"
+                    bad.append(
+                        f"stage {st.name} {kind}: {diff} of {want.numel()} words differ{first}"
+                    )
         c = self.counters()
         for key, want in (
             ("samples_trained", g.samples_applied),

@@ -36,7 +36,7 @@ from ..compiler.plan import Plan, Stage
 from .fixed import rhu
 from .golden import GoldenError, _StageEngine
 
-__all__ = ["ConvEngine", "conv_engine", "im2col_index", "pool_windows"]
+__all__ = ["ConvEngine", "conv_engine", "conv_slot", "im2col_index", "pool_windows"]
 
 
 def im2col_index(g: ConvGeometry) -> torch.Tensor:
@@ -60,6 +60,21 @@ def im2col_index(g: ConvGeometry) -> torch.Tensor:
                 if all(0 <= pos[d] < g.in_size[d] for d in range(g.dims)):
                     out[t, p] = c * plane + sum(pos[d] * strides[d] for d in range(g.dims))
     return out
+
+
+def conv_slot(g: ConvGeometry, j: int, i: int) -> str:
+    """What slot (j, i) of a convolution stage's (C_out, T + 1) weight matrix holds, for
+    mismatch reports: row j = output channel, column i < T = tap (input channel, kernel offset)
+    in the order of ``weight.view(C_out, -1)``, column T = the bias (docs/numerics.md §9):
+    ``out channel 3, in channel 1, kernel (1, 0)`` or ``out channel 3, bias``."""
+    if i >= g.taps:
+        return f"out channel {j}, bias"
+    c, r = divmod(i, g.taps // g.in_channels)
+    off = []
+    for size in reversed(g.kernel):
+        r, o = divmod(r, size)
+        off.append(o)
+    return f"out channel {j}, in channel {c}, kernel ({', '.join(map(str, reversed(off)))})"
 
 
 def pool_windows(g: ConvGeometry) -> torch.Tensor:

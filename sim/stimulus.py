@@ -21,10 +21,15 @@ def plan_samples(plan: Plan, n: int, data: str, seed: int) -> tuple[torch.Tensor
 
     ``data``: ``digits`` or an ``.npz`` path (:func:`pipetrain.data.load_data`). Inputs are
     quantised to stage 1's ``x`` format (docs/numerics.md §3, round half even, saturating).
+    A CNN's samples ((C, L) / (C, H, W), ``plan.input_shape``) are streamed flat in C order,
+    N = C·L or C·H·W values (docs/numerics.md §9), as the data set stores them.
     Raises :class:`~pipetrain.data.DataError` when the data's feature count differs from the
-    plan's input size.
+    plan's input size, or its sample shape from a CNN's input shape (naming both).
     """
     ds = load_data(data)
+    wrong = ds.mismatch(plan.input_shape, plan.name)
+    if wrong and (len(plan.input_shape) > 1 or len(ds.shape) > 1):
+        raise DataError(wrong)
     if ds.features != plan.in_features:
         raise DataError(
             f"data {data!r} has {ds.features} features but the model takes {plan.in_features}; "

@@ -88,3 +88,39 @@ def test_missing_results_are_reported(golden_run):
     rtl.results = rtl.results[:7]
     mm = compare(g, rtl, plan)
     assert mm == [Mismatch("result", "count", 3, (7,), 10, 7, 8, 7)]
+
+
+def test_conv_memories_are_weight_matrices_and_mismatches_name_the_tap():
+    """A convolution stage's memories are its (C_out, T + 1) matrix (docs/numerics.md §9): the
+    testbench writes and reads exactly those slots, and a planted difference names tick, stage,
+    tensor, index and the tap (output channel, input channel, kernel offset; or the bias)."""
+    from conv_nets import cnn
+    from pipetrain.compiler.build import build_plan
+    from pipetrain.compiler.frontend import trace
+    from pipetrain.sim.tb.network import _memory_commands
+
+    model = cnn("conv2d", "max", 1, 1, True)  # Conv2d(2 → 4, 3×3): T = 18
+    plan = build_plan(trace(model, "c"), TrainConfig(lr=0.05), lanes=(2, 1, 2))
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 200, (10, plan.in_features), generator=gen)
+    g = _golden(plan, model, x, [k % 4 for k in range(10)], [True] * 10)
+    cmds, where = _memory_commands(plan, g.memories(), write=True)
+    conv = plan.stages[0].conv
+    first = [w for w in where if w[0] == plan.stages[0].name and w[1] == "w"]
+    assert len(first) == conv.out_channels * (conv.taps + 1) == 4 * 19
+    assert {c[3] for c, w in zip(cmds, where, strict=True) if w in first} == set(range(4))
+    rtl = _perfect(g)
+    name = plan.stages[0].name
+    rtl.memories[name]["w"][3, 13] += 1  # tap 13 = in channel 1, kernel row 1, column 1
+    rtl.memories[name]["u"][2, 18] -= 1  # the bias column
+    m1, m2 = compare(g, rtl, plan)
+    tick = 9 + plan.stages[0].delay  # stage 1 applies sample 9's update D_1 ticks after entry
+    assert (m1.tick, m1.stage, m1.tensor, m1.index, m1.sample) == (tick, 1, "w", (3, 13), 9)
+    assert m1.detail == "out channel 3, in channel 1, kernel (1, 1)"
+    w = model[0].weight.detach().view(4, -1)
+    assert torch.equal(w[3, 13], model[0].weight.detach()[3, 1, 1, 1])  # the slot's meaning
+    assert m1.describe().startswith(
+        f"tick {tick}, stage 1, memory w[3, 13] (out channel 3, in channel 1, kernel (1, 1); "
+        "sample 9): expected "
+    )
+    assert (m2.tensor, m2.index, m2.detail) == ("u", (2, 18), "out channel 2, bias")

@@ -36,6 +36,7 @@ import torch
 
 from ...compiler.plan import Plan
 from ...protocol.wire import KIND_CODES, KIND_NAMES
+from ..golden_conv import conv_slot
 from ..harness import (
     DEFAULT_SIMULATOR,
     RTLBuild,
@@ -188,8 +189,8 @@ def _memory_commands(
             kinds.append("w_prev")
         for kind in kinds:
             values = memories[st.name][kind].tolist() if write and memories else None
-            for j in range(st.out_features):
-                for i in range(st.in_features + 1):
+            for j in range(st.rows):  # a conv stage: (C_out, T + 1), numerics §9
+                for i in range(st.cols + 1):
                     data = values[j][i] if values is not None else 0
                     cmds.append([int(write), s, KIND_CODES[kind], j, i, data])
                     where.append((st.name, kind, j, i))
@@ -276,7 +277,7 @@ def run_network(
             mem = memories[name]
             if kind not in mem:
                 st = next(s for s in plan.stages if s.name == name)
-                mem[kind] = torch.zeros(st.out_features, st.in_features + 1, dtype=torch.int64)
+                mem[kind] = torch.zeros(st.rows, st.cols + 1, dtype=torch.int64)
             mem[kind][j, i] = v
     results = [(r["sample"], r["pred"], r["loss"], r["train"]) for r in res["results"]]
     return RTLRun(
@@ -314,6 +315,9 @@ class Mismatch:
     expected: the golden model's value; actual: the RTL's (None = missing).
     tick: 0-based tick in which the golden model produced the value (None if unknown).
     sample: the sample whose forward (results) or update (memories) produced it.
+    detail: what the index means where (j, i) alone does not say it: for a convolution
+        stage's memories (C_out, T + 1) the output channel, input channel and kernel offset
+        of tap i, or the bias column (:func:`~pipetrain.sim.golden_conv.conv_slot`); None otherwise.
     """
 
     what: str
@@ -324,9 +328,12 @@ class Mismatch:
     actual: int | None
     tick: int | None = None
     sample: int | None = None
+    detail: str | None = None
 
     def describe(self) -> str:
-        """One line: ``tick 7, stage 2, w[3, 12] (sample 4): expected 1234, actual 1235``."""
+        """One line: ``tick 7, stage 2, w[3, 12] (sample 4): expected 1234, actual 1235``; a
+        conv stage's memory adds its :attr:`detail` (``w[3, 12] (out channel 3, in channel 1,
+        kernel (1, 0); sample 4)``)."""
         where = []
         if self.tick is not None:
             where.append(f"tick {self.tick}")
@@ -334,7 +341,9 @@ class Mismatch:
             where.append(f"stage {self.stage}")
         idx = ", ".join(str(i) for i in self.index)
         name = f"{self.what} {self.tensor}[{idx}]" if idx else f"{self.what} {self.tensor}"
-        where.append(name + (f" (sample {self.sample})" if self.sample is not None else ""))
+        notes = [self.detail] if self.detail else []
+        notes += [f"sample {self.sample}"] if self.sample is not None else []
+        where.append(name + (f" ({'; '.join(notes)})" if notes else ""))
         return f"{', '.join(where)}: expected {self.expected}, actual {self.actual}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -348,6 +357,7 @@ class Mismatch:
             "actual": self.actual,
             "tick": self.tick,
             "sample": self.sample,
+            "detail": self.detail,
             "text": self.describe(),
         }
 
@@ -418,12 +428,11 @@ def compare(
                     continue
                 diff = (ev != av).nonzero().tolist()
                 t, smp = last_update.get(st.index, (None, None))
+                conv = getattr(st, "conv", None)
                 for j, i in diff:
-                    out.append(
-                        Mismatch(
-                            "memory", kind, st.index, (j, i), int(ev[j, i]), int(av[j, i]), t, smp
-                        )
-                    )
+                    detail = conv_slot(conv, j, i) if conv is not None else None
+                    e, a = int(ev[j, i]), int(av[j, i])
+                    out.append(Mismatch("memory", kind, st.index, (j, i), e, a, t, smp, detail))
     g_counters = {
         "samples_trained": golden.samples_applied,
         "ticks": golden.ticks,
@@ -446,7 +455,9 @@ def compare(
     for cmd, echoed in rtl.echo_errors:
         _, s, kind, j, i, data = cmd
         name = KIND_NAMES[kind]
-        out.append(Mismatch("echo", name, s + 1, (j, i), data, echoed))
+        conv = getattr(plan.stages[s], "conv", None)
+        detail = conv_slot(conv, j, i) if conv is not None else None
+        out.append(Mismatch("echo", name, s + 1, (j, i), data, echoed, detail=detail))
     return out
 
 

@@ -104,8 +104,8 @@ def simulate_top(
                 if kind not in mem or kind not in _kinds(st):
                     continue
                 vals = mem[kind].tolist()
-                for j in range(st.out_features):
-                    for i in range(st.in_features + 1):
+                for j in range(st.rows):
+                    for i in range(st.cols + 1):
                         cmds.append((1, s, KIND_CODES[kind], j, i, int(vals[j][i])))
         return cmds
 
@@ -114,8 +114,8 @@ def simulate_top(
             (0, s, KIND_CODES[kind], j, i, 0)
             for s, st in enumerate(plan.stages)
             for kind in _kinds(st)
-            for j in range(st.out_features)
-            for i in range(st.in_features + 1)
+            for j in range(st.rows)
+            for i in range(st.cols + 1)
         ]
 
     # whole-payload integers: one ``set`` per stream per cycle (field views are slow to build)
@@ -235,7 +235,7 @@ def simulate_top(
                 name = KIND_NAMES[kind]
                 mem = run.memories.setdefault(st.name, {})
                 if name not in mem:
-                    mem[name] = torch.zeros(st.out_features, st.in_features + 1, dtype=torch.int64)
+                    mem[name] = torch.zeros(st.rows, st.cols + 1, dtype=torch.int64)
                 mem[name][j, i] = d
         run.cycles = now()
 
