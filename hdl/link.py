@@ -58,6 +58,9 @@ class LinkEngine(wiring.Component):
     ----------
     plan: the design plan (sizes, formats, hash).
     max_batch, max_words, result_depth: link sizes (:meth:`LinkParams.from_plan` defaults).
+    onchip_samples: capacity of the on-chip training set (samples; 0 = none: STORE and RUN
+        are bad headers, and the set's memories and runner are not built —
+        :class:`~pipetrain.hdl.link_onchip.OnChipSet`).
     rx_timeout: cycles without a byte inside a frame before it is dropped (0 = never).
 
     Raises
@@ -89,9 +92,12 @@ class LinkEngine(wiring.Component):
         max_words: int = 32,
         result_depth: int | None = None,
         rx_timeout: int = DEFAULT_RX_TIMEOUT,
+        onchip_samples: int = 0,
     ) -> None:
         self.plan = plan
-        self.params = LinkParams.from_plan(plan, max_batch, max_words, result_depth)
+        self.params = LinkParams.from_plan(
+            plan, max_batch, max_words, result_depth, onchip_samples=onchip_samples
+        )
         self.plan_hash = int(plan.hash, 16)
         if rx_timeout < 0:
             raise ValueError(f"rx_timeout must be ≥ 0 cycles, got {rx_timeout}")

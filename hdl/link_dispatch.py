@@ -38,10 +38,12 @@ from ..protocol.wire import (
     HELLO_BYTES,
     NAK,
     SESSION_BYTES,
+    STORE_INDEX_BYTES,
     Cmd,
     LinkParams,
     NakReason,
 )
+from .link_onchip import OnChipSet
 from .link_ports import (
     FrameStatus,
     byte_layout,
@@ -60,6 +62,7 @@ __all__ = ["LinkDispatcher"]
 _PART_TYPES = (Cmd.SAMPLES, Cmd.READ_RESULTS, Cmd.READ_WEIGHTS, Cmd.WRITE_WEIGHTS)
 assert [t & 0b1101 for t in _PART_TYPES] == [0b0000, 0b0001, 0b0101, 0b1000]
 assert Cmd.READ_COUNTERS & 1 and not Cmd.RESET_COUNTERS & 1
+assert Cmd.STORE & 0b1101 == 0b0000  # STORE's records run in the SAMPLES part
 # a frame's status is the offset of its counter from `frames_ok`
 _STATUS_COUNTERS = ("frames_ok", "bad_crc", "bad_header", "rx_timeouts")
 assert [ENGINE_COUNTERS.index(n) - 2 for n in _STATUS_COUNTERS] == [s.value for s in FrameStatus]
@@ -78,6 +81,8 @@ class _StateMemory:
     def __init__(self, m: Module, params: LinkParams) -> None:
         P = params
         self.m = m
+        # with the on-chip set, RUN adds its E·count samples to `accepted` then `results_read`
+        self.RET = self.RET + (("RUN_READ",) if P.onchip_samples else ())
         self.E = P.network_counters  # the first engine counter (`accepted`), READ_COUNTERS order
         self.counter = {name: self.E + i for i, name in enumerate(ENGINE_COUNTERS)}
         self.cb = max(1, (P.num_counters - 1).bit_length())
@@ -99,9 +104,14 @@ class _StateMemory:
         self.wptr = Signal(range(P.tx_max + 1))
         self.bi = Signal(2)
         self.carry = Signal()  # of a counter increment; 0 for copies
-        self.sum = Signal(9)  # mem[ra] + carry
-        self.ret = Signal(2)
-        m.d.comb += self.sum.eq(self.rd.data + self.carry)
+        self.sum = Signal(9)  # mem[ra] + carry (+ the addend's byte)
+        self.ret = Signal(range(len(self.RET)))
+        # a 32-bit addend (RUN's sample count), shifted out a byte per INC cycle: zero otherwise
+        self.addend = Signal(32) if P.onchip_samples else None
+        if self.addend is None:
+            m.d.comb += self.sum.eq(self.rd.data + self.carry)
+        else:
+            m.d.comb += self.sum.eq(self.rd.data + self.carry + self.addend[:8])
 
     def slot(self, region: int, c) -> Cat:
         """Address of byte 0 of counter ``c`` (int or Value) in region 0 (offsets) / 1 (values)."""
@@ -119,16 +129,18 @@ class _StateMemory:
         """Write a byte at the read address (counter updates)."""
         self.m.d.comb += [self.wr.addr.eq(self.ra), self.wr.data.eq(value), self.wr.en.eq(1)]
 
-    def increment(self, c, ret) -> None:
-        """Go to INC: add 1 to engine counter ``c`` (4 cycles), then to ``ret`` (a :attr:`RET`
-        name, or ``(cond, if_true, if_false)``)."""
+    def increment(self, c, ret, addend=None) -> None:
+        """Go to INC: add 1 (or the 32-bit ``addend``) to engine counter ``c`` (4 cycles), then
+        to ``ret`` (a :attr:`RET` name, or ``(cond, if_true, if_false)``)."""
         m = self.m
         m.d.comb += self.ra_next.eq(self.slot(1, c))
         if isinstance(ret, str):
             code = self.RET.index(ret)
         else:
             code = Mux(ret[0], self.RET.index(ret[1]), self.RET.index(ret[2]))
-        m.d.sync += [self.carry.eq(1), self.bi.eq(0), self.ret.eq(code)]
+        m.d.sync += [self.carry.eq(addend is None), self.bi.eq(0), self.ret.eq(code)]
+        if addend is not None:
+            m.d.sync += self.addend.eq(addend)
         m.next = "INC"
 
     def increment_state(self, returns: dict) -> None:
@@ -138,6 +150,8 @@ class _StateMemory:
             m.d.comb += self.ra_next.eq(self.ra + 1)
             self.write(self.sum[:8])
             m.d.sync += [self.carry.eq(self.sum[8]), self.bi.eq(self.bi + 1)]
+            if self.addend is not None:
+                m.d.sync += self.addend.eq(self.addend >> 8)
             with m.If(self.bi == 3):
                 with m.Switch(self.ret):
                     for code, name in enumerate(self.RET):
@@ -214,23 +228,32 @@ class LinkDispatcher(wiring.Component):
 
     def _parts(
         self, m: Module, sh: Signal, args_ready: Signal
-    ) -> tuple[SamplesCommand, ReadResults, WeightsCommand]:
+    ) -> tuple[SamplesCommand, ReadResults, WeightsCommand, OnChipSet | None]:
         """The command parts, connected to ``net``, ``args`` (also taken when ``args_ready``)
         and the shift register ``sh``."""
         net, args, f = self.net, self.args, self.frame.payload
         m.submodules.samples = samples = SamplesCommand(self.plan, self.params)
         m.submodules.read_results = results = ReadResults(self.params)
         m.submodules.weights = weights = WeightsCommand(self.params)
-        wiring.connect(m, samples.sample_in, wiring.flipped(net.sample_in))
-        wiring.connect(m, wiring.flipped(net.result_out), results.result_out)
+        onchip = None
+        if self.params.onchip_samples:
+            m.submodules.onchip = onchip = OnChipSet(self.plan, self.params)
+            self._route_onchip(m, samples, results, onchip)
+        else:
+            wiring.connect(m, samples.sample_in, wiring.flipped(net.sample_in))
+            wiring.connect(m, wiring.flipped(net.result_out), results.result_out)
         wiring.connect(m, weights.wacc_cmd, wiring.flipped(net.wacc_cmd))
         wiring.connect(m, wiring.flipped(net.wacc_rsp), weights.wacc_rsp)
-        parts = (samples, results, weights)
+        parts = (samples, results, weights) + ((onchip,) if onchip is not None else ())
         for part in parts:
             m.d.comb += [part.args.valid.eq(args.valid), part.args.payload.eq(args.payload)]
         m.d.comb += [
             args.ready.eq(
-                samples.args.ready | results.args.ready | weights.args.ready | args_ready
+                samples.args.ready
+                | results.args.ready
+                | weights.args.ready
+                | args_ready
+                | (onchip.args.ready if onchip is not None else 0)
             ),
             samples.word.eq(sh),
             weights.word.eq(sh),
@@ -240,15 +263,40 @@ class LinkDispatcher(wiring.Component):
         # every byte a part takes from `args` shifts in (features, the word to write)
         with m.If(args.valid & args.ready):
             m.d.sync += sh.eq(Cat(sh[8:], args.payload.data))
-        return parts
+        return samples, results, weights, onchip
+
+    def _route_onchip(
+        self, m: Module, samples: SamplesCommand, results: ReadResults, onchip: OnChipSet
+    ) -> None:
+        """``sample_in``: the SAMPLES parser's beats go to the network, or for STORE to the
+        on-chip set; during a RUN the set feeds the network and takes its results."""
+        net, f = self.net, self.frame.payload
+        store = f.type == Cmd.STORE
+        run = onchip.running
+        si, ro = net.sample_in, net.result_out
+        m.d.comb += [
+            onchip.store.payload.eq(samples.sample_in.payload),
+            onchip.store.valid.eq(samples.sample_in.valid & store),
+            si.valid.eq(Mux(run, onchip.sample_in.valid, samples.sample_in.valid & ~store)),
+            si.payload.eq(Mux(run, onchip.sample_in.payload, samples.sample_in.payload)),
+            samples.sample_in.ready.eq(Mux(store, onchip.store.ready, si.ready & ~run)),
+            onchip.sample_in.ready.eq(si.ready & run),
+            onchip.result_in.payload.eq(ro.payload),
+            results.result_out.payload.eq(ro.payload),
+            onchip.result_in.valid.eq(ro.valid & run),
+            results.result_out.valid.eq(ro.valid & ~run),
+            ro.ready.eq(Mux(run, onchip.result_in.ready, results.result_out.ready)),
+            onchip.idle.eq(net.idle),
+        ]
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()
         st = _StateMemory(m, self.params)
         f, net = self.frame.payload, self.net
         sh = Signal(32)  # shift register: bytes taken from `args`, counter snapshots
-        args_ready = Signal()  # the dispatcher itself takes `args` (SESSION)
-        samples, results, weights = self._parts(m, sh, args_ready)
+        args_ready = Signal()  # the dispatcher itself takes `args` (SESSION, STORE's slot)
+        self._args_ready = args_ready
+        samples, results, weights, onchip = self._parts(m, sh, args_ready)
         part = _PartSelect(f.type)
         last_seq, have_last = Signal(8), Signal()
         rsp_type = Signal(8)
@@ -271,6 +319,8 @@ class LinkDispatcher(wiring.Component):
                     counter = st.counter["frames_ok"] + f.status.as_value()
                     st.increment(counter, (ok, "DISPATCH", "IDLE"))
             st.increment_state({"IDLE": dropped, "EXEC": counted})
+            if onchip is not None:
+                self._onchip_states(m, st, onchip, sh, reason)
 
             with m.State("DISPATCH"):
                 with m.If((f.type != Cmd.HELLO) & have_last & (f.seq == last_seq)):
@@ -284,7 +334,7 @@ class LinkDispatcher(wiring.Component):
                         fwait.eq(0),
                         reason.eq(NakReason.FULL),
                     ]
-                    self._dispatch(m, st, outstanding)
+                    self._dispatch(m, st, outstanding, reason)
 
             with m.State("EXEC"):
                 self._exec(m, st, part, (samples, results, weights), reason)
@@ -328,12 +378,12 @@ class LinkDispatcher(wiring.Component):
             with m.State("SEND"):
                 self._send(m, st, rsp_type, last_seq)
 
-        with m.If(weights.flush):
+        with m.If(weights.flush | (onchip.flush if onchip is not None else 0)):
             m.d.comb += net.flush.eq(1)
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         return m
 
-    def _dispatch(self, m: Module, st: _StateMemory, outstanding: Signal) -> None:
+    def _dispatch(self, m: Module, st: _StateMemory, outstanding: Signal, reason: Signal) -> None:
         """The first state of each command (in DISPATCH, a new command)."""
         f = self.frame.payload
         with m.Switch(f.type):
@@ -350,6 +400,15 @@ class LinkDispatcher(wiring.Component):
                     m.next = "EXEC"
             with m.Case(Cmd.FLUSH):
                 m.next = "FLUSH"
+            if self.params.onchip_samples:
+                with m.Case(Cmd.STORE):  # bi is 0: the slot's two bytes first
+                    m.next = "STORE_INDEX"
+                with m.Case(Cmd.RUN):  # a run's results are its own: none may be unread
+                    with m.If(outstanding != 0):
+                        m.d.sync += reason.eq(NakReason.BUSY)
+                        m.next = "NAK0"
+                    with m.Else():
+                        m.next = "RUN"
             with m.Case(Cmd.READ_COUNTERS, Cmd.RESET_COUNTERS):
                 m.next = "C_LATCH"
             with m.Default():  # READ_RESULTS, READ_WEIGHTS, WRITE_WEIGHTS
@@ -359,6 +418,7 @@ class LinkDispatcher(wiring.Component):
         """EXEC: the command runs in its part; the part's bytes go to the response, its counts
         to the counters; when it is done, its NAK, SAMPLES' ``accepted``, or DONE."""
         samples, results, weights = parts
+        f = self.frame.payload
         m.d.comb += [
             samples.cmd.valid.eq(part.samples),
             results.cmd.valid.eq(part.results),
@@ -366,7 +426,10 @@ class LinkDispatcher(wiring.Component):
         ]
         with m.If(results.emit.valid | weights.emit.valid):
             st.emit(Mux(results.emit.valid, results.emit.payload, weights.emit.payload))
-        with m.If(samples.bump.valid):
+        store = f.type == Cmd.STORE if self.params.onchip_samples else Const(0)
+        with m.If(samples.bump.valid & store):  # a stored record is not a sample in flight
+            m.d.comb += samples.bump.ready.eq(1)
+        with m.Elif(samples.bump.valid):
             st.increment(st.counter["accepted"], "EXEC")
         with m.Elif(results.bump.valid):
             st.increment(st.counter["results_read"], "EXEC")
@@ -375,11 +438,46 @@ class LinkDispatcher(wiring.Component):
             m.d.sync += [reason.eq(nak), st.carry.eq(0)]
             with m.If(nak != 0):
                 m.next = "NAK0"
+            with m.Elif(store):
+                m.next = "DONE"
             with m.Elif(part.samples):
                 m.d.comb += st.ra_next.eq(st.slot(1, st.counter["accepted"]))
                 m.next = "ACK"
             with m.Else():
                 m.next = "DONE"
+
+    def _onchip_states(
+        self, m: Module, st: _StateMemory, onchip: OnChipSet, sh: Signal, reason: Signal
+    ) -> None:
+        """STORE_INDEX (the slot's two bytes from ``args``, checked against the capacity, then
+        the records through EXEC) and RUN (the on-chip set runs; its summaries go to the
+        response; ``accepted`` and ``results_read`` then grow by the samples it fed)."""
+        P, args, f = self.params, self.args, self.frame.payload
+        with m.State("STORE_INDEX"):
+            with m.If(args.valid):
+                m.d.comb += self._args_ready.eq(1)
+                m.d.sync += st.bi.eq(st.bi + 1)
+                with m.If(st.bi == STORE_INDEX_BYTES - 1):
+                    m.next = "STORE_CHECK"
+        with m.State("STORE_CHECK"):  # the slot is sh[16:32] (LE)
+            with m.If(sh[16:32] + f.records > P.onchip_samples):
+                m.d.sync += reason.eq(NakReason.BAD_ARG)
+                m.next = "NAK0"
+            with m.Else():
+                m.d.comb += [onchip.store_start.eq(1), onchip.store_index.eq(sh[16:32])]
+                m.next = "EXEC"
+        with m.State("RUN"):
+            m.d.comb += onchip.cmd.valid.eq(1)
+            with m.If(onchip.emit.valid):
+                st.emit(onchip.emit.payload)
+            with m.If(onchip.cmd.ready):
+                with m.If(onchip.nak != 0):
+                    m.d.sync += reason.eq(onchip.nak)
+                    m.next = "NAK0"
+                with m.Else():
+                    st.increment(st.counter["accepted"], "RUN_READ", addend=onchip.fed)
+        with m.State("RUN_READ"):
+            st.increment(st.counter["results_read"], "DONE", addend=onchip.fed)
 
     def _send(self, m: Module, st: _StateMemory, rsp_type: Signal, last_seq: Signal) -> None:
         """SEND: offer the response (header and payload from the response buffer) until the

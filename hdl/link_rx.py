@@ -18,7 +18,15 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..protocol.wire import SESSION_BYTES, SYNC, WEIGHT_HEADER_BYTES, Cmd, LinkParams
+from ..protocol.wire import (
+    RUN_ARG_BYTES,
+    SESSION_BYTES,
+    STORE_INDEX_BYTES,
+    SYNC,
+    WEIGHT_HEADER_BYTES,
+    Cmd,
+    LinkParams,
+)
 from .link_crc import crc_port_signature
 from .link_ports import FrameStatus, byte_layout, frame_layout
 
@@ -90,6 +98,13 @@ class LinkReceiver(wiring.Component):
                 for k in range(1, P.max_batch + 1):
                     with m.If(length == k * P.record_bytes):
                         m.d.comb += [ok.eq(1), records.eq(k)]
+            if P.onchip_samples:  # the on-chip set's commands (docs/protocol.md §2)
+                with m.Case(Cmd.STORE):
+                    for k in range(1, P.max_batch + 1):
+                        with m.If(length == STORE_INDEX_BYTES + k * P.record_bytes):
+                            m.d.comb += [ok.eq(1), records.eq(k)]
+                with m.Case(Cmd.RUN):
+                    m.d.comb += ok.eq(length == RUN_ARG_BYTES)
         return ok, records
 
     def _idle_timeout(self, m: Module, counting: Signal) -> Signal:

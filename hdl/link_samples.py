@@ -1,10 +1,10 @@
-"""SAMPLES (docs/protocol.md §2): records from the command payload into ``sample_in``."""
+"""SAMPLES and STORE (docs/protocol.md §2): records from the command payload into ``sample_in``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Module, Signal
+from amaranth import Array, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -17,8 +17,16 @@ __all__ = ["SamplesCommand"]
 
 
 class SamplesCommand(wiring.Component):
-    """SAMPLES: every record (``label`` u16, ``flags`` u8, N features of B bytes, LE) becomes N
-    beats on ``sample_in`` (``last`` on the final one), and is counted after its last beat.
+    """SAMPLES: every record (``label`` u16, ``flags`` u8, N features bit-packed at X bits, LSB
+    first) becomes N beats on ``sample_in`` (``last`` on the final one), and is counted after its
+    last beat. STORE's records take the same path (the dispatcher sends the beats to the on-chip
+    set instead of the network).
+
+    Unpacking (*derived*: no barrel shifter, area on the iCE40UP5K): ``avail`` counts the record's
+    bits taken but not yet pushed (``8·bytes − X·features``, 0 .. X + 7); a feature is complete
+    when ``avail ≥ X`` and then starts at bit ``32 − avail`` of ``word`` (the last four bytes
+    taken), so an 8-way multiplexer over ``avail − X`` picks it; the padding bits after the last
+    feature (< 8) are dropped with the record.
 
     The result-buffer check (NAK FULL) and the response (the ``accepted`` counter) are the
     dispatcher's, which owns the counters.
@@ -33,7 +41,8 @@ class SamplesCommand(wiring.Component):
     cmd, args: :func:`~pipetrain.hdl.link_ports.command_signature` (``cmd`` without payload;
         ``args`` the k records, ``last`` on the final byte of the last one).
     word: ``In(32)`` the last four bytes taken from ``args``, the latest in bits 24..31 (the
-        dispatcher's shift register, shared with the weight data and the counter snapshots).
+        dispatcher's shift register, shared with the weight data and the counter snapshots);
+        X ≤ :data:`~pipetrain.protocol.wire.MAX_INPUT_BITS` = 25 keeps a feature inside it.
     sample_in: ``Out(stream.Signature(sample_layout(plan)))`` to NetworkTop: ``x`` is the low
         X bits of a feature (two's complement), ``train`` the flags' bit 0.
     bump: ``Out(stream.Signature(0))`` one beat per record after its last ``sample_in`` beat:
@@ -54,16 +63,18 @@ class SamplesCommand(wiring.Component):
     def elaborate(self, platform: Any) -> Module:
         m = Module()
         P = self.params
-        N, B, X = P.in_features, P.x_bytes, P.x_bits
+        N, X = P.in_features, P.x_bits
         cmd, args, si = self.cmd, self.args, self.sample_in
         take = args.valid & args.ready
         byte = args.payload.data
         feature = Signal(range(N))
-        bi = Signal(range(B))  # byte of the feature
+        avail = Signal(range(X + 8))  # bits taken, not yet pushed
         end = Signal()  # the record just read is the command's last
         label, train = Signal(16), Signal()
+        # a complete feature starts at bit 32 − avail of `word`, avail ∈ X .. X + 7
+        windows = Array(self.word[32 - X - j :][:X] for j in range(8))
         m.d.comb += [
-            si.payload.x.eq(self.word[32 - 8 * B :][:X]),
+            si.payload.x.eq(windows[(avail - X)[:3]]),
             si.payload.label.eq(label),
             si.payload.train.eq(train),
             si.payload.last.eq(feature == N - 1),
@@ -83,24 +94,23 @@ class SamplesCommand(wiring.Component):
             with m.State("FLAGS"):
                 m.d.comb += args.ready.eq(1)
                 with m.If(take):
-                    m.d.sync += [train.eq(byte[0]), feature.eq(0)]
+                    m.d.sync += [train.eq(byte[0]), feature.eq(0), avail.eq(0)]
                     m.next = "FEATURE"
 
             with m.State("FEATURE"):
                 m.d.comb += args.ready.eq(1)
                 with m.If(take):
-                    m.d.sync += [bi.eq(bi + 1), end.eq(args.payload.last)]
-                    with m.If(bi == B - 1):
-                        m.d.sync += bi.eq(0)
+                    m.d.sync += [avail.eq(avail + 8), end.eq(args.payload.last)]
+                    with m.If(avail + 8 >= X):
                         m.next = "PUSH"
 
             with m.State("PUSH"):
                 m.d.comb += si.valid.eq(1)
                 with m.If(si.ready):
-                    m.d.sync += feature.eq(feature + 1)
+                    m.d.sync += [feature.eq(feature + 1), avail.eq(avail - X)]
                     with m.If(si.payload.last):
                         m.next = "BUMP"
-                    with m.Else():
+                    with m.Elif(avail - X < X):
                         m.next = "FEATURE"
 
             with m.State("BUMP"):

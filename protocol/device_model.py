@@ -14,17 +14,22 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Protocol
 
+from .onchip import epoch_orders, perm_bits
 from .wire import (
     CRC_BYTES,
+    MAX_RUN_EPOCHS,
     NAK,
+    STORE_INDEX_BYTES,
     SYNC,
     WEIGHT_HEADER_BYTES,
     Cmd,
+    EpochSummary,
     Frame,
     LinkParams,
     NakReason,
     Result,
     crc32,
+    decode_features,
     encode_frame,
     response_type,
 )
@@ -163,6 +168,10 @@ class LinkDeviceModel:
     params: link sizes.
     net: the network backend.
     results: the device's result buffer (results the network produced, not yet read).
+    onchip: the on-chip training set, slot → ``(features, label)`` (``params.onchip_samples``
+        slots; a slot never stored holds zeros, as the RTL's memories after configuration).
+    run_cycles: the ``cycles`` word of RUN responses (the RTL counts clock cycles; this model
+        has no clock and reports this value, default 0).
     """
 
     def __init__(self, params: LinkParams, net: NetworkBackend | None = None) -> None:
@@ -181,6 +190,10 @@ class LinkDeviceModel:
         self.results_read = 0
         self.frames_ok = self.bad_crc = self.bad_header = self.rx_timeouts = self.duplicates = 0
         self._offsets = [0] * params.num_counters
+        self.onchip: list[tuple[list[int], int]] = [
+            ([0] * params.in_features, 0) for _ in range(params.onchip_samples)
+        ]
+        self.run_cycles = 0
 
     # -- byte interface
     @property
@@ -284,6 +297,48 @@ class LinkDeviceModel:
             self.duplicates,
         ]
 
+    def _run(self, p: bytes) -> tuple[int, bytes]:
+        """RUN (docs/protocol.md §2): E epochs over slots 0..count−1 in the device's permutation
+        (:func:`~pipetrain.protocol.onchip.epoch_orders`), every result summed into its epoch's
+        summary, then a flush; ``accepted`` and ``results_read`` both grow by E·count."""
+        P = self.params
+        count = int.from_bytes(p[0:2], "little")
+        epochs = p[2]
+        start = int.from_bytes(p[3:5], "little")
+        mask = int.from_bytes(p[5:7], "little")
+        if self.accepted != self.results_read:  # results of earlier samples still to read
+            return NAK, bytes((Cmd.RUN, NakReason.BUSY))
+        if not 1 <= count <= P.onchip_samples or not 1 <= epochs <= MAX_RUN_EPOCHS:
+            return NAK, bytes((Cmd.RUN, NakReason.BAD_ARG))
+        k = perm_bits(count)
+        if not (0 < start < 1 << k and 0 < mask < 1 << k):
+            return NAK, bytes((Cmd.RUN, NakReason.BAD_ARG))
+        labels: list[int] = []
+        sums = [[0, 0] for _ in range(epochs)]
+        done = 0
+
+        def take(results: list[Result]) -> None:
+            nonlocal done
+            for r in results:
+                e = done // count
+                sums[e][0] += r.loss
+                sums[e][1] += int(r.pred == labels[done])
+                done += 1
+
+        for order in epoch_orders(count, start, mask, epochs):
+            for i in order:
+                xs, label = self.onchip[i]
+                labels.append(label)
+                self.net.push(xs, label, True)
+                take(self.net.pop_results())
+        self.net.flush()
+        take(self.net.pop_results())
+        total = epochs * count
+        self.accepted = (self.accepted + total) & 0xFFFFFFFF
+        self.results_read = (self.results_read + total) & 0xFFFFFFFF
+        out = b"".join(EpochSummary(a, c).to_bytes() for a, c in sums)
+        return response_type(Cmd.RUN), out + (self.run_cycles & 0xFFFFFFFF).to_bytes(4, "little")
+
     def _execute(self, cmd: int, p: bytes) -> tuple[int, bytes]:
         P = self.params
         ok = response_type(cmd)
@@ -296,17 +351,28 @@ class LinkDeviceModel:
             n = len(p) // P.record_bytes
             if (self.accepted - self.results_read) % (1 << 32) + n > P.result_depth:
                 return NAK, bytes((cmd, NakReason.FULL))
-            B, X = P.x_bytes, P.x_bits
             for k in range(n):
                 r = p[k * P.record_bytes : (k + 1) * P.record_bytes]
-                xs = []
-                for i in range(P.in_features):
-                    v = int.from_bytes(r[3 + i * B : 3 + (i + 1) * B], "little") & ((1 << X) - 1)
-                    xs.append(v - (1 << X) if v >> (X - 1) else v)
+                xs = decode_features(P, r[3:])
                 self.net.push(xs, int.from_bytes(r[0:2], "little"), bool(r[2] & 1))
                 self.accepted = (self.accepted + 1) & 0xFFFFFFFF
                 self._collect()
             return ok, self.accepted.to_bytes(4, "little")
+        if cmd == Cmd.STORE:
+            index = int.from_bytes(p[:STORE_INDEX_BYTES], "little")
+            recs = p[STORE_INDEX_BYTES:]
+            n = len(recs) // P.record_bytes
+            if index + n > P.onchip_samples:
+                return NAK, bytes((cmd, NakReason.BAD_ARG))
+            for k in range(n):
+                r = recs[k * P.record_bytes : (k + 1) * P.record_bytes]
+                self.onchip[index + k] = (
+                    decode_features(P, r[3:]),
+                    int.from_bytes(r[0:2], "little"),
+                )
+            return ok, b""
+        if cmd == Cmd.RUN:
+            return self._run(p)
         if cmd == Cmd.READ_RESULTS:
             if p[0] == 0:
                 return NAK, bytes((cmd, NakReason.BAD_ARG))

@@ -53,6 +53,14 @@ __all__ = [
     "FrameDecoder",
     "LinkParams",
     "encode_record",
+    "decode_features",
+    "MAX_INPUT_BITS",
+    "MAX_RUN_EPOCHS",
+    "SUMMARY_BYTES",
+    "RUN_ARG_BYTES",
+    "STORE_INDEX_BYTES",
+    "EpochSummary",
+    "run_payload",
     "weight_header",
     "Result",
     "loss_value",
@@ -63,8 +71,9 @@ __all__ = [
 #: Two-byte sync marker that starts every frame.
 SYNC = b"\xa5\x5a"
 #: Protocol version reported by HELLO; the client refuses another one (2: HELLO reports the
-#: session tag that SESSION sets).
-PROTOCOL_VERSION = 2
+#: session tag that SESSION sets; 3: sample features bit-packed at the plan's input width X,
+#: the on-chip training set commands STORE and RUN, HELLO reports its capacity).
+PROTOCOL_VERSION = 3
 #: Bytes before the payload: sync (2), type, seq, len (2).
 HEADER_BYTES = 6
 #: Bytes after the payload: CRC-32, little endian.
@@ -78,8 +87,19 @@ CRC_POLY_REFLECTED = 0xEDB88320
 RESULT_BYTES = 11
 #: Bytes of the fixed header of READ_WEIGHTS / WRITE_WEIGHTS: stage, kind, row, col, count.
 WEIGHT_HEADER_BYTES = 7
-#: Bytes of a HELLO response: session tag (4), hash (8), 10 bytes of sizes, two counters (8).
-HELLO_BYTES = 30
+#: Bytes of a HELLO response: session tag (4), hash (8), 12 bytes of sizes, two counters (8).
+HELLO_BYTES = 32
+#: Widest input feature the link packs (bits): the RTL unpacks a feature from its 32-bit window
+#: of the last four payload bytes, which holds X + 7 bits (docs/protocol.md §2).
+MAX_INPUT_BITS = 25
+#: Epochs one RUN command trains (its response holds one summary per epoch).
+MAX_RUN_EPOCHS = 32
+#: Bytes of one epoch summary in a RUN response: loss sum u64, correct u32.
+SUMMARY_BYTES = 12
+#: Bytes of a RUN command: count u16, epochs u8, start u16, mask u16.
+RUN_ARG_BYTES = 7
+#: Bytes before the records of a STORE command: the first slot, u16.
+STORE_INDEX_BYTES = 2
 #: Bytes of the session tag (SESSION payload, first field of HELLO).
 SESSION_BYTES = 4
 #: Engine-side counters appended to the network's counters in READ_COUNTERS, in order.
@@ -111,6 +131,10 @@ class Cmd(IntEnum):
     READ_WEIGHTS = 0x07
     WRITE_WEIGHTS = 0x08
     SESSION = 0x09
+    #: on-chip training set (bit 4 set; STORE shares SAMPLES' low bits, 0b0010, and its
+    #: record parser in the RTL)
+    STORE = 0x12
+    RUN = 0x13
 
 
 class NakReason(IntEnum):
@@ -118,6 +142,7 @@ class NakReason(IntEnum):
 
     FULL = 1  #: SAMPLES would exceed the result buffer; read results first.
     BAD_ARG = 2  #: an argument is out of range (stage, kind, row, col, count).
+    BUSY = 3  #: RUN with results still unread (read them first: the run's results are its own).
 
 
 def response_type(cmd: int) -> int:
@@ -231,20 +256,26 @@ class LinkParams:
     plan_hash: the plan's hash as 8 bytes (``bytes.fromhex(plan.hash)``).
     in_features: N, features per sample.
     x_bits: X, bits of one quantised feature (``plan.stages[0].formats.x.bits``).
-    x_bytes: B = ⌈X/8⌉, bytes per feature on the wire (two's complement, little endian).
+    x_bytes: B = ⌈X/8⌉, bytes of one feature as a weight-free integer (HELLO reports it; the
+        wire packs features at X bits, ``feature_bytes``).
+    feature_bytes: F = ⌈N·X/8⌉, the packed features of one record (bits LSB first).
     num_stages: S, stages in the plan (weight-access ``stage`` is 0..S−1).
     classes: outputs of the loss unit.
-    stage_rows: M of every stage; ``stage_cols``: N+1 (bias column last).
+    stage_rows: M of every stage; ``stage_cols``: N+1 (bias column last) — a convolution
+        stage's weight matrix: C_out rows, T + 1 columns (``Stage.rows`` / ``Stage.cols``,
+        docs/numerics.md §9).
     stage_kinds: weight kinds served per stage (2 = w, u; 3 = also w_prev for LWP ``w`` form).
     max_batch: samples per SAMPLES frame (1..255).
     max_words: weights per READ/WRITE_WEIGHTS frame (1..255).
     result_depth: results the device buffers (≥ S + max_batch, so no forced flush).
     max_results: results per READ_RESULTS response (≤ 255).
-    record_bytes: R = 3 + N·B, one sample record.
+    record_bytes: R = 3 + F, one sample record.
     rx_max, tx_max: largest command / response payload.
     num_counters: 32-bit words of a READ_COUNTERS response: :attr:`network_counters` + 7.
     heads: auxiliary heads of the plan (K − 1; 0 for ``global``): their loss units add
         saturation counters and each head a ``head_correct`` counter (docs/protocol.md §4).
+    onchip_samples: capacity of the on-chip training set (samples; 0: the engine has none and
+        refuses STORE and RUN as bad headers).
     """
 
     plan_hash: bytes
@@ -265,6 +296,8 @@ class LinkParams:
     tx_max: int
     num_counters: int
     heads: int = 0
+    feature_bytes: int = 0
+    onchip_samples: int = 0
 
     @classmethod
     def from_plan(
@@ -273,20 +306,30 @@ class LinkParams:
         max_batch: int | None = None,
         max_words: int = 32,
         result_depth: int | None = None,
+        onchip_samples: int = 0,
     ) -> LinkParams:
-        """Derive the link sizes from ``plan``.
+        """Derive the link sizes from ``plan`` (``onchip_samples``: the on-chip set's capacity,
+        0..65535 samples).
 
         Defaults: ``max_batch`` = ⌊1024 / R⌋ clamped to 1..8 (a command buffer of ≤ ~1 KiB);
         ``result_depth`` = the next power of two ≥ max(16, S + 2·max_batch). Raises ValueError
         when a value is out of range or ``result_depth < S + max_batch`` (the host could then
-        be forced to flush, which would change the training schedule).
+        be forced to flush, which would change the training schedule), or the input format is
+        wider than :data:`MAX_INPUT_BITS`.
         """
         stages = plan.stages
         S = len(stages)
         X = stages[0].formats.x.bits
         B = _ceil_div(X, 8)
         N = plan.in_features
-        R = 3 + N * B
+        if X > MAX_INPUT_BITS:
+            raise ValueError(
+                f"the link packs inputs of ≤ {MAX_INPUT_BITS} bits, the plan's are {X}"
+            )
+        if not 0 <= onchip_samples <= 0xFFFF:
+            raise ValueError(f"onchip_samples={onchip_samples} must be in 0..65535")
+        F = _ceil_div(N * X, 8)
+        R = 3 + F
         if max_batch is None:
             max_batch = max(1, min(8, 1024 // R))
         if result_depth is None:
@@ -311,20 +354,29 @@ class LinkParams:
             x_bytes=B,
             num_stages=S,
             classes=plan.loss.classes,
-            stage_rows=tuple(s.out_features for s in stages),
-            stage_cols=tuple(s.in_features + 1 for s in stages),
+            stage_rows=tuple(s.rows for s in stages),
+            stage_cols=tuple(s.cols + 1 for s in stages),
             stage_kinds=kinds,
             max_batch=max_batch,
             max_words=max_words,
             result_depth=result_depth,
             max_results=max_results,
             record_bytes=R,
-            rx_max=max(max_batch * R, WEIGHT_HEADER_BYTES + 4 * max_words),
+            rx_max=max(
+                max_batch * R + (STORE_INDEX_BYTES if onchip_samples else 0),
+                WEIGHT_HEADER_BYTES + 4 * max_words,
+            ),
             tx_max=max(
-                HELLO_BYTES, 1 + RESULT_BYTES * max_results, 4 * max_words, 4 * num_counters
+                HELLO_BYTES,
+                1 + RESULT_BYTES * max_results,
+                4 * max_words,
+                4 * num_counters,
+                (SUMMARY_BYTES * MAX_RUN_EPOCHS + 4) if onchip_samples else 0,
             ),
             num_counters=num_counters,
             heads=heads,
+            feature_bytes=F,
+            onchip_samples=onchip_samples,
         )
 
     @property
@@ -351,6 +403,10 @@ class LinkParams:
             return length % self.record_bytes == 0 and 1 <= length // self.record_bytes <= (
                 self.max_batch
             )
+        if self.onchip_samples and cmd == Cmd.STORE:
+            return self.command_length_ok(Cmd.SAMPLES, length - STORE_INDEX_BYTES)
+        if self.onchip_samples and cmd == Cmd.RUN:
+            return length == RUN_ARG_BYTES
         return False
 
     def response_length_ok(self, rtype: int, length: int, max_words: int = 255) -> bool:
@@ -367,8 +423,10 @@ class LinkParams:
             return length == 4
         if cmd == Cmd.READ_RESULTS:
             return length % RESULT_BYTES == 1 and length <= 1 + RESULT_BYTES * 255
-        if cmd in (Cmd.FLUSH, Cmd.RESET_COUNTERS, Cmd.WRITE_WEIGHTS, Cmd.SESSION):
+        if cmd in (Cmd.FLUSH, Cmd.RESET_COUNTERS, Cmd.WRITE_WEIGHTS, Cmd.SESSION, Cmd.STORE):
             return length == 0
+        if cmd == Cmd.RUN:
+            return length % SUMMARY_BYTES == 4 and length <= 4 + SUMMARY_BYTES * MAX_RUN_EPOCHS
         if cmd == Cmd.READ_COUNTERS:
             return length == 4 * self.num_counters
         if cmd == Cmd.READ_WEIGHTS:
@@ -384,20 +442,69 @@ class LinkParams:
             + self.result_depth.to_bytes(2, "little")
             + self.in_features.to_bytes(2, "little")
             + bytes((self.x_bits, self.x_bytes))
+            + self.onchip_samples.to_bytes(2, "little")
             + (accepted & 0xFFFFFFFF).to_bytes(4, "little")
             + (results_read & 0xFFFFFFFF).to_bytes(4, "little")
         )
 
 
 def encode_record(params: LinkParams, x: Sequence[int], label: int, train: bool) -> bytes:
-    """One sample record: label u16 LE, flags (bit 0 = train), N features of B bytes each (LE)."""
-    B = params.x_bytes
-    mask = (1 << (8 * B)) - 1
+    """One sample record (R bytes): label u16 LE, flags (bit 0 = train), then the N features
+    bit-packed at X bits each, two's complement, LSB first: feature i is bits i·X … i·X + X − 1
+    of the little-endian integer of the F = ⌈N·X/8⌉ feature bytes (the padding bits are 0)."""
+    X = params.x_bits
+    mask = (1 << X) - 1
+    packed = 0
+    for i, v in enumerate(x):
+        packed |= (int(v) & mask) << (i * X)
     out = bytearray(int(label).to_bytes(2, "little"))
     out.append(1 if train else 0)
-    for v in x:
-        out += (int(v) & mask).to_bytes(B, "little")
+    out += packed.to_bytes(params.feature_bytes, "little")
     return bytes(out)
+
+
+def decode_features(params: LinkParams, packed: bytes) -> list[int]:
+    """The N signed X-bit features of a record's F packed feature bytes (:func:`encode_record`)."""
+    X = params.x_bits
+    v = int.from_bytes(packed, "little")
+    out = []
+    for i in range(params.in_features):
+        f = (v >> (i * X)) & ((1 << X) - 1)
+        out.append(f - (1 << X) if f >> (X - 1) else f)
+    return out
+
+
+def run_payload(count: int, epochs: int, start: int, mask: int) -> bytes:
+    """The RUN command's 7 bytes: ``count`` u16 (samples of the on-chip set, slots 0..count−1),
+    ``epochs`` u8 (1..:data:`MAX_RUN_EPOCHS`), the permutation's ``start`` state and epoch
+    ``mask`` (u16 each; :mod:`pipetrain.protocol.onchip`)."""
+    return (
+        count.to_bytes(2, "little")
+        + bytes((epochs,))
+        + start.to_bytes(2, "little")
+        + mask.to_bytes(2, "little")
+    )
+
+
+@dataclass(frozen=True)
+class EpochSummary:
+    """One epoch of a RUN (docs/protocol.md §2): ``loss_sum`` = Σ of the results' raw ``loss``
+    field (CE: p_y with ``recip_frac`` fraction bits; MSE: Σ(z−t)²) over the epoch's samples,
+    ``correct`` = samples whose prediction equals their label."""
+
+    loss_sum: int
+    correct: int
+
+    def to_bytes(self) -> bytes:
+        """The 12 wire bytes."""
+        return (self.loss_sum & (2**64 - 1)).to_bytes(8, "little") + (
+            self.correct & 0xFFFFFFFF
+        ).to_bytes(4, "little")
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> EpochSummary:
+        """Parse 12 wire bytes."""
+        return cls(int.from_bytes(b[0:8], "little"), int.from_bytes(b[8:12], "little"))
 
 
 def weight_header(stage: int, kind: int, row: int, col: int, count: int) -> bytes:
@@ -516,6 +623,7 @@ class DeviceInfo:
     plan_hash: hex string (16 digits) of the plan the design was built from.
     version: protocol version.
     max_batch, max_words, num_stages, result_depth, in_features, x_bits, x_bytes: link sizes.
+    onchip_samples: capacity of the on-chip training set (0: none).
     accepted, results_read: raw (never reset) sample counters of the engine.
     """
 
@@ -529,6 +637,7 @@ class DeviceInfo:
     in_features: int
     x_bits: int
     x_bytes: int
+    onchip_samples: int
     accepted: int
     results_read: int
 
@@ -549,6 +658,7 @@ class DeviceInfo:
             in_features=int.from_bytes(q[14:16], "little"),
             x_bits=q[16],
             x_bytes=q[17],
-            accepted=int.from_bytes(q[18:22], "little"),
-            results_read=int.from_bytes(q[22:26], "little"),
+            onchip_samples=int.from_bytes(q[18:20], "little"),
+            accepted=int.from_bytes(q[20:24], "little"),
+            results_read=int.from_bytes(q[24:28], "little"),
         )

@@ -1,24 +1,39 @@
 """SamplesCommand (SAMPLES) in Amaranth's simulator: records built with ``protocol.wire`` become
 ``sample_in`` beats with the device model's values, one ``bump`` after each record, under
-random backpressure on ``args``, ``sample_in`` and ``bump``."""
+random backpressure on ``args``, ``sample_in`` and ``bump``; features bit-packed at every input
+width the unpacker has a distinct case for (several features per byte, byte-aligned, straddling
+bytes, the widest window)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 from amaranth.sim import Simulator
+from pipetrain.compiler.plan import QFormat
 from pipetrain.hdl.link_samples import SamplesCommand
-from pipetrain.protocol.wire import LinkParams, encode_record
+from pipetrain.protocol.wire import LinkParams, decode_features, encode_record
 from test_link import PLAN
 
 PARAMS = LinkParams.from_plan(PLAN)
 
 
-def run_samples(commands: list[bytes], seed: int, p_args=0.6, p_si=0.5, p_bump=0.4):
+def plan_with_input_bits(bits: int):
+    """PLAN with stage 1's input format ``bits`` wide (the only width SamplesCommand reads)."""
+    st = PLAN.stages[0]
+    fmts = dataclasses.replace(st.formats, x=QFormat(bits, bits - 3))
+    return dataclasses.replace(
+        PLAN, stages=(dataclasses.replace(st, formats=fmts),) + PLAN.stages[1:]
+    )
+
+
+def run_samples(
+    commands: list[bytes], seed: int, p_args=0.6, p_si=0.5, p_bump=0.4, plan=PLAN, params=PARAMS
+):
     """Execute SAMPLES with each payload of ``commands``; return per command the events in
     order: ``("beat", x, label, train, last)`` and ``("bump",)``."""
-    dut = SamplesCommand(PLAN, PARAMS)
+    dut = SamplesCommand(plan, params)
     rng = random.Random(seed)
     log: list[list[tuple]] = []
 
@@ -67,8 +82,8 @@ def run_samples(commands: list[bytes], seed: int, p_args=0.6, p_si=0.5, p_bump=0
     return log
 
 
-def expected(records: list[tuple[list[int], int, bool]]) -> list[tuple]:
-    N = PARAMS.in_features
+def expected(records: list[tuple[list[int], int, bool]], params=PARAMS) -> list[tuple]:
+    N = params.in_features
     out: list[tuple] = []
     for x, label, train in records:
         out += [("beat", v, label, int(train), int(i == N - 1)) for i, v in enumerate(x)]
@@ -94,3 +109,33 @@ def test_records_to_beats(seed):
         commands.append(b"".join(encode_record(PARAMS, *r) for r in recs))
         want.append(expected(recs))
     assert run_samples(commands, seed) == want
+
+
+@pytest.mark.parametrize("bits", [5, 8, 12, 25])
+def test_packed_widths(bits):
+    """X = 5 (one byte completes up to two features), 8, 12 (a feature straddles two bytes,
+    record of 3 + ⌈4·12/8⌉ = 9 bytes), 25 (the widest: the feature starts at word bit 0)."""
+    plan = plan_with_input_bits(bits)
+    params = LinkParams.from_plan(plan)
+    assert params.x_bits == bits and params.record_bytes == 3 + -(-4 * bits // 8)
+    rng = random.Random(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    commands, want = [], []
+    for k in [1, params.max_batch]:
+        recs = [
+            ([rng.choice((lo, hi, 0, -1, rng.randint(lo, hi))) for _ in range(4)], k, True)
+            for _ in range(k)
+        ]
+        payload = b"".join(encode_record(params, *r) for r in recs)
+        assert [
+            decode_features(params, payload[j * params.record_bytes + 3 :][: params.feature_bytes])
+            for j in range(k)
+        ] == [r[0] for r in recs]
+        commands.append(payload)
+        want.append(expected(recs, params))
+    assert run_samples(commands, bits, plan=plan, params=params) == want
+
+
+def test_wider_inputs_refused():
+    with pytest.raises(ValueError, match="≤ 25 bits"):
+        LinkParams.from_plan(plan_with_input_bits(26))

@@ -405,5 +405,5 @@ def test_client_timeout_includes_serial_line_time():
     tr = Slow(dev)
     cli = LinkClient(tr, PLAN, timeout=0.1)
     cli.hello()
-    # HELLO: 10-byte frame + 10 + 30-byte answer = 50 bytes ≈ 52.1 ms at 9600 baud
-    assert 0.1 + 0.045 < tr.seen[0] <= 0.1 + 50 * 10 / 9600
+    # HELLO: 10-byte frame + 10 + 32-byte answer = 52 bytes ≈ 54.2 ms at 9600 baud
+    assert 0.1 + 0.045 < tr.seen[0] <= 0.1 + 52 * 10 / 9600
