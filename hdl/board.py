@@ -77,6 +77,8 @@ class NetworkCore(wiring.Component):
         cycles of ``clock_hz`` (the link engine counts cycles), at least one cycle;
         0 turns the timeout off (a frame cut short then waits for the next bytes).
     clock_hz: the clock the core runs at (Hz); default ``plan.clock_hz``.
+    onchip_samples: capacity of the link's on-chip training set (samples; 0: none, the
+        default — :class:`~pipetrain.hdl.link.LinkEngine`).
 
     Raises
     ------
@@ -90,11 +92,16 @@ class NetworkCore(wiring.Component):
     """
 
     def __init__(
-        self, plan: Any, rx_timeout_s: float = 0.021, clock_hz: float | None = None
+        self,
+        plan: Any,
+        rx_timeout_s: float = 0.021,
+        clock_hz: float | None = None,
+        onchip_samples: int = 0,
     ) -> None:
         if rx_timeout_s < 0:
             raise ValueError(f"rx_timeout_s must be ≥ 0 s (0 = off), got {rx_timeout_s}")
         self.plan = plan
+        self.onchip_samples = onchip_samples
         clock = plan.clock_hz if clock_hz is None else clock_hz
         # 0 s is "off" (LinkEngine's rx_timeout=0); any positive time is at least one cycle
         self.rx_timeout = max(1, round(clock * rx_timeout_s)) if rx_timeout_s else 0
@@ -105,7 +112,9 @@ class NetworkCore(wiring.Component):
         from .top import NetworkTop
 
         m = Module()
-        m.submodules.link = link = LinkEngine(self.plan, rx_timeout=self.rx_timeout)
+        m.submodules.link = link = LinkEngine(
+            self.plan, rx_timeout=self.rx_timeout, onchip_samples=self.onchip_samples
+        )
         m.submodules.net = net = NetworkTop(self.plan)
         wiring.connect(m, link.net, net)
         wiring.connect(m, wiring.flipped(self.i), link.rx)
@@ -114,10 +123,11 @@ class NetworkCore(wiring.Component):
         return m
 
 
-def network_core(plan: Any, clock_hz: float | None = None) -> NetworkCore:
+def network_core(plan: Any, clock_hz: float | None = None, onchip_samples: int = 0) -> NetworkCore:
     """Return the link engine in front of ``NetworkTop(plan)`` as a byte-stream core running at
-    ``clock_hz`` (Hz; default ``plan.clock_hz``)."""
-    return NetworkCore(plan, clock_hz=clock_hz)
+    ``clock_hz`` (Hz; default ``plan.clock_hz``), with an on-chip training set of
+    ``onchip_samples`` slots (0: none)."""
+    return NetworkCore(plan, clock_hz=clock_hz, onchip_samples=onchip_samples)
 
 
 class BoardTop(Elaboratable):

@@ -24,13 +24,17 @@ from ..protocol.wire import (
     HEADER_BYTES,
     HELLO_BYTES,
     KIND_NAMES,
+    MAX_RUN_EPOCHS,
     NAK,
     PROTOCOL_VERSION,
     RESULT_BYTES,
     SESSION_BYTES,
+    STORE_INDEX_BYTES,
+    SUMMARY_BYTES,
     Cmd,
     Counters,
     DeviceInfo,
+    EpochSummary,
     Frame,
     FrameDecoder,
     LinkParams,
@@ -39,6 +43,7 @@ from ..protocol.wire import (
     encode_frame,
     encode_record,
     response_type,
+    run_payload,
     weight_header,
 )
 
@@ -47,6 +52,7 @@ __all__ = [
     "PlanMismatchError",
     "DeviceResetError",
     "NakError",
+    "OnChipError",
     "LinkClient",
     "quantise_inputs",
 ]
@@ -74,6 +80,11 @@ class NakError(LinkError):
         super().__init__(
             f"device refused {Cmd(cmd).name if cmd in Cmd._value2member_map_ else cmd}: {name}"
         )
+
+
+class OnChipError(UserError, ValueError):
+    """The on-chip training set cannot take this data: the device has none, or too few slots
+    (the message names the sizes and the way out)."""
 
 
 class _Transport(Protocol):
@@ -273,6 +284,9 @@ class LinkClient:
             accepted += len(payload) // self.params.record_bytes
         elif cmd == Cmd.READ_RESULTS and response:
             read += response[0]
+        elif cmd == Cmd.RUN and response:  # NAKs raise before: the run happened
+            n = int.from_bytes(payload[0:2], "little") * payload[2]
+            accepted, read = accepted + n, read + n
         self._check_session(accepted, read & 0xFFFFFFFF)
 
     def start_session(self, tag: int | None = None) -> int:
@@ -321,6 +335,8 @@ class LinkClient:
             return 4 * payload[6]
         if cmd == Cmd.READ_COUNTERS:
             return 4 * self.params.num_counters
+        if cmd == Cmd.RUN:
+            return 4 + SUMMARY_BYTES * payload[2]
         return HELLO_BYTES
 
     def _ensure(self) -> None:
@@ -454,6 +470,67 @@ class LinkClient:
         """Run the pipeline empty (every in-flight sample's update applied)."""
         self._ensure()
         self._transact(Cmd.FLUSH)
+
+    # -- the on-chip training set (docs/protocol.md §2)
+    def check_onchip(self, samples: int) -> None:
+        """Raise :class:`OnChipError` unless the device's on-chip set holds ``samples`` slots."""
+        self._ensure()
+        assert self.info is not None
+        cap = self.info.onchip_samples
+        if cap == 0:
+            raise OnChipError(
+                "the device was built without an on-chip training set: rebuild it with one "
+                "(pipetrain build --on-chip-data N) or train without --on-chip-data"
+            )
+        if samples > cap:
+            raise OnChipError(
+                f"the training set has {samples} samples, the device's on-chip set holds {cap}: "
+                "use at most that many, a device built with a larger set, or train without "
+                "--on-chip-data"
+            )
+
+    def store(self, xq: np.ndarray, labels: Sequence[int], first: int = 0) -> None:
+        """Upload quantised samples ``xq`` [n, N] with ``labels`` into slots ``first ..
+        first+n−1`` of the on-chip set (STORE frames of ``max_batch`` records). Raises
+        :class:`OnChipError` when they do not fit."""
+        self.check_onchip(first + len(xq))
+        assert self.info is not None
+        for i in range(0, len(xq), self.info.max_batch):
+            recs = b"".join(
+                encode_record(self.params, xq[j], int(labels[j]), True)
+                for j in range(i, min(len(xq), i + self.info.max_batch))
+            )
+            self._transact(Cmd.STORE, (first + i).to_bytes(STORE_INDEX_BYTES, "little") + recs)
+
+    def run(
+        self, count: int, epochs: int, start: int, mask: int, seconds: float = 0.0
+    ) -> tuple[list[EpochSummary], int]:
+        """RUN: train ``epochs`` (1..32) epochs over slots ``0..count−1`` in the device's
+        permutation (``start``, ``mask``: :func:`pipetrain.protocol.onchip.run_seeds`), ending
+        with a flush. ``seconds``: how long the run may take on the device (added to the
+        timeout). Returns the epoch summaries and the device's cycle count of the run; the
+        host's sample books move on by ``epochs·count`` like the device's."""
+        self._ensure()
+        if not 1 <= epochs <= MAX_RUN_EPOCHS:
+            raise ValueError(f"epochs per RUN must be 1..{MAX_RUN_EPOCHS}, got {epochs}")
+        saved = self.timeout
+        self.timeout = saved + seconds
+        try:
+            p = self._transact(Cmd.RUN, run_payload(count, epochs, start, mask))
+        finally:
+            self.timeout = saved
+        if len(p) != 4 + SUMMARY_BYTES * epochs:
+            raise LinkError(f"RUN response of {len(p)} bytes for {epochs} epochs")
+        sums = [
+            EpochSummary.from_bytes(p[SUMMARY_BYTES * e : SUMMARY_BYTES * (e + 1)])
+            for e in range(epochs)
+        ]
+        n = count * epochs
+        self._accepted = (self._accepted + n) & 0xFFFFFFFF
+        self._read = (self._read + n) & 0xFFFFFFFF
+        self.samples_sent += n
+        self.train_samples_sent += n
+        return sums, int.from_bytes(p[-4:], "little")
 
     # -- counters
     def counters(self) -> Counters:

@@ -49,9 +49,10 @@ from ..compiler.plan import Plan
 from ..data import epoch_order
 from ..errors import UserError
 from ..hdl.support import require_hdl
-from ..protocol.wire import Result, loss_value
+from ..protocol.onchip import run_chunks
+from ..protocol.wire import EpochSummary, Result, loss_value
 from ..sim.fixed import quantise
-from ..sim.golden import GoldenModel
+from ..sim.golden import GoldenModel, onchip_order
 from ..sim.golden_conv import conv_slot
 from ..sim.trainer import Trainer, accuracy
 from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
@@ -97,7 +98,12 @@ class TrainReport:
     samples_per_s: ``samples / seconds``.
     accuracy: fraction of training samples whose prediction (made in the forward pass, with the
         weights the pipeline used) was right; None for the float reference trainer.
-    loss: mean loss of those forwards (numerics §4 loss output); None for the reference.
+    loss: mean loss of those forwards (numerics §4 loss output); None for the reference, and
+        for cross-entropy runs through the on-chip set (their summaries sum p_y, not −ln p_y).
+    epoch_summaries: runs through the on-chip training set: per epoch ``{"loss_sum",
+        "correct", "accuracy"}`` (docs/protocol.md §2 RUN); None otherwise.
+    device_cycles: the clock cycles the device counted for those runs (link targets), else
+        None; ``device_samples_per_s`` = samples at ``plan.clock_hz`` over them.
     """
 
     samples: int
@@ -106,6 +112,9 @@ class TrainReport:
     samples_per_s: float
     accuracy: float | None
     loss: float | None
+    epoch_summaries: list[dict[str, Any]] | None = None
+    device_cycles: int | None = None
+    device_samples_per_s: float | None = None
 
 
 @dataclass
@@ -275,6 +284,7 @@ class Device:
         checkpoint: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
         resume: Checkpoint | None = None,
+        onchip: bool = False,
     ) -> TrainReport:
         """Train on ``x`` (n, N) floats with labels ``y`` (n,) for ``epochs`` passes, one sample
         at a time in :func:`~pipetrain.data.epoch_order`, then flush (every update applied).
@@ -290,8 +300,17 @@ class Device:
         (same plan, data, seed and period): bit for bit what the uninterrupted run computes. The
         report then covers the whole run (``samples`` = epochs × n, accuracy over all of it).
 
+        ``onchip``: train through the on-chip training set (docs/protocol.md §2 STORE/RUN): the
+        data is uploaded once (again only when it changed), then the device runs the epochs in
+        its own LFSR order (:func:`~pipetrain.sim.golden.onchip_order`, flushing after every 32
+        epochs) with no sample on the link; the report carries the epoch summaries instead of
+        per-sample results. The ``golden`` target computes the same run in the same order
+        (what a fresh device must match bit for bit).
+
         Raises :class:`DeviceError` for bad shapes/labels, ``epochs < 1``, ``checkpoint_every
-        < 1`` or checkpoints on the reference target;
+        < 1``, checkpoints on the reference target, or ``onchip`` with checkpoints or on the
+        reference target; :class:`~pipetrain.host.client.OnChipError` when the device has no
+        on-chip set or too few slots;
         :class:`~pipetrain.host.checkpoint.CheckpointError` for a checkpoint of another plan or
         data; :class:`~pipetrain.host.client.LinkError` when the link fails.
         """
@@ -300,6 +319,13 @@ class Device:
         assert yt is not None
         if epochs < 1:
             raise DeviceError(f"epochs must be ≥ 1, got {epochs}")
+        if onchip:
+            if checkpoint is not None or checkpoint_every is not None or resume is not None:
+                raise DeviceError(
+                    "--on-chip-data runs take no checkpoints (the device runs whole epochs "
+                    "on its own): drop --checkpoint/--resume or --on-chip-data"
+                )
+            return self._train_onchip(xt, yt, epochs)
         if checkpoint is not None or checkpoint_every is not None or resume is not None:
             return self._train_run(xt, yt, epochs, progress, checkpoint, checkpoint_every, resume)
         n = len(xt)
@@ -329,6 +355,90 @@ class Device:
             loss = float(np.mean([self._loss(raw) for _, raw, _ in got]))
         return TrainReport(
             samples, epochs, seconds, samples / seconds if seconds > 0 else float("inf"), acc, loss
+        )
+
+    def _train_onchip(self, xt: torch.Tensor, yt: torch.Tensor, epochs: int) -> TrainReport:
+        """:meth:`train` through the on-chip training set (see there)."""
+        n = len(xt)
+        if self.client is None and not isinstance(self.trainer, GoldenModel):
+            raise DeviceError(
+                f"--on-chip-data needs the golden or a link target; {self.target} is the float "
+                "reference trainer"
+            )
+        if not 1 <= n <= 0xFFFF:
+            raise DeviceError(f"an on-chip training set holds 1..65535 samples, got {n}")
+        labels = yt.tolist()
+        seed, first = self.config.seed, self.epochs_trained
+        t0 = time.perf_counter()
+        sums: list[EpochSummary] = []
+        cycles: int | None = None
+        if self.client is not None:
+            cli = self.client
+            cli.check_onchip(n)
+            xq = quantise_inputs(xt.numpy(), self.plan)
+            digest = data_digest(xt, yt)
+            if getattr(self, "_onchip_digest", None) != digest:
+                cli.store(xq, labels)
+                self._onchip_digest = digest
+            per_sample = max(self.plan.in_features, self.plan.ideal_cycles_per_sample)
+            rate = 20e3 if self.target == "sim" else self.plan.clock_hz  # simulated cycles/s
+            cycles = 0
+            orders = onchip_order(n, seed, first, epochs)
+            for (start, mask, k), order in zip(
+                run_chunks(n, seed, first, epochs), orders, strict=True
+            ):
+                got, cyc = cli.run(n, k, start, mask, seconds=4 * k * n * per_sample / rate)
+                sums += got
+                cycles += cyc
+                idx = order.numpy()
+                if self.shadow is not None:  # for verify(): where the shadow's records go
+                    runs = self.__dict__.setdefault("_onchip_runs", [])
+                    pos = len(self.results) + sum(len(r[1]) for r in runs)  # shadow records
+                    runs.append((pos, [labels[i] for i in idx.tolist()], got))
+                self._to_shadow(_shadow_submit, self.shadow, torch.from_numpy(xq[idx]), [
+                    labels[i] for i in idx.tolist()
+                ])  # fmt: skip
+                self._to_shadow(GoldenModel.flush, self.shadow)
+        else:
+            g = self.trainer
+            xq_t = g.quantise_input(xt)
+            for order in onchip_order(n, seed, first, epochs):
+                start_res = len(g.results)
+                for i in order.tolist():
+                    g.submit(xq_t[i], labels[i], True)
+                g.flush()
+                res = g.results[start_res:]
+                for e in range(len(res) // n):
+                    part = res[e * n : (e + 1) * n]
+                    ids = order[e * n : (e + 1) * n].tolist()
+                    sums.append(
+                        EpochSummary(
+                            sum(r.loss_raw for r in part),
+                            sum(int(r.pred == labels[i]) for r, i in zip(part, ids, strict=True)),
+                        )
+                    )
+                self.results += [(r.pred, r.loss_raw, r.train) for r in res]
+        seconds = time.perf_counter() - t0
+        self.epochs_trained += epochs
+        self.samples_trained += n * epochs
+        samples = n * epochs
+        lu = self.plan.loss
+        loss = None
+        if lu.kind == "mse":
+            loss = sum(s.loss_sum for s in sums) / 2.0 ** (2 * lu.z.frac) / lu.classes / samples
+        summaries = [
+            {"loss_sum": s.loss_sum, "correct": s.correct, "accuracy": s.correct / n} for s in sums
+        ]
+        return TrainReport(
+            samples,
+            epochs,
+            seconds,
+            samples / seconds if seconds > 0 else float("inf"),
+            sum(s.correct for s in sums) / samples,
+            loss,
+            summaries,
+            cycles,
+            samples * self.plan.clock_hz / cycles if cycles else None,
         )
 
     def _loss(self, raw: int) -> float:
@@ -745,6 +855,17 @@ class Device:
         g = self.shadow
         bad: list[str] = []
         gold = [(r.pred, r.loss_raw, r.train) for r in g.results[self._shadow_results :]]
+        # on-chip runs returned epoch summaries, not records: compare those, drop the records
+        for pos, labels, sums in reversed(getattr(self, "_onchip_runs", [])):
+            part = gold[pos : pos + len(labels)]
+            n = len(labels) // len(sums)
+            for e, s in enumerate(sums):
+                rs, ls = part[e * n : (e + 1) * n], labels[e * n : (e + 1) * n]
+                hits = sum(int(r[0] == lab) for r, lab in zip(rs, ls, strict=True))
+                want = EpochSummary(sum(r[1] for r in rs), hits)
+                if s != want:
+                    bad.append(f"on-chip epoch summary {e}: device {s}, golden {want}")
+            del gold[pos : pos + len(labels)]
         if len(gold) != len(self.results):
             bad.append(f"{len(self.results)} results from the device, {len(gold)} from golden")
         for k, (a, b) in enumerate(zip(self.results, gold, strict=False)):

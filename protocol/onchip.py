@@ -21,7 +21,9 @@ candidate per clock cycle, no multiplier, no memory):
 
 from __future__ import annotations
 
-__all__ = ["PERM_TAPS", "perm_bits", "perm_step", "epoch_orders", "run_seeds"]
+from .wire import MAX_RUN_EPOCHS
+
+__all__ = ["PERM_TAPS", "perm_bits", "perm_step", "epoch_orders", "run_seeds", "run_chunks"]
 
 #: Maximal-length toggle masks of the right-shifting Galois LFSR, by width k (2..16): the
 #: smallest mask with bit k−1 set whose LFSR has period 2^k − 1 (found by search;
@@ -95,3 +97,17 @@ def run_seeds(n: int, seed: int, epoch: int) -> tuple[int, int]:
     for _ in range(epoch % period):
         mask = perm_step(mask, k)
     return start, mask
+
+
+def run_chunks(n: int, seed: int, first_epoch: int, epochs: int) -> list[tuple[int, int, int]]:
+    """The RUN commands of ``epochs`` epochs from epoch ``first_epoch`` on: ``(start, mask,
+    epochs)`` each, at most :data:`~pipetrain.protocol.wire.MAX_RUN_EPOCHS` epochs per RUN (the
+    device flushes after each, so a longer run is cut there: the golden model flushes at the
+    same points)."""
+    out = []
+    e = 0
+    while e < epochs:
+        k = min(MAX_RUN_EPOCHS, epochs - e)
+        out.append((*run_seeds(n, seed, first_epoch + e), k))
+        e += k
+    return out

@@ -117,11 +117,14 @@ class BridgeTop(wiring.Component):
     net_idle: ``Out(1)`` the network's ``idle`` (no sample in flight, no tick running).
     """
 
-    def __init__(self, plan: Plan, word_bytes: int = DEFAULT_WORD_BYTES) -> None:
+    def __init__(
+        self, plan: Plan, word_bytes: int = DEFAULT_WORD_BYTES, onchip_samples: int = 0
+    ) -> None:
         if not 1 <= word_bytes <= 255:
             raise ValueError(f"word_bytes must be in 1..255, got {word_bytes}")
         self.plan = plan
         self.word_bytes = word_bytes
+        self.onchip_samples = onchip_samples
         layout = word_layout(word_bytes)
         super().__init__(
             {
@@ -138,7 +141,9 @@ class BridgeTop(wiring.Component):
 
         m = Module()
         W = self.word_bytes
-        m.submodules.link = link = LinkEngine(self.plan, rx_timeout=0)
+        m.submodules.link = link = LinkEngine(
+            self.plan, rx_timeout=0, onchip_samples=self.onchip_samples
+        )
         m.submodules.net = net = NetworkTop(self.plan)
         wiring.connect(m, link.net, net)
 
@@ -208,6 +213,7 @@ def build_bridge(
     *,
     simulator: str = DEFAULT_SIMULATOR,
     rebuild: bool = False,
+    onchip_samples: int = 0,
 ) -> BridgeDesign:
     """Generate and build :class:`BridgeTop` for ``plan`` with ``simulator`` (cached by the
     plan, the generator's sources, ``word_bytes`` and the build recipe: an unchanged design
@@ -222,12 +228,12 @@ def build_bridge(
     def generate() -> str:
         from amaranth.back import verilog
 
-        return verilog.convert(BridgeTop(plan, word_bytes), name=TOPLEVEL)
+        return verilog.convert(BridgeTop(plan, word_bytes, onchip_samples), name=TOPLEVEL)
 
     build, _ = cached_design(
         "bridge",
         TOPLEVEL,
-        _identity(plan, word_bytes),
+        _identity(plan, word_bytes) + (f"|onchip={onchip_samples}" if onchip_samples else ""),
         generate,
         simulator=simulator,
         sources=[__file__],
@@ -273,6 +279,8 @@ class SimBridge:
         cannot trigger it (the server stops the clock while it waits for the rest).
     simulator: ``"verilator"`` (default) or ``"icarus"`` (:data:`~pipetrain.sim.harness.
         SIMULATORS`; Icarus runs 40–300× slower: small plans only, :mod:`pipetrain.sim.icarus`).
+    onchip_samples: capacity of the link engine's on-chip training set (samples; 0: none;
+        docs/protocol.md §2 STORE/RUN).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`. Members after
     :meth:`start`: ``port``, ``url`` (``tcp://127.0.0.1:PORT``), ``design`` (the build);
@@ -299,8 +307,10 @@ class SimBridge:
         uart_divisor: int | None = None,
         rx_timeout_s: float | None = None,
         simulator: str = DEFAULT_SIMULATOR,
+        onchip_samples: int = 0,
     ) -> None:
         self.simulator = check_simulator(simulator)
+        self.onchip_samples = onchip_samples
         self.plan = plan
         self.uart_divisor = uart_divisor
         self.rx_timeout_s = rx_timeout_s
@@ -325,13 +335,22 @@ class SimBridge:
     def start(self) -> SimBridge:
         """Build (cached), start the simulator and wait until its port is open."""
         if self.uart_divisor is None:
-            self.design = build_bridge(self.plan, self.word_bytes, simulator=self.simulator)
+            self.design = build_bridge(
+                self.plan,
+                self.word_bytes,
+                simulator=self.simulator,
+                onchip_samples=self.onchip_samples,
+            )
         else:
             from .uart_bridge import RX_TIMEOUT_S, build_uart_bridge
 
             tmo = RX_TIMEOUT_S if self.rx_timeout_s is None else self.rx_timeout_s
             self.design = build_uart_bridge(
-                self.plan, self.uart_divisor, rx_timeout_s=tmo, simulator=self.simulator
+                self.plan,
+                self.uart_divisor,
+                rx_timeout_s=tmo,
+                simulator=self.simulator,
+                onchip_samples=self.onchip_samples,
             )
         if self._work_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pt-bridge-")

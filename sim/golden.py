@@ -34,6 +34,7 @@ from ..compiler.config import TrainConfig
 from ..compiler.enums import unknown
 from ..compiler.plan import ActivationLUT, Const, LossUnit, Plan, QFormat, Stage
 from ..errors import UserError
+from ..protocol.onchip import epoch_orders, run_chunks
 from .fixed import U32_MAX, quantise, rhu, rne, rsr_addend, sat
 from .heads import head_initial_weights
 from .lfsr import LaneLFSRs
@@ -47,6 +48,7 @@ __all__ = [
     "LossTrace",
     "TickTrace",
     "GoldenError",
+    "onchip_order",
 ]
 
 #: Updates whose random numbers are generated in one block (trades memory for speed).
@@ -1119,6 +1121,23 @@ class GoldenModel:
             h.update(eng.w.numpy().tobytes())
             h.update(eng.u.numpy().tobytes())
         return h.hexdigest()[:16]
+
+
+def onchip_order(n: int, seed: int, first_epoch: int, epochs: int) -> list[torch.Tensor]:
+    """The sample order of ``epochs`` epochs (from epoch ``first_epoch`` of the run seeded
+    ``seed``, the plan's ``train["seed"]``) through a device's on-chip training set of ``n``
+    samples: one int64 tensor per RUN command (≤ 32 epochs each), the concatenated epoch orders
+    of the device's LFSR permutation (docs/numerics.md §10, :mod:`pipetrain.protocol.onchip`).
+    The device flushes after each RUN: stream each tensor with :meth:`GoldenModel.submit` and
+    :meth:`GoldenModel.flush` after it to compute what the device computes. (The host's
+    streamed runs use :func:`~pipetrain.data.epoch_order` instead and flush only at the end.)
+
+    Raises ValueError for ``n`` outside 1..65535."""
+    out = []
+    for start, mask, k in run_chunks(n, seed, first_epoch, epochs):
+        orders = epoch_orders(n, start, mask, k)
+        out.append(torch.tensor([i for o in orders for i in o], dtype=torch.int64))
+    return out
 
 
 class _QuantisedFeeder:

@@ -108,6 +108,7 @@ class UartBridgeTop(wiring.Component):
         plan: Plan | None,
         divisor: int = DEFAULT_UART_DIVISOR,
         rx_timeout_s: float = RX_TIMEOUT_S,
+        onchip_samples: int = 0,
     ) -> None:
         if divisor < MIN_DIVISOR:
             self._MustUse__silence = True  # not built: no "unused elaboratable" warning
@@ -115,6 +116,7 @@ class UartBridgeTop(wiring.Component):
         self.plan = plan
         self.divisor = int(divisor)
         self.rx_timeout_s = rx_timeout_s
+        self.onchip_samples = onchip_samples
         clock_hz = float(plan.clock_hz) if plan is not None else LOOPBACK_CLOCK_HZ
         self.board = SimBoard("sim", clock_hz, round(clock_hz / self.divisor))
         super().__init__(
@@ -133,7 +135,7 @@ class UartBridgeTop(wiring.Component):
             core: wiring.Component = Loopback()
             m.d.comb += [self.busy.eq(0), self.net_idle.eq(1)]
         else:
-            core = _StatusNetworkCore(self.plan, self.rx_timeout_s)
+            core = _StatusNetworkCore(self.plan, self.rx_timeout_s, self.onchip_samples)
             m.d.comb += [self.busy.eq(core.busy), self.net_idle.eq(core.net_idle)]
         m.submodules.board = top = BoardTop(self.board, core)  # type: ignore[arg-type]
         assert top.divisor == self.divisor, (top.divisor, self.divisor)
@@ -149,8 +151,8 @@ class _StatusNetworkCore(NetworkCore):
     """:class:`~pipetrain.hdl.board.NetworkCore` exactly as a board builds it, plus
     ``net_idle`` (a plain signal, not a port): the network's ``idle``, for the server."""
 
-    def __init__(self, plan: Plan, rx_timeout_s: float) -> None:
-        super().__init__(plan, rx_timeout_s)
+    def __init__(self, plan: Plan, rx_timeout_s: float, onchip_samples: int = 0) -> None:
+        super().__init__(plan, rx_timeout_s, onchip_samples=onchip_samples)
         self.net_idle = Signal()
 
     def elaborate(self, platform: Any) -> Module:
@@ -190,10 +192,12 @@ def build_uart_bridge(
     rx_timeout_s: float = RX_TIMEOUT_S,
     simulator: str = DEFAULT_SIMULATOR,
     rebuild: bool = False,
+    onchip_samples: int = 0,
 ) -> UartBridgeDesign:
     """Generate and build :class:`UartBridgeTop` with ``simulator`` (cached by the plan, the
-    generator's sources, ``divisor``, ``rx_timeout_s`` and the build recipe: an unchanged design
-    skips the Verilog generation too).
+    generator's sources, ``divisor``, ``rx_timeout_s``, ``onchip_samples`` (the link's on-chip
+    training set, 0: none) and the build recipe: an unchanged design skips the Verilog
+    generation too).
 
     Raises :class:`~pipetrain.hdl.uart.UARTError` for a divisor below ``MIN_DIVISOR``,
     :class:`ValueError` for an unknown simulator, :class:`~pipetrain.sim.harness.ToolchainError`
@@ -209,13 +213,16 @@ def build_uart_bridge(
     def generate() -> str:
         from amaranth.back import verilog
 
-        return verilog.convert(UartBridgeTop(plan, divisor, rx_timeout_s), name=UART_TOPLEVEL)
+        return verilog.convert(
+            UartBridgeTop(plan, divisor, rx_timeout_s, onchip_samples), name=UART_TOPLEVEL
+        )
 
     plan_text = plan.to_json() if plan is not None else "loopback"
     build, _ = cached_design(
         "uart-bridge",
         UART_TOPLEVEL,
-        f"{plan_text}|{divisor}|{tmo}|{UART_BRIDGE_VERSION}",
+        f"{plan_text}|{divisor}|{tmo}|{UART_BRIDGE_VERSION}"
+        + (f"|onchip={onchip_samples}" if onchip_samples else ""),
         generate,
         simulator=simulator,
         sources=[__file__],

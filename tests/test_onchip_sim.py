@@ -1,0 +1,92 @@
+"""The on-chip training set through the board-level RTL simulation (docs/protocol.md §2 STORE /
+RUN, the order docs/numerics.md §10): the tiny net's board top in Verilator, every byte an 8N1
+frame on its UART pins, uploads a small training set once and trains several epochs in the
+device's own LFSR order — every epoch summary, the final weights and velocities and the
+counters equal the golden model's run in the same order; the device's own cycle count gives the
+board's rate (``board_samples_per_s``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from pipetrain.host import open
+from pipetrain.host.client import OnChipError
+from pipetrain.host.device import DeviceError
+from pipetrain.sim.golden import GoldenModel, onchip_order
+from tiny_net import tiny
+
+DIVISOR = 8
+N_SET, EPOCHS = 20, 3
+
+
+def _set(n: int = N_SET, seed: int = 5):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 6, generator=gen) * 4 - 1, torch.randint(0, 3, (n,), generator=gen)
+
+
+def test_onchip_run_bit_exact_with_golden_through_the_uart_pins() -> None:
+    plan, model, config = tiny()
+    x, y = _set()
+    with open(plan, "golden", config, model=model) as gold:
+        want = gold.train(x, y, epochs=EPOCHS, onchip=True)
+        want_sd = gold.state_dict()
+        want_mem = gold.memories()
+    t0 = time.perf_counter()
+    opts = {"uart_divisor": DIVISOR, "onchip_samples": N_SET}
+    with open(plan, "sim", config, model=model, shadow=True, sim_options=opts) as dev:
+        rep = dev.train(x, y, epochs=EPOCHS, onchip=True)
+        bytes_after_first = None
+        v = dev.verify()
+        c = dev.counters()
+        sd, mem = dev.state_dict(), dev.memories()
+        # a second call reuses the uploaded set (no STORE): epochs 3..4 of the same run
+        rep2 = dev.train(x, y, epochs=2, onchip=True)
+        v2 = dev.verify()
+        with pytest.raises(OnChipError, match="21 samples.*holds 20"):
+            dev.train(*_set(N_SET + 1), epochs=1, onchip=True)
+        del bytes_after_first
+    wall = time.perf_counter() - t0
+    assert v.bit_exact and v2.bit_exact, v.mismatches + v2.mismatches
+    assert rep.epoch_summaries == want.epoch_summaries and len(rep.epoch_summaries) == EPOCHS
+    assert all(torch.equal(sd[k], w) for k, w in want_sd.items())
+    for k, w in want_mem.items():
+        assert all(torch.equal(mem[k][t], w[t]) for t in w), k
+    assert c["samples_trained"] == EPOCHS * N_SET and c["bad_crc"] == c["rx_timeouts"] == 0
+    assert rep.accuracy == want.accuracy
+    # a test that could fail: the epochs differ, and the order is the device's, not the host's
+    assert len({s["loss_sum"] for s in rep.epoch_summaries}) == EPOCHS
+    g = GoldenModel(plan, model, config)
+    xq = g.quantise_input(x)
+    for order in onchip_order(N_SET, config.seed, 0, EPOCHS):
+        for i in order.tolist():
+            g.submit(xq[i], int(y[i]), True)
+        g.flush()
+    assert all(torch.equal(want_sd[k], w) for k, w in g.state_dict().items())
+    assert [r.loss_raw for r in g.results[:N_SET]] != []
+    # the board's rate: the device's own cycle count, ≥ N cycles per sample (one feature a
+    # cycle on sample_in) and ≤ the tick or the feed, whichever is longer, + 25 % (the flush
+    # at the end of the run: S bubble ticks over 60 samples)
+    per_sample = rep.device_cycles / (EPOCHS * N_SET)
+    bound = max(plan.tick_cycles, plan.in_features + 2)
+    assert plan.in_features <= per_sample <= 1.25 * bound, (per_sample, bound)
+    assert rep.device_samples_per_s == pytest.approx(plan.clock_hz / per_sample)
+    assert rep2.epochs == 2 and rep2.device_cycles > 0
+    s = dev.sim_stats
+    assert s is not None and s["divisor"] == DIVISOR
+    print(
+        f"\non-chip set through the UART pins: {per_sample:.1f} cycles/sample (tick "
+        f"{plan.tick_cycles}, N {plan.in_features}), {wall:.1f} s wall, {s['cycles']} cycles"
+    )
+
+
+def test_onchip_refusals() -> None:
+    plan, model, config = tiny()
+    x, y = _set()
+    with open(plan, "reference", config, model=model) as ref:
+        with pytest.raises(DeviceError, match="golden or a link target"):
+            ref.train(x, y, epochs=1, onchip=True)
+    with open(plan, "golden", config, model=model) as gold:
+        with pytest.raises(DeviceError, match="no checkpoints"):
+            gold.train(x, y, epochs=1, onchip=True, checkpoint_every=5)
