@@ -117,13 +117,18 @@ def stage_utilisation(plan: Plan) -> list[dict[str, Any]]:
     ``pass_cycles`` = the stage's pass incl. pipeline latency
     (:func:`pipetrain.compiler.build.pass_cycles`); ``tick_share`` = pass_cycles / tick;
     ``mac_util`` = M·(N+1) / (L·tick) — useful MAC slots per lane-cycle of the whole tick
-    (the product of the two, up to the pass latency). Source: *derived* from docs/architecture.md
-    §3.
+    (the product of the two, up to the pass latency). A convolution stage (rows = C_out,
+    docs/numerics.md §9) uses each of its C_out·(T + 1) weights at P positions in the forward
+    and again in the backward slot (input-gradient + weight-gradient MAC): ``mac_util`` =
+    C_out·(T + 1)·2P / (L·tick) (``compiler/conv.py:conv_cycles``'s slots). Source: *derived*
+    from docs/architecture.md §3.
     """
     tick = plan.tick_cycles
     out = []
     for st in plan.stages:
         slots = st.row_groups * st.lanes
+        conv = getattr(st, "conv", None)
+        useful = st.rows * (st.cols + 1) * (1 if conv is None else 2 * conv.positions)
         out.append(
             {
                 "stage": st.index,
@@ -131,12 +136,12 @@ def stage_utilisation(plan: Plan) -> list[dict[str, Any]]:
                 "shape": f"{st.in_features}→{st.out_features}",
                 "lanes": st.lanes,
                 "delay": st.delay,
-                "lane_slot_util": st.out_features / slots,
+                "lane_slot_util": st.rows / slots,
                 "cycles_per_tick": st.cycles_per_tick,
                 "pass_cycles": pass_cycles(st),
                 "tick_cycles": tick,
                 "tick_share": pass_cycles(st) / tick,
-                "mac_util": st.out_features * (st.in_features + 1) / (st.lanes * tick),
+                "mac_util": useful / (st.lanes * tick),
                 "stash_bits": st.stash_bits,
                 "weight_bits": st.weight_bits,
                 "velocity_bits": st.velocity_bits,
@@ -220,11 +225,19 @@ def multiplies_per_sample(plan: Plan) -> int:
     in the forward pass and one in its weight gradient; every stage after the first also
     propagates its input gradient through each weight. 5,150 for mlp-digits (64→32→10:
     2·2,080 + 3·330). Source: derived (docs/architecture.md §3: the stage's forward, update and
-    input-gradient passes), from the plan's stage shapes — the plan has no such figure.
+    input-gradient passes), from the plan's stage shapes — the plan has no such figure. A
+    convolution stage's C_out·(T + 1) weights work at each of its P output positions: forward
+    and weight gradient C_out·(T + 1)·P each, input gradient (after the first stage)
+    C_out·T·P (docs/numerics.md §9).
     """
     total = 0
     for k, st in enumerate(plan.stages):
-        total += st.out_features * (st.in_features + 1) * (3 if k else 2)
+        conv = getattr(st, "conv", None)
+        if conv is None:
+            total += st.out_features * (st.in_features + 1) * (3 if k else 2)
+        else:
+            w = conv.out_channels * conv.positions
+            total += w * (conv.taps + 1) * 2 + (w * conv.taps if k else 0)
     return total
 
 
