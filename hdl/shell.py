@@ -27,10 +27,12 @@ BOARD_RX_FIFO_DEPTH = 64
 _SHELLS: dict[tuple, Shell] = {}
 
 
-def board_shell(plan: Plan) -> Shell:
+def board_shell(plan: Plan, onchip_samples: int = 0) -> Shell:
     """The memories a board design holds besides ``NetworkTop(plan)``: the link engine's
-    (``LinkEngine(plan)``: receiver buffer of ``rx_max`` bytes, the dispatcher's state memory,
-    the results buffer; protocol.md §2) and the board top's RX FIFO storage
+    (``LinkEngine(plan, onchip_samples=…)``: receiver buffer of ``rx_max`` bytes, the
+    dispatcher's state memory, the results buffer, and with ``onchip_samples`` > 0 the on-chip
+    training set's feature and label memories and its label FIFO; protocol.md §2) and the board
+    top's RX FIFO storage
     (:data:`BOARD_RX_FIFO_DEPTH` bytes), elaborated without a platform (under a second; cached
     by what the link sizes depend on: inputs, input format, stages' shapes, classes).
 
@@ -40,6 +42,7 @@ def board_shell(plan: Plan) -> Shell:
     (``hdl/link*.py``, ``hdl/board.py``; the build's netlist names them, docs/boards.md §3).
     """
     key = (
+        onchip_samples,
         plan.in_features,
         plan.stages[0].formats.x.bits,
         plan.loss.classes,
@@ -50,7 +53,8 @@ def board_shell(plan: Plan) -> Shell:
     )
     if key not in _SHELLS:
         out: list[MemoryUse] = []
-        _memories(Fragment.get(LinkEngine(plan), None), "/core/link", out)
+        engine = LinkEngine(plan, onchip_samples=onchip_samples)
+        _memories(Fragment.get(engine, None), "/core/link", out)
         fifo = SyncFIFOBuffered(width=8, depth=BOARD_RX_FIFO_DEPTH)
         _memories(Fragment.get(fifo, None), "/rx_fifo", out)
         mems = tuple((m.path, m.depth, m.width, m.read_ports, m.write_ports) for m in out)

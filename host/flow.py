@@ -11,6 +11,7 @@ to it (:func:`pipetrain.compiler.fit.fit_plan`), once.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -21,11 +22,13 @@ from torch import nn
 from ..compiler.build import PlanError
 from ..compiler.compile import ARTIFACT_WRITERS, ArtifactWriter, CompileResult, compile_result
 from ..compiler.config import TrainConfig
+from ..compiler.fit import FitError
 from ..compiler.formats import Ranges
 from ..compiler.ir import NetworkIR
 from ..compiler.models import build_mlp
 from ..compiler.targets import Board, get_board
 from ..data import Dataset, load_data
+from ..hdl.link_onchip import onchip_memory_bits
 from ..hdl.shell import board_shell
 from ..hdl.verilog import write_verilog
 from ..sim.calibrate import Calibrator
@@ -101,6 +104,7 @@ def compile_design(
     hidden: str | None = None,
     formats: Any = "auto",
     writers: Sequence[ArtifactWriter] | None = None,
+    onchip_samples: int = 0,
     **options: Any,
 ) -> CompileResult:
     """Compile ``model`` (a built-in name, ``mlp`` sized from ``data``, a ``.py`` file or an
@@ -117,7 +121,11 @@ def compile_design(
     :class:`~pipetrain.compiler.targets.Board`; the plan is fitted to it (the plan ``pipetrain
     build --board`` puts in the bitstream; lanes not given: the fastest that fit, counting the
     link engine's memories, :func:`~pipetrain.hdl.shell.board_shell`; ``result.fit`` holds
-    the needed / available rows). ``out_dir``: write the artifacts there
+    the needed / available rows). ``onchip_samples``: the board design holds an on-chip
+    training set of that many samples (docs/protocol.md §2 STORE/RUN): its memories count in
+    the fit, so the lanes chosen leave room for it; a set too big for the board is a
+    :class:`~pipetrain.compiler.fit.FitError` naming its size and the board's block RAMs.
+    ``out_dir``: write the artifacts there
     (``writers``, default :data:`DESIGN_WRITERS`). ``options``: the other keyword arguments of
     :func:`~pipetrain.compiler.compile.compile_result` (``config_overrides``,
     ``format_overrides``, ``lanes``, ``seed``, ``name``, …).
@@ -148,6 +156,41 @@ def compile_design(
         options.setdefault("name", "mlp")
     if isinstance(board, str):
         board = get_board(board)
+    try:
+        return _compile(model, config, out_dir, formats, calibrate, board, onchip_samples, writers,
+                        options)  # fmt: skip
+    except FitError as exc:
+        if not onchip_samples:
+            raise
+        plan = exc.plan
+        bits = "" if plan is None else f" ({onchip_memory_bits(plan, onchip_samples):,} bits)"
+        row = exc.rows.get("bram_blocks")
+        need = (
+            f"{row['needed']} block RAMs needed with it, {row['available']} on the board"
+            if row
+            else str(exc)
+        )
+        raise FitError(
+            f"the on-chip training set of {onchip_samples} samples{bits} does not fit "
+            f"{board.name if board is not None else 'the board'} next to the network: {need}; "
+            "train with the data streamed (without --on-chip-data), a smaller set or a bigger "
+            "board",
+            exc.rows,
+            plan,
+        ) from exc
+
+
+def _compile(
+    model: Any,
+    config: TrainConfig | None,
+    out_dir: Any,
+    formats: Any,
+    calibrate: Any,
+    board: Board | None,
+    onchip_samples: int,
+    writers: Sequence[ArtifactWriter] | None,
+    options: dict[str, Any],
+) -> CompileResult:
     return compile_result(
         model,
         config,
@@ -155,7 +198,13 @@ def compile_design(
         formats=formats,
         calibrate=calibrate,
         board=board,
-        shell=board_shell if board is not None else None,
+        shell=(
+            None
+            if board is None
+            else functools.partial(board_shell, onchip_samples=onchip_samples)
+            if onchip_samples
+            else board_shell
+        ),
         writers=DESIGN_WRITERS if writers is None else writers,
         **options,
     )

@@ -1,0 +1,36 @@
+"""The on-chip training set in the board fit (docs/protocol.md §2, docs/boards.md): its memories
+are part of the board shell, so ``--lanes auto`` leaves room for them; a set that cannot fit is
+one error naming its size and the block RAMs; without the option nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+from pipetrain.compiler.fit import FitError
+from pipetrain.hdl.link_onchip import onchip_memory_bits
+from pipetrain.hdl.shell import board_shell
+from pipetrain.host.flow import compile_design
+
+DIGITS_TRAIN = 1437  # samples of the digits training split
+
+
+def test_ulx3s_holds_the_digits_training_set_at_the_auto_lanes():
+    r = compile_design("mlp-digits", board="ulx3s-85f", onchip_samples=DIGITS_TRAIN)
+    plain = compile_design("mlp-digits", board="ulx3s-85f")
+    assert [s.lanes for s in r.plan.stages] == [s.lanes for s in plain.plan.stages]
+    assert r.plan.hash == plain.plan.hash  # a build option, not part of the plan
+    rows = r.fit["bram_blocks"]
+    assert rows["needed"] <= rows["available"] == 208
+    # 1437·64 words of 16 bits in 18-Kib blocks (1024 × 18 each): 90 blocks more than without
+    assert rows["needed"] - plain.fit["bram_blocks"]["needed"] >= DIGITS_TRAIN * 64 // 1024
+    mems = {m[0].rsplit("/", 1)[-1]: m for m in board_shell(r.plan, DIGITS_TRAIN).memories}
+    assert mems["data"][1:3] == (DIGITS_TRAIN * 64, 16) and mems["labels"][1:3] == (1437, 4)
+    assert onchip_memory_bits(r.plan, DIGITS_TRAIN) == DIGITS_TRAIN * (64 * 16 + 4)
+
+
+def test_icebreaker_refuses_the_set_and_builds_without_it():
+    want = r"set of 1437 samples \(1,109,364 bits\) does not fit icebreaker.*30 on the board"
+    with pytest.raises(FitError, match=want):
+        compile_design("mlp-digits", board="icebreaker", onchip_samples=DIGITS_TRAIN)
+    plain = compile_design("mlp-digits", board="icebreaker")
+    assert plain.fit["logic_cells"]["needed"] <= plain.fit["logic_cells"]["available"]
+    assert not any("onchip" in m[0] for m in board_shell(plain.plan).memories)
