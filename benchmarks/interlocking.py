@@ -70,16 +70,24 @@ def plan_figures(plan: Any) -> dict[str, int]:
     }
 
 
+def _compile(overrides: dict[str, Any], seed: int, lr: float, calib_epochs: int) -> Any:
+    """The compile result of one setting: formats calibrated on ``calib_epochs`` epochs of
+    digits (float run + golden passes, as ``pipetrain train`` calibrates)."""
+    cfg = {"lr": lr, "seed": seed, "epochs": calib_epochs} | overrides
+    return compile_design(MODEL, data=load_digits(), config_overrides=cfg, seed=seed, writers=())
+
+
 def run_setting(
     overrides: dict[str, Any], seed: int, epochs: int, lr: float, calib_epochs: int
 ) -> dict[str, Any]:
     """Compile and train one setting for one seed on the golden model; returns the plan's
-    figures (:func:`plan_figures`), ``test_accuracy`` (fraction), ``plan_hash`` and
-    ``seconds`` (wall time of compile + training)."""
+    figures (:func:`plan_figures`), ``ideal_cycles_per_sample`` (the plan's, cycles),
+    ``test_accuracy`` (fraction), ``saturations`` (clamps of the whole run, every stage and
+    loss unit) with ``tensor_saturations`` (per stage and tensor, numerics §8),
+    ``plan_hash`` and ``seconds`` (wall time of compile + training)."""
     t0 = time.perf_counter()
     ds = load_digits()
-    cfg = {"lr": lr, "seed": seed, "epochs": calib_epochs} | overrides
-    res = compile_design(MODEL, data=ds, config_overrides=cfg, seed=seed, writers=())
+    res = _compile(overrides, seed, lr, calib_epochs)
     config = TrainConfig.from_dict(
         {k: v for k, v in res.plan.train.items() if k not in ("lr1", "momentum1")}
     )
@@ -87,32 +95,98 @@ def run_setting(
     golden.train(ds.x_train, ds.y_train, epochs=epochs)
     acc = golden.evaluate(ds.x_test, ds.y_test)
     return plan_figures(res.plan) | {
+        "ideal_cycles_per_sample": res.plan.ideal_cycles_per_sample,
         "test_accuracy": acc,
+        "saturations": golden.saturations,
+        "tensor_saturations": golden.tensor_saturations,
         "plan_hash": res.plan.hash,
         "seconds": time.perf_counter() - t0,
     }
 
 
-def table(rows: dict[str, list[dict[str, Any]]], seeds: list[int], epochs: int, lr: float) -> str:
-    """The Markdown table of the runs (``rows``: setting → one result per seed)."""
+def rtl_cycles(
+    overrides: dict[str, Any], samples: int, lr: float, calib_epochs: int
+) -> dict[str, Any]:
+    """Measure one setting in the RTL (Verilator, seed 0): the first ``samples`` training
+    samples through ``NetworkTop`` and the golden model, as ``pipetrain sim`` does. Returns
+    ``{"cycles_per_sample"}`` (steady-state spacing of result records, cycles) and
+    ``"bit_exact"``, or ``{"rtl": reason}`` for a plan the HDL does not build
+    (:class:`~pipetrain.hdl.support.HDLSupportError`'s message)."""
+    from pipetrain.hdl.support import HDLSupportError
+    from pipetrain.sim.stimulus import plan_samples
+    from pipetrain.sim.tb.network import check_network
+
+    res = _compile(overrides, 0, lr, calib_epochs)
+    x, y = plan_samples(res.plan, samples, "digits", 0)
+    try:
+        rep = check_network(res.plan, res.model, x, y.tolist(), localise_first=False)
+    except HDLSupportError as exc:
+        return {"rtl": str(exc)}
+    return {"cycles_per_sample": rep.cycles_per_sample, "bit_exact": rep.bit_exact}
+
+
+def _rtl_cell(rtl: dict[str, Any] | None) -> str:
+    """The ``cycles/sample (RTL)`` cell: measured (``*`` when not bit-exact), or why not."""
+    if not rtl:
+        return "not run"
+    if "rtl" in rtl:
+        return "not in the HDL"
+    mark = "" if rtl["bit_exact"] else " (not bit-exact)"
+    return f"{rtl['cycles_per_sample']:.1f}{mark}"
+
+
+def table(
+    rows: dict[str, list[dict[str, Any]]],
+    seeds: list[int],
+    epochs: int,
+    lr: float,
+    rtl: dict[str, dict[str, Any]] | None = None,
+) -> str:
+    """The Markdown table of the runs (``rows``: setting → one result per seed; ``rtl``:
+    setting → :func:`rtl_cycles`' result). Accuracy: mean ± sample standard deviation over
+    the seeds; saturations: the mean clamps per run; the hardware columns are seed 0's plan
+    (the same for every seed but the formats)."""
     out = [
         f"`{MODEL}` on digits, golden model (the RTL's arithmetic), {epochs} epochs, lr {lr:g}, "
         f"momentum 0.9, seeds {','.join(map(str, seeds))}; blocks end after stages "
         f"{','.join(map(str, BLOCKS))}",
         "",
-        "| setting | test accuracy | max delay | stash bits | memory bits | multipliers | "
-        "cycles/sample (RTL) |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | test accuracy | saturations / run | max delay | stash bits | memory bits | "
+        "multipliers | cycles/sample (plan) | cycles/sample (RTL) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in rows.items():
         accs = [r["test_accuracy"] for r in runs]
         sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        sats = statistics.mean(r.get("saturations", 0) for r in runs)
         r = runs[0]
         out.append(
-            f"| {name} | {statistics.mean(accs):.3f} ± {sd:.3f} | {r['max_delay']} | "
-            f"{r['stash_bits']:,} | {r['memory_bits']:,} | {r['multipliers']} | n/a |"
+            f"| {name} | {statistics.mean(accs):.3f} ± {sd:.3f} | {sats:,.0f} | "
+            f"{r['max_delay']} | {r['stash_bits']:,} | {r['memory_bits']:,} | "
+            f"{r['multipliers']} | {r.get('ideal_cycles_per_sample', 'n/a')} | "
+            f"{_rtl_cell((rtl or {}).get(name))} |"
         )
     return "\n".join(out) + "\n"
+
+
+def read_jsonl(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The runs and RTL measurements a ``--jsonl`` file holds (the last record per setting
+    and seed wins), in :data:`SETTINGS` order."""
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    rtl: dict[str, dict[str, Any]] = {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "rtl_setting" in rec:
+                rtl[rec.pop("rtl_setting")] = rec
+            else:
+                runs[(rec["setting"], rec["seed"])] = rec
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for name in SETTINGS:
+        got = sorted((k[1], v) for k, v in runs.items() if k[0] == name)
+        if got:
+            rows[name] = [v for _, v in got]
+    return rows, rtl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,27 +200,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names")
     ap.add_argument("--out", default=None)
     ap.add_argument("--jsonl", default=None, help="append every run's result here as it ends")
+    ap.add_argument(
+        "--rtl-samples",
+        type=int,
+        default=200,
+        help="samples per setting through the RTL (Verilator) for cycles/sample; 0: skip",
+    )
+    ap.add_argument(
+        "--from-jsonl", default=None, help="re-render the table of a --jsonl file (no runs)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.from_jsonl:
+        rows, rtl = read_jsonl(args.from_jsonl)
+        seeds = sorted({r["seed"] for runs in rows.values() for r in runs})
+        return _emit(table(rows, seeds, args.epochs, args.lr, rtl), args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     names = [n.strip() for n in args.settings.split(",")]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown setting {unknown[0]!r}; choose from {', '.join(SETTINGS)}")
     rows: dict[str, list[dict[str, Any]]] = {}
+    rtl: dict[str, dict[str, Any]] = {}
+
+    def log(rec: dict[str, Any]) -> None:
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
     for name in names:
         for seed in seeds:
             r = run_setting(SETTINGS[name], seed, args.epochs, args.lr, args.calib_epochs)
             rows.setdefault(name, []).append(r)
-            if args.jsonl:
-                with open(args.jsonl, "a") as f:
-                    f.write(json.dumps({"setting": name, "seed": seed, **r}) + "\n")
+            log({"setting": name, "seed": seed, **r})
             print(
-                f"{name} seed {seed}: accuracy {r['test_accuracy']:.4f} ({r['seconds']:.0f} s)",
+                f"{name} seed {seed}: accuracy {r['test_accuracy']:.4f}, "
+                f"{r['saturations']} saturations ({r['seconds']:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )
-    text = table(rows, seeds, args.epochs, args.lr)
+    for name in names if args.rtl_samples > 0 else ():
+        rtl[name] = rtl_cycles(SETTINGS[name], args.rtl_samples, args.lr, args.calib_epochs)
+        log({"rtl_setting": name, **rtl[name]})
+        print(f"{name} RTL: {_rtl_cell(rtl[name])}", file=sys.stderr, flush=True)
+    return _emit(table(rows, seeds, args.epochs, args.lr, rtl), args.out)
+
+
+def _emit(text: str, out: str | None) -> int:
+    """Print the table and, with ``out``, write it there."""
     print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text)
     return 0
 

@@ -15,8 +15,10 @@ Tensors shared by two stages (stage s's output ``y`` is stage s+1's input ``x``;
 error ``d`` is stage s+1's input gradient ``gin``) get one format from the larger of the two
 observations. The update sum ``m·u + η·δx + ηλ·w`` is aligned to the finest of its terms' fraction
 bits (docs/numerics.md §5) and must fit 62 bits; where it would not, the error format gives up
-fraction bits (more headroom) until it does, and a note says so. Auxiliary heads are not
-profiled by the reference trainer: their stages take the last main stage's formats.
+fraction bits (more headroom) until it does, and a note says so. Auxiliary heads are
+profiled like the main stages (stage indices after the main ones): their ``y``, ``d``, ``w``
+and ``u`` come from their own ranges (``x`` and the input gradient are the attach stage's
+tensors); ranges without head entries give them the last main stage's formats.
 
 Explicit overrides (``--format s1.x=Q3.12``, ``--format w=Q3.20``) win over the calibration;
 see :func:`apply_overrides`. Source: *derived* (range profiling as in hls4ml's ``auto``
@@ -34,6 +36,7 @@ from .build import (
     MAX_SUM_BITS,
     FormatSpec,
     PlanError,
+    _Slot,
     _update_constants,
     stage_slots,
 )
@@ -161,6 +164,10 @@ def formats_from_ranges(
 
     act = [r(1, "x")] + [max(r(s, "y"), r(s + 1, "x")) for s in range(1, S)] + [r(S, "y")]
     err = [max(r(s, "d"), r(s + 1, "gin") if s < S else 0.0) for s in range(1, S + 1)]
+    slots = stage_slots(ir, config)
+    for sl in slots[S:]:  # a head's first stage sends its input gradient into the attach stage
+        if sl.attach <= S:
+            err[sl.attach - 1] = max(err[sl.attach - 1], r(sl.index, "gin"))
     xs = [format_for_range(v, DATA_BITS, headroom) for v in act[:S]]
     logits = format_for_range(act[S], DATA_BITS, headroom)
     ds = [format_for_range(v, DATA_BITS, headroom) for v in err]
@@ -171,32 +178,26 @@ def formats_from_ranges(
         us.append(QFormat(max(WEIGHT_BITS, iu + 1 + w.frac), w.frac))
     notes: list[str] = []
     ys = [*xs[1:], logits]
-    slots = stage_slots(ir, config)
     for s in range(S):  # keep the update sum within 62 bits (numerics.md §5)
-        delay = slots[s].delay
         extra = p_sum_bits(getattr(slots[s], "conv", None))  # a conv's P sums positions
-        more = {"p_sum_bits": extra} if extra else {}
-        while (
-            _update_constants(config, delay, xs[s], ds[s], ws[s], us[s], **more).sum_bits
-            > MAX_SUM_BITS
-        ):
-            ds[s] = QFormat(ds[s].bits, ds[s].frac - 1)
-            if _int_bits(ds[s]) > DATA_BITS:
-                raise PlanError(
-                    f"stage {s + 1}: no 16-bit error format keeps the update sum within "
-                    f"{MAX_SUM_BITS} bits; lower the learning-rate precision or x ({xs[s]})"
-                )
-        base = format_for_range(err[s], DATA_BITS, headroom)
-        if ds[s] != base:
-            notes.append(
-                f"stage {s + 1}: d widened from {base} to {ds[s]} so the update sum fits "
-                f"{MAX_SUM_BITS} bits"
-            )
+        ds[s] = _fit_update_sum(config, slots[s], xs[s], ds[s], ws[s], us[s], notes, extra)
     head_slots = slots[S:]
-    head_y = tuple(
+    head_y = [
         logits if sl.activation == "identity" else (xs[sl.attach] if sl.attach < S else logits)
         for sl in head_slots
-    )
+    ]
+    head_d, head_w, head_u = ([f] * len(head_slots) for f in (ds[-1], ws[-1], us[-1]))
+    for j, sl in enumerate(head_slots):  # a profiled head: formats from its own ranges
+        if sl.index not in ranges:
+            continue  # ranges without heads (older calibrations): the last stage's formats
+        nxt = sl.index + 1 if j + 1 < len(head_slots) and head_slots[j + 1].attach > S else 0
+        head_y[j] = format_for_range(max(r(sl.index, "y"), r(nxt, "x")), DATA_BITS, headroom)
+        head_d[j] = format_for_range(max(r(sl.index, "d"), r(nxt, "gin")), DATA_BITS, headroom)
+        head_w[j] = format_for_range(r(sl.index, "w"), WEIGHT_BITS, headroom)
+        iu = _int_bits(format_for_range(r(sl.index, "u"), WEIGHT_BITS, headroom))
+        head_u[j] = QFormat(max(WEIGHT_BITS, iu + 1 + head_w[j].frac), head_w[j].frac)
+        x_h = (xs[sl.attach] if sl.attach < S else logits) if sl.attach <= S else head_y[j - 1]
+        head_d[j] = _fit_update_sum(config, sl, x_h, head_d[j], head_w[j], head_u[j], notes)
     fs = FormatSpec(
         x=tuple(xs),
         logits=ys[-1],
@@ -204,14 +205,46 @@ def formats_from_ranges(
         w=tuple(ws),
         u=tuple(us),
         ranges=ranges,
-        head_y=head_y,
-        head_d=(ds[-1],) * len(head_slots),
-        head_w=(ws[-1],) * len(head_slots),
-        head_u=(us[-1],) * len(head_slots),
+        head_y=tuple(head_y),
+        head_d=tuple(head_d),
+        head_w=tuple(head_w),
+        head_u=tuple(head_u),
         source="auto",
         notes=tuple(notes),
     )
     return apply_overrides(fs, overrides or {}, ir, config)
+
+
+def _fit_update_sum(
+    config: TrainConfig,
+    slot: _Slot,
+    x: QFormat,
+    d: QFormat,
+    w: QFormat,
+    u: QFormat,
+    notes: list[str],
+    p_sum: int = 0,
+) -> QFormat:
+    """Return stage ``slot``'s error format ``d`` with fraction bits given up until its update
+    sum ``m·u + η·δx + ηλ·w`` fits :data:`MAX_SUM_BITS` (docs/numerics.md §5; ``p_sum``: a
+    convolution's ⌈log2 P⌉ more bits), appending a note to ``notes`` when it had to. Raises
+    :class:`PlanError` when no 16-bit error format does. Source: *derived* (the update
+    datapath's width, numerics.md §5)."""
+    more = {"p_sum_bits": p_sum} if p_sum else {}
+    base = d
+    while _update_constants(config, slot.delay, x, d, w, u, **more).sum_bits > MAX_SUM_BITS:
+        d = QFormat(d.bits, d.frac - 1)
+        if _int_bits(d) > DATA_BITS:
+            raise PlanError(
+                f"stage {slot.index}: no 16-bit error format keeps the update sum within "
+                f"{MAX_SUM_BITS} bits; lower the learning-rate precision or x ({x})"
+            )
+    if d != base:
+        notes.append(
+            f"stage {slot.index}: d widened from {base} to {d} so the update sum fits "
+            f"{MAX_SUM_BITS} bits"
+        )
+    return d
 
 
 #: What the report and the CLI say about formats chosen without calibration data.

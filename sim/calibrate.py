@@ -8,8 +8,8 @@ calibration data and, given the traced network, returns the ranges.
 
 The float PB reference trainer (:class:`pipetrain.sim.reference.ReferenceTrainer`) trains a
 copy of the network with the plan's schedule and hyperparameters and records max|value| of
-every tensor (``x y d gin w u``) of every main stage. Auxiliary heads are not profiled: their
-stages take the last main stage's formats. Source: *derived* (range profiling as in hls4ml's
+every tensor (``x y d gin w u``) of every stage, auxiliary heads included (their formats come
+from their own ranges). Source: *derived* (range profiling as in hls4ml's
 ``auto`` precision).
 """
 
@@ -46,6 +46,8 @@ __all__ = [
     "INPUT_SCALE_LIMIT",
 ]
 
+#: The FormatSpec fields :func:`golden_ranges` compares between passes (main and heads).
+_FORMAT_FIELDS = ("x", "d", "w", "u", "logits", "head_y", "head_d", "head_w", "head_u")
 #: Golden passes of the calibration (:func:`golden_ranges`) after the float run, at most.
 GOLDEN_PASSES = 2
 #: Inputs whose largest per-feature RMS exceeds this are "far from unit scale": the default
@@ -201,9 +203,8 @@ def golden_ranges(
         _stream(g, x_sample, y_sample, total)
         merged = merge_ranges(merged, g.ranges)
         wider = formats_from_ranges(merged, config, ir, headroom=headroom)
-        if wider.x == formats.x and wider.d == formats.d and wider.w == formats.w:
-            if wider.u == formats.u and wider.logits == formats.logits:
-                break
+        if all(getattr(wider, k) == getattr(formats, k) for k in _FORMAT_FIELDS):
+            break
         formats = wider
     return merged
 
@@ -264,8 +265,8 @@ class Calibrator:
     ``Calibrator(dataset, samples, golden_passes)(model, ir, config)`` checks that the data
     fits the network, runs :func:`calibrate_ranges` on its training set (``samples`` samples,
     default the whole training run) and widens the ranges by up to ``golden_passes`` golden
-    runs (:func:`golden_ranges`; 0 keeps the float ranges; skipped for auxiliary heads, which
-    the golden model does not run). Inputs far from unit scale (:func:`input_scale_note`) give
+    runs (:func:`golden_ranges`; 0 keeps the float ranges; every strategy, auxiliary heads
+    included). Inputs far from unit scale (:func:`input_scale_note`) give
     a warning (``warnings.warn``: the compile result's warnings).
 
     Raises :class:`PlanError` naming the data and the model when the feature or class counts
@@ -307,8 +308,7 @@ class Calibrator:
                 f"the calibration run's logits reach {logits:.4g}, more than a {DATA_BITS}-bit "
                 f"logit format with {EXP_LUT_FRAC + 1} fraction bits holds, because the {note}"
             )
-        heads = config.strategy != "global"
-        if self.golden_passes < 1 or heads:
+        if self.golden_passes < 1:
             return ranges
         return golden_ranges(
             model, ir, config, ranges, ds.x_train, ds.y_train, self.samples, self.golden_passes

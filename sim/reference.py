@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -395,15 +396,23 @@ class _Stage:
 
     def update(self, ver: Version, x_aug: torch.Tensor, d: torch.Tensor) -> Version:
         """Apply the momentum (and SC) update with P = outer(δ, x_aug); return the new version."""
+        return self.step(ver, lambda t, a, b=1.0: torch.addr(t, d, x_aug, beta=b, alpha=a))
+
+    def step(self, ver: Version, add_p: Callable[..., torch.Tensor]) -> Version:
+        """The momentum (and SC) update of docs/architecture.md §2 (PyTorch SGD convention):
+        u ← m·u + η·P (+ η·λ·w); w ← w − u, or with SC w ← w − a·u − b·η·λ·w − b·η·P; return
+        the new version. ``add_p(t, α, β=1)`` returns β·t + α·P — the Linear stage's P =
+        outer(δ, x_aug) (one ``torch.addr``), a convolution's sum over its positions
+        (sim/reference_conv.py) — so both stages share this one update."""
         r = self.rule
-        u = torch.addr(ver.u, d, x_aug, beta=r.momentum, alpha=r.lr)
+        u = add_p(ver.u, r.lr, r.momentum)
         if r.lr_wd:
             u.add_(ver.w, alpha=r.lr_wd)
         if r.sc:
             w = torch.add(ver.w, u, alpha=-r.sc_a)
             if r.sc_lr_wd_b:
                 w.add_(ver.w, alpha=-r.sc_lr_wd_b)
-            w.addr_(d, x_aug, alpha=-r.sc_lr_b)
+            w = add_p(w, -r.sc_lr_b)
         else:
             w = ver.w - u
         return Version(w, u, ver.w, ver.index + 1)
@@ -680,13 +689,14 @@ class ReferenceTrainer:
         streams_g: list[list[torch.Tensor]] = [[] for _ in range(n_st)]
         streams_gin: list[list[torch.Tensor]] = [[] for _ in range(n_st)]
         head_x: dict[int, torch.Tensor] = {}
+        head_in: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # (x, z, a)
         K = self.num_losses
         for t in sorted(self.active_losses, reverse=True):
             heads, chain = self._programs[t]
             if t == K:
                 g = loss_gradient(self.loss_kind, cache[-1][3], label)
             else:  # forward the head on the detached block output, backward through it
-                hh = cache[self.block_ends[t - 1] - 1][3]
+                hh = h_blk = cache[self.block_ends[t - 1] - 1][3]
                 hcache = []
                 for st in reversed(heads):
                     x_aug, z, a = st.forward(st.forward_weights(st.queue[0]), hh)
@@ -699,8 +709,13 @@ class ReferenceTrainer:
                     i = self._st.index(st)
                     d_acc[i] = d
                     head_x[i] = x_aug
+                    head_in[i] = (hcache[-2 - j][2] if j + 1 < len(heads) else h_blk, z, a)
+                    if self.profile:
+                        streams_g[i].append(g)
                     if j + 1 < len(heads) or chain:
                         g = st.input_grad(st.current.w, d)
+                        if self.profile:
+                            streams_gin[i].append(g)
             for c, (i, upd) in enumerate(chain):
                 st = main[i]
                 _, _, z, a = cache[i]
@@ -731,28 +746,29 @@ class ReferenceTrainer:
                 d = torch.zeros(st.spec.out_features, dtype=self.dtype)
             new = st.update(st.current, x_aug, d)
             st.queue.append(new)
-            if vals is not None and i < S:
-                h_in, _, z, a = cache[i]
+            if vals is not None and (i < S or i in head_in):
+                h_in, z, a = (cache[i][0], *cache[i][2:]) if i < S else head_in[i]
                 g_all = [t for t in (g_acc[i], *streams_g[i]) if t is not None]
                 gin_all = [t for t in (gin_acc[i], *streams_gin[i]) if t is not None]
                 self._record(vals, h_in, z, a, g_all, gin_all, new, d, x_aug)
+            elif vals is not None:  # a head whose loss is switched off: nothing seen
+                vals += (self._zero,) * 8
         if vals is not None:  # one stack and one max per sample for all stages
-            torch.maximum(self._acc, torch.stack(vals).view(S, 8), out=self._acc)
+            torch.maximum(self._acc, torch.stack(vals).view(n_st, 8), out=self._acc)
         self.samples_trained += 1
 
     # ---- ranges ------------------------------------------------------------------------------
 
     def reset_ranges(self) -> None:
         """Clear :attr:`ranges`; ``w`` restarts at the current weights' max |value|."""
-        S = len(self._main)
-        self._acc = torch.zeros(S, 8, dtype=self.dtype)
+        self._acc = torch.zeros(len(self._st), 8, dtype=self.dtype)
         self._zero = torch.zeros((), dtype=self.dtype)
-        for i, st in enumerate(self._main):
+        for i, st in enumerate(self._st):
             self._acc[i, 5] = float(st.current.w.abs().max())
             self._acc[i, 6] = float(st.current.u.abs().max())
 
     def _record(self, vals: list[torch.Tensor], x, z, a, g, gin, new: Version, d, x_aug) -> None:
-        """Append one main stage's 8 max-|value| scalars (order of :attr:`_acc`) to ``vals``;
+        """Append one stage's 8 max-|value| scalars (order of :attr:`_acc`) to ``vals``;
         ``g`` / ``gin``: the error at the output and the input gradient, as lists of tensors
         (the update streams' sum and every stream's own, pass-through streams included)."""
         inf = math.inf
@@ -772,7 +788,8 @@ class ReferenceTrainer:
 
     @property
     def ranges(self) -> dict[int, dict[str, float]]:
-        """Max |value| seen since :meth:`reset_ranges`, per main stage (1-based).
+        """Max |value| seen since :meth:`reset_ranges`, per stage (1-based: main stages, then
+        the auxiliary-head stages in plan order).
 
         Keys: ``x`` stage input; ``y`` stage output (max over pre-activation z and the
         activation output); ``d`` error at the stage output (summed over the losses that
