@@ -7,19 +7,24 @@ digits, from the same initial weights and sample order per seed, and reports the
 of the main network (mean ± standard deviation over the seeds) next to the plan's figures:
 the largest stage delay (updates), the stash (input stash + activation-derivative masks as
 built, bits: Σ ``Stage.stash_bits``), every memory of the design (bits: ``Plan.memory_bits``,
-heads and their loss units included) and the datapath multipliers (``Plan.multipliers``).
-``cycles_per_sample`` is the RTL's measured spacing of result records (``pipetrain sim``); it
-reads ``n/a`` until the HDL builds auxiliary heads.
+heads and their loss units included) and the datapath multipliers (``Plan.multipliers``), the
+golden run's saturations (clamps, every stage and loss unit; per tensor in ``--jsonl``), the
+plan's ideal cycles/sample and the RTL's measured one (:func:`rtl_cycles`: ``--rtl-samples``
+samples of seed 0 through Verilator and the golden model, as ``pipetrain sim`` runs them;
+``not in the HDL`` where the HDL refuses the plan).
 
 Settings (``SETTINGS``): global PB, local, interlocking d = 1 and d = 2 with the ``only`` and
 ``sum`` rules; blocks end after stages 2, 4, 6 (K = 4 blocks of two stages, one-stage heads).
-Formats are calibrated once per setting on a float run of ``--calib-epochs`` epochs (the same
-calibration ``pipetrain train`` runs, shortened).
+Formats are calibrated per setting and seed on ``--calib-epochs`` epochs (default 1, as
+``pipetrain train`` calibrates: the float run, then the golden passes; heads included), so
+ranges that grow over the later epochs clamp: the table shows how often.
 
 Run: ``python benchmarks/interlocking.py [--seeds 0,1,2] [--epochs 10] [--lr 0.002]
-[--out FILE.md] [--jsonl RUNS.jsonl]`` (about 3 minutes per seed and setting on one loaded
-core). lr 0.002 (momentum 0.9, batch 1): global PB trains the He-initialised built-in (2
-epochs: 46 % float, against 10 % at lr 0.01, where exact batch-1 SGD already diverges).
+[--out FILE.md] [--jsonl RUNS.jsonl] [--rtl-samples 200]`` (1–2 minutes per seed and
+setting on an idle core, 7–10 at a load of 15 on 2 cores); ``--from-jsonl RUNS.jsonl``
+re-renders the table of a run file. lr 0.002 (momentum 0.9, batch 1): global PB trains the
+He-initialised built-in (2 epochs: 46 % float, against 10 % at lr 0.01, where exact batch-1
+SGD already diverges).
 Source: Gomez et al., "Interlocking Backpropagation", JMLR 2022, §3 (the settings); the
 hardware numbers are the plan's (docs/architecture.md §2.4).
 """
