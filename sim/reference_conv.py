@@ -169,19 +169,8 @@ class ConvStage:
     def update(self, ver, x_aug: torch.Tensor, d: torch.Tensor):  # ver: reference.Version
         """The Linear stage's momentum (and SC) update with P = :meth:`gradient`: one update
         per weight per sample, whatever the number of positions; returns the new version."""
-        r = self.rule
         P = self.gradient(x_aug, d)
-        u = torch.add(ver.u * r.momentum, P, alpha=r.lr)
-        if r.lr_wd:
-            u.add_(ver.w, alpha=r.lr_wd)
-        if r.sc:
-            w = torch.add(ver.w, u, alpha=-r.sc_a)
-            if r.sc_lr_wd_b:
-                w.add_(ver.w, alpha=-r.sc_lr_wd_b)
-            w.add_(P, alpha=-r.sc_lr_b)
-        else:
-            w = ver.w - u
-        return ver._replace(w=w, u=u, prev=ver.w, index=ver.index + 1)
+        return self.step(ver, lambda t, a, b=1.0: torch.add(t * b, P, alpha=a))  # _Stage.step
 
     def predict_batch(self, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The stage's output (n, C_out·P′) for inputs h (n, C_in·Πin_size) with weights w."""
