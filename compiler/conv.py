@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CONV_KINDS",
+    "CONV_UPDATE_GAP",
     "POOL_KINDS",
     "POOL_SCALE_FRAC",
     "ConvGeometry",
@@ -28,12 +29,17 @@ __all__ = [
     "conv_geometry",
     "p_sum_bits",
     "pool_scale",
+    "stash_words",
 ]
 
 #: ``ConvGeometry.kind`` values and their spatial dimensions.
 CONV_KINDS = {"conv1d": 1, "conv2d": 2}
 #: ``ConvGeometry.pool`` values.
 POOL_KINDS = ("none", "max", "avg")
+#: Slot cycles without a slot between a convolution pass's forward and update phases: the update
+#: unit's write-back stage (≤ 5) must see no forward slot once the update phase begins
+#: (``hdl/conv.py``; *derived*).
+CONV_UPDATE_GAP = 5
 #: Fraction bits of the AvgPool scale 1/window when the window is not a power of two.
 POOL_SCALE_FRAC = 16
 
@@ -199,6 +205,17 @@ def conv_geometry(
     )
 
 
+def stash_words(in_values: int, x_lanes: int, writer: ConvGeometry | None) -> int:
+    """Stash words per sample (``Stage.x_words``) of a stage whose input comes ``x_lanes``
+    values a word from its writer: ⌈N / Lw⌉; after a convolution stage ``writer`` (its
+    output word holds Lw channels of one pooled position: channel ``c`` of position ``q`` is
+    word ``(c div Lw)·P′ + q``, lane ``c mod Lw``) ⌈C_out / Lw⌉·P′, which is ⌈N / Lw⌉ when Lw
+    divides C_out. Source: *derived* (``hdl/conv.py``, ``hdl/stash.py``)."""
+    if writer is None:
+        return -(-in_values // x_lanes)
+    return -(-writer.out_channels // x_lanes) * writer.pooled_positions
+
+
 def p_sum_bits(conv: ConvGeometry | None) -> int:
     """Extra bits of a stage's weight gradient P over one product δ·x: 0 for Linear (None),
     ⌈log2 P⌉ for a convolution, whose P sums the products of its P output positions
@@ -210,12 +227,15 @@ def p_sum_bits(conv: ConvGeometry | None) -> int:
 
 def conv_cycles(g: ConvGeometry, lanes: int) -> tuple[int, int]:
     """``(row_groups, cycles)`` of one tick of a convolution stage with ``lanes`` lanes over
-    the output channels: ⌈C_out / L⌉ row groups, each running the forward (P·(T + 1) MACs per
-    lane, P = output positions), the backward (P·(T + 1) slots, each an input-gradient MAC
-    and a weight-gradient MAC — the transposed correlation and the gradient sum read the same
-    δ and weight), and one update pass over its T + 1 weights: cycles = ⌈C_out / L⌉·(T + 1)·
-    (2P + 1). Source: *derived* (the ideal a stage with one MAC of each kind per lane reaches;
-    the Linear stage's fused pass does not carry over: each weight is used at every position).
+    the output channels: ⌈C_out / L⌉ row groups, each running the backward (P·(T + 1) slots,
+    each an input-gradient MAC and a weight-gradient MAC — the transposed correlation and the
+    gradient sum read the same δ and weight) and the forward (P·(T + 1) MACs per lane, P =
+    output positions), then one update pass over its T + 1 weights, and between the forward
+    and the update phases :data:`CONV_UPDATE_GAP` cycles without a slot: cycles = ⌈C_out / L⌉·
+    (T + 1)·(2P + 1) + CONV_UPDATE_GAP (the HDL's order, ``hdl/conv.py``: every group's
+    backward, then every group's forward, the gap, every group's update). Source: *derived*
+    (the ideal a stage with one MAC of each kind per lane reaches; the Linear stage's fused
+    pass does not carry over: each weight is used at every position).
     """
     groups = -(-g.out_channels // lanes)
-    return groups, groups * (g.taps + 1) * (2 * g.positions + 1)
+    return groups, groups * (g.taps + 1) * (2 * g.positions + 1) + CONV_UPDATE_GAP

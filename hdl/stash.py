@@ -4,7 +4,9 @@
   ``x`` (``Lw`` = the writer's lanes, 1 for stage 1). Written by the previous stage's forward
   output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
   by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
-  Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2.
+  Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2. After a
+  convolution stage (``plane`` = its pooled positions P′) a word holds ``Lw`` channels of one
+  position: column ``i = c·P′ + q`` is word ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
 * ``mask``: ``entries × row_groups`` words of ``L·mask_bits`` bits, the ``z > 0`` bits of the
   forward item (``tanh``/``sigmoid``: its outputs ``y``, ``mask_bits`` = y.bits; written at
   S4), read for the backward item's row group at S0 (used at S1) — and, on a stage with
@@ -55,6 +57,8 @@ class InputStash(wiring.Component):
         the bias input does not fit it).
     mask_bits: bits per lane of the mask (``Stage.mask_bits``: 1, or y.bits for
         ``tanh``/``sigmoid``).
+    plane: 1, or the writer's pooled positions P′ when it is a convolution stage (its
+        channel-word layout; ``compiler/conv.py:stash_words``).
     extra: pass-through streams (one more mask read port each; 0 without interlocking).
 
     Members
@@ -71,7 +75,8 @@ class InputStash(wiring.Component):
         of each pass-through stream's item; ``extra_masks``:
         ``Out(MaskReadSignature(L·mask_bits)).array(extra)`` its mask bits at S1.
 
-    Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ or the operand is narrower than ``x``.
+    Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ (⌈N/(P′·Lw)⌉·P′ after a convolution) or the
+    operand is narrower than ``x``.
     """
 
     def __init__(
@@ -86,10 +91,11 @@ class InputStash(wiring.Component):
         x_operand_bits: int,
         mask_bits: int = 1,
         extra: int = 0,
+        plane: int = 1,
     ) -> None:
         N, G = pipeline.in_features, pipeline.row_groups
-        if x_words != -(-N // x_lanes):
-            raise ValueError(f"x_words {x_words} ≠ ⌈{N}/{x_lanes}⌉")
+        if x_words != -(-N // (plane * x_lanes)) * plane:
+            raise ValueError(f"x_words {x_words} ≠ ⌈{N}/({plane}·{x_lanes})⌉·{plane}")
         if x_operand_bits < x_format.bits:
             raise ValueError(f"x operand of {x_operand_bits} bits cannot hold {x_format}")
         self.pipeline = pipeline
@@ -97,7 +103,7 @@ class InputStash(wiring.Component):
         self.mb = lanes * mask_bits
         self.fx, self.xb = x_format, x_operand_bits
         self.x_depth, self.m_depth = entries * x_words, entries * G
-        self.extra = extra
+        self.extra, self.plane = extra, plane
         members = {
             "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
             "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
@@ -135,10 +141,18 @@ class InputStash(wiring.Component):
         # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column
         q0 = Signal(range(max(self.kx, 2)))
         sel0 = Signal(range(max(Lw, 2)))
+        pq = Signal(range(max(self.plane, 2)))  # the position after a convolution writer
         with m.If(sp.start | (s0.valid & (s0.payload.col == N))):
-            m.d.sync += [q0.eq(0), sel0.eq(0)]
+            m.d.sync += [q0.eq(0), sel0.eq(0), pq.eq(0)]
         with m.Elif(s0.valid):
-            if Lw > 1:
+            if self.plane > 1:  # positions first, then the word's lanes, then the next word
+                with m.If(pq != self.plane - 1):
+                    m.d.sync += [pq.eq(pq + 1), q0.eq(q0 + 1)]
+                with m.Elif(sel0 != Lw - 1):
+                    m.d.sync += [pq.eq(0), sel0.eq(sel0 + 1), q0.eq(q0 - (self.plane - 1))]
+                with m.Else():
+                    m.d.sync += [pq.eq(0), sel0.eq(0), q0.eq(q0 + 1)]
+            elif Lw > 1:
                 with m.If(sel0 == Lw - 1):
                     m.d.sync += [sel0.eq(0), q0.eq(q0 + 1)]
                 with m.Else():

@@ -18,9 +18,11 @@ From one read of ``(w, u)`` per lane and slot (docs/numerics.md §3):
   saturation counter.
 
 The learning-rate products are formed as ``η·(δ·x)`` when ``η`` is a shift-add constant (then
-one ``δ·x`` multiplier) and ``(η·δ)·x`` otherwise — exact either way. With single-port memories
-the write-back leaves one stage later than ``update_stage`` when that stage is even (one more
-register; the write must fall between two reads).
+one ``δ·x`` multiplier) and ``(η·δ)·x`` otherwise — exact either way. A convolution stage gives
+the weight gradient already summed over its positions (``gradient_bits``: ``P = Σ_p δ·x`` on
+``delta``, same fraction bits as ``δ·x``; docs/numerics.md §9.2), so the products are ``η·P``.
+With single-port memories the write-back leaves one stage later than ``update_stage`` when that
+stage is even (one more register; the write must fall between two reads).
 
 Source: docs/numerics.md §1, §3, §6 (the arithmetic, literal), docs/architecture.md §3; the
 pipeline is *derived*.
@@ -80,14 +82,17 @@ class UpdateUnit(wiring.Component):
     lfsr: the LFSR settings (:class:`LFSRConfig`, one seed per lane).
     shift_add: the plan's rule (``Plan.shift_add``): whether a constant is multiplied with shifts
         and adders — then the learning-rate products are formed as ``η·(δ·x)``.
+    gradient_bits: ``None`` (Linear), or the width of a summed weight gradient ``P`` that
+        arrives on ``delta`` instead of δ (a convolution stage; ``operands`` is then absent).
 
     Members
     -------
     slots: ``In(pipeline.subset(S1…S{depth}; fwd_train, bwd))``.
     read: ``In(WeightReadSignature(L, w.bits, u.bits, w_prev))`` ``(w, u[, w_prev])`` at S1
         (``w_prev``: the LWP ``w`` form, ``H > 0``).
-    operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2.
-    delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
+    operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2 (not with
+        ``gradient_bits``).
+    delta: ``In(DeltaSignature(L, d.bits))`` δ at S2 (``gradient_bits``: ``P`` of that width).
     weights: ``Out(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ and ``w`` at S2.
     write_back: ``Out(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
         ``(w′, u′[, w_prev′ = w])`` at the write stage, valid in backward passes (padding lanes
@@ -113,6 +118,7 @@ class UpdateUnit(wiring.Component):
         rounding: str,
         lfsr: LFSRConfig,
         shift_add: Callable[[int], bool],
+        gradient_bits: int | None = None,
     ) -> None:
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
             raise ValueError(
@@ -126,24 +132,25 @@ class UpdateUnit(wiring.Component):
         self.pipeline, self.L, self.live_last = pipeline, lanes, live_last
         self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
         self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
-        self.shift_add = shift_add
+        self.shift_add, self.gradient_bits = shift_add, gradient_bits
         self.w_prev = bool(update.lwp_horizon) and update.lwp_form == "w"
         f, wp = formats, self.w_prev
-        super().__init__(
-            {
-                "slots": In(
-                    pipeline.subset(
-                        stages=tuple(range(1, pipeline.depth + 1)), flags=("fwd_train", "bwd")
-                    )
-                ),
-                "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits, wp)),
-                "operands": In(StashOperandsSignature(x_operand_bits)),
-                "delta": In(DeltaSignature(lanes, f.d.bits)),
-                "weights": Out(LaneWeightsSignature(lanes, what_bits, f.w.bits)),
-                "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits, wp))),
-                "saturated": Out(2 * lanes),
-            }
-        )
+        members = {
+            "slots": In(
+                pipeline.subset(
+                    stages=tuple(range(1, pipeline.depth + 1)), flags=("fwd_train", "bwd")
+                )
+            ),
+            "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits, wp)),
+            "operands": In(StashOperandsSignature(x_operand_bits)),
+            "delta": In(DeltaSignature(lanes, gradient_bits or f.d.bits)),
+            "weights": Out(LaneWeightsSignature(lanes, what_bits, f.w.bits)),
+            "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits, wp))),
+            "saturated": Out(2 * lanes),
+        }
+        if gradient_bits is not None:
+            del members["operands"]
+        super().__init__(members)
 
     def _terms(self, d2, xb2, w2, u2, c_lr, c_wd, first=None) -> list[tuple]:
         """``(product, fraction bits)`` of ``[first,] c_lr·δ·x, c_wd·w`` with the zero
@@ -151,11 +158,12 @@ class UpdateUnit(wiring.Component):
         f = self.f
         out = [first] if first is not None else []
         if c_lr.value:
-            dx = (
-                const_mul(c_lr.value, d2 * xb2, self.shift_add)
-                if self.shift_add(c_lr.value)
-                else const_mul(c_lr.value, d2, self.shift_add) * xb2
-            )
+            if xb2 is None:  # a summed gradient P on δ (convolution)
+                dx = const_mul(c_lr.value, d2, self.shift_add)
+            elif self.shift_add(c_lr.value):
+                dx = const_mul(c_lr.value, d2 * xb2, self.shift_add)
+            else:
+                dx = const_mul(c_lr.value, d2, self.shift_add) * xb2
             out.append((dx, c_lr.frac + f.d.frac + f.x.frac))
         if c_wd.value:
             out.append((const_mul(c_wd.value, w2, self.shift_add), c_wd.frac + f.w.frac))
@@ -236,7 +244,8 @@ class UpdateUnit(wiring.Component):
         """S2: the terms of U (and V with SC) as registers, read at S3 only — without enables,
         so Yosys can absorb them into DSP output registers; ``w`` carried to S3."""
         f, up = self.f, self.up
-        d2, xb2 = self.delta.delta[lane], self.operands.x_bwd
+        d2 = self.delta.delta[lane]
+        xb2 = None if self.gradient_bits is not None else self.operands.x_bwd
         w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)

@@ -93,3 +93,20 @@ async def drive_pass(
         ctx.set(slot_at(sp, k).valid, 0)
     put("busy", 0)
     return cycles
+
+
+def pack_lanes(values, bits: int) -> int:
+    """One word of ``bits``-bit two's-complement lanes, lane 0 in the low bits."""
+    word = 0
+    for k, v in enumerate(values):
+        word |= (int(v) & ((1 << bits) - 1)) << (k * bits)
+    return word
+
+
+def unpack_lanes(word: int, bits: int, n: int) -> list[int]:
+    """The ``n`` signed ``bits``-bit lanes of ``word`` (the inverse of :func:`pack_lanes`)."""
+    out = []
+    for k in range(n):
+        v = (word >> (k * bits)) & ((1 << bits) - 1)
+        out.append(v - (1 << bits) if v >> (bits - 1) else v)
+    return out
