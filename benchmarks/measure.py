@@ -18,6 +18,7 @@ __all__ = [
     "compile_design",
     "golden_accuracy",
     "multiplies_per_sample",
+    "onchip_board_rate",
     "rtl_run",
     "stage_utilisation",
     "trainer_speed",
@@ -93,6 +94,59 @@ def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:
         "rtl_samples_per_s": train_cps / rep.cycles_per_sample if rep.cycles_per_sample else 0.0,
         "sim_wall_s": float(d.get("sim_wall_s", 0.0)),
         "check_s": check_s,
+    }
+
+
+def onchip_board_rate(
+    model: str, board: str, samples: int = 128, epochs: int = 4, seed: int = 0
+) -> dict[str, Any]:
+    """``board_samples_per_s``: the board's real training rate through the on-chip training set,
+    measured in the board-level RTL simulation (docs/protocol.md §2 RUN, §6).
+
+    ``model`` is compiled fitted to ``board`` with an on-chip set of the whole digits training
+    split (so the plan and lanes are the board's: the fit counts the set), then the board top
+    (UART pins at the board's baud rate and network clock: ``BoardTop`` around
+    ``NetworkCore``, Verilator) stores the first ``samples`` training samples and trains
+    ``epochs`` epochs on them with RUN; the device counts the run's clock cycles (the last
+    sample's flush included). Returns ``cycles_per_sample`` (= cycles ÷ (epochs·samples)),
+    ``board_samples_per_s`` (= clock ÷ that), ``clock_hz``, ``divisor``, ``bit_exact`` (every
+    epoch summary, weight, velocity and counter against the golden shadow), ``tick_cycles`` and
+    ``wall_s``. Raises :class:`~pipetrain.compiler.fit.FitError` when the set does not fit.
+    (A subset keeps the UART upload short in simulation; the per-sample cost of a run does not
+    depend on the set's size beyond the permutation's skipped candidates, which the prefetch
+    hides, and the flush, amortised over the run.)"""
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.data import load_data
+    from pipetrain.hdl.uart import uart_divisor
+    from pipetrain.host import open as open_device
+    from pipetrain.host.flow import compile_design as _compile
+
+    ds = load_data("digits")
+    b = get_board(board)
+    result = _compile(model, board=board, seed=seed, writers=(), onchip_samples=len(ds.x_train))
+    plan = result.plan
+    divisor = uart_divisor(plan.clock_hz, b.baud)
+    opts = {"uart_divisor": divisor, "onchip_samples": samples}
+    t0 = time.perf_counter()
+    with open_device(result, "sim", shadow=True, sim_options=opts) as dev:
+        rep = dev.train(ds.x_train[:samples], ds.y_train[:samples], epochs=epochs, onchip=True)
+        v = dev.verify()
+    cps = rep.device_cycles / (epochs * samples)
+    return {
+        "model": model,
+        "board": board,
+        "plan_hash": plan.hash,
+        "samples": samples,
+        "epochs": epochs,
+        "device_cycles": rep.device_cycles,
+        "cycles_per_sample": cps,
+        "board_samples_per_s": plan.clock_hz / cps,
+        "clock_hz": plan.clock_hz,
+        "divisor": divisor,
+        "tick_cycles": plan.tick_cycles,
+        "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
+        "bit_exact": v.bit_exact,
+        "wall_s": time.perf_counter() - t0,
     }
 
 

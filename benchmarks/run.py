@@ -20,7 +20,11 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    ``ceiling_samples_per_s`` = the board's DSP blocks × Fmax / the multiplies a sample needs
    (:func:`measure.multiplies_per_sample`, from the plan); ``fraction_of_ceiling`` = projected
    / ceiling; ``board_clock_mhz`` (the oscillator the board top runs the network at today) and
-   the rate at it; ``board_samples_per_s`` is ``n/a`` until there is an on-chip training set
+   the rate at it; ``board_samples_per_s``: the real rate at the board's clock through the
+   on-chip training set, measured in the board-level RTL simulation (the board top through its
+   UART pins, :func:`measure.onchip_board_rate`: the device's own cycle count of a RUN), with
+   ``board_samples_ratio`` = it ÷ (board clock ÷ RTL cycles per sample) (issue 17 done-when:
+   ≥ 0.9); ``n/a`` with the reason where the set does not fit the board
    (:data:`BOARD_SAMPLES_NA`); in a full run the golden model of the fitted plan is trained for
    the peers' epochs (the board's test accuracy). A model that does not fit gets ``null`` and
    the needed vs available numbers. CPU peers (:mod:`cpu_peers`, one child process at
@@ -94,8 +98,9 @@ PEER_NOTE = (
     "beside it; samples/CPU-s: per second of this process's CPU time, what an unloaded core "
     "would do). Load (1 min): the load average when the peer started."
 )
-#: ``board_samples_per_s`` until the on-chip training set exists (issue 17 item 6).
-BOARD_SAMPLES_NA = "n/a (no on-chip training set yet)"
+#: ``board_samples_per_s`` where the on-chip training set was not measured (issue 17 item 6):
+#: the board cannot hold it, or the run skips the measurement (``--no-onchip``).
+BOARD_SAMPLES_NA = "n/a (on-chip training set not measured)"
 
 
 class Settings:
@@ -116,10 +121,21 @@ class Settings:
         build's recorded time (quick).
     board_build: build missing board reports; ``board_current``: rebuild reports made from
         other HDL (full run).
+    onchip, onchip_samples: measure ``board_samples_per_s`` through the on-chip training set
+        (the board-level RTL simulation, :func:`measure.onchip_board_rate`) with that many
+        samples stored (4 epochs).
     """
 
-    def __init__(self, quick: bool, board_builds: bool = True, reuse_stale: bool = False) -> None:
+    def __init__(
+        self,
+        quick: bool,
+        board_builds: bool = True,
+        reuse_stale: bool = False,
+        onchip: bool = True,
+    ) -> None:
         self.quick = quick
+        self.onchip = onchip
+        self.onchip_samples = 64 if quick else 128
         self.rtl_samples = 64 if quick else 300
         self.seq_samples = 24 if quick else 100
         self.golden_samples = 400 if quick else 1437
@@ -236,6 +252,27 @@ def _link_bound(plan: Any, baud: int) -> float:
     return baud / 10 / LinkParams.from_plan(plan).record_bytes
 
 
+def _onchip_rate(rec: dict[str, Any], name: str, board: str, st: Settings, timer: _Timer) -> None:
+    """``board_samples_per_s`` of ``rec`` through the on-chip training set (or the reason it is
+    n/a: the set does not fit the board)."""
+    from pipetrain.compiler.fit import FitError
+
+    log(f"[{name}] board {board}: on-chip training set, board-level RTL sim ...")
+    try:
+        with timer("onchip"):
+            m = measure.onchip_board_rate(name, board, samples=st.onchip_samples)
+    except FitError as exc:
+        rec["board_samples_note"] = f"n/a ({exc})"
+        return
+    rec["onchip"] = m
+    rec["board_samples_per_s"] = m["board_samples_per_s"]
+    rec["board_samples_note"] = None
+    if rec.get("rtl_cycles_per_sample"):
+        rec["board_samples_ratio"] = m["board_samples_per_s"] / (
+            m["clock_hz"] / rec["rtl_cycles_per_sample"]
+        )
+
+
 def bench_model(
     name: str,
     st: Settings,
@@ -334,6 +371,8 @@ def bench_model(
             rec["ceiling_samples_per_s"] = ceiling
             rec["fraction_of_ceiling"] = proj / ceiling
             rec["board_clock_samples_per_s"] = board.clock_hz / cps
+            if st.onchip:
+                _onchip_rate(rec, name, bname, st, timer)
             if best_rate:
                 rec["vs_best_cpu"] = proj / best_rate
             if st.board_accuracy:
@@ -391,13 +430,15 @@ def run(
     board_builds: bool = True,
     depths: range | list[int] = range(2, 17),
     reuse_stale: bool = False,
+    onchip: bool = True,
 ) -> dict[str, Any]:
     """Run every measurement; return the results dict (the ``--json`` payload).
 
     ``board_builds=False`` never runs YoWASP (missing reports stay missing); ``reuse_stale``
-    keeps board reports built from older HDL in a full run (``--quick`` always does).
+    keeps board reports built from older HDL in a full run (``--quick`` always does);
+    ``onchip=False`` skips the on-chip training set's board-level simulations.
     """
-    st = Settings(quick, board_builds, reuse_stale)
+    st = Settings(quick, board_builds, reuse_stale, onchip)
     timer = _Timer()
     t0 = time.perf_counter()
     load0 = os.getloadavg()
@@ -1119,6 +1160,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument(
+        "--onchip",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure board_samples_per_s through the on-chip training set (board-level RTL "
+        "simulation, minutes per model and board)",
+    )
+    ap.add_argument(
         "--from-json",
         default=None,
         help="measure nothing: re-render a saved results.json (its mode decides --out)",
@@ -1135,6 +1183,7 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.cache_dir) if args.cache_dir else None,
             board_builds=not args.no_board_builds,
             reuse_stale=args.reuse_stale_boards,
+            onchip=args.onchip,
         )
     out = args.out or (None if args.quick else str(HERE))
     if out:

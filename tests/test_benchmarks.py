@@ -406,7 +406,7 @@ def test_peer_and_board_tables() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     # ceiling 156 × 50 MHz ÷ 5,150; fraction = (50 MHz ÷ 527) ÷ ceiling
     assert cells[6] == "1,514,563" and cells[7] == "94,877" and cells[8] == "0.063"
-    assert cells[11] == "n/a (no on-chip training set yet)" and cells[12] == "0.950"
+    assert cells[11] == bench.BOARD_SAMPLES_NA and cells[12] == "0.950"
     assert "does not fit" in boards and " 12 |" in boards  # icebreaker: clock, no figures
     peers = bench.peer_table(res)
     assert "1,000 (0.956)" in peers and "2,000,000 (0.956)" in peers
@@ -474,3 +474,32 @@ def test_imported_reports_are_reused_only_as_stale(tmp_path: Path) -> None:
     assert rec["plan_changed"] == plan.hash
     assert "47.0 MHz (older HDL/plan, built 2026-01-01 00:00)" == bench._board_cell(rec)
     # (other lanes stay missing: test_board_result_reuses_a_report_of_the_same_hardware)
+
+
+def test_onchip_rate_record(monkeypatch):
+    """board_samples_per_s comes from the board-level measurement (here a stand-in returning
+    the device's cycle count of a RUN) and its ratio to clock ÷ RTL cycles per sample; a set
+    that does not fit leaves it n/a with the fit error."""
+    from pipetrain.compiler.fit import FitError
+
+    def fake(name, board, samples):
+        assert (name, board, samples) == ("mlp-digits", "ulx3s-85f", 64)
+        return {"board_samples_per_s": 50e6 / 140.0, "clock_hz": 50e6, "cycles_per_sample": 140}
+
+    monkeypatch.setattr(measure, "onchip_board_rate", fake)
+    st, timer = bench.Settings(quick=True), bench._Timer()
+    rec = {"rtl_cycles_per_sample": 137.0, "board_samples_note": bench.BOARD_SAMPLES_NA}
+    bench._onchip_rate(rec, "mlp-digits", "ulx3s-85f", st, timer)
+    assert rec["board_samples_per_s"] == 50e6 / 140 and rec["board_samples_note"] is None
+    assert rec["board_samples_ratio"] == pytest.approx(137 / 140)
+
+    def no_fit(name, board, samples):
+        raise FitError("the on-chip training set of 1437 samples does not fit icebreaker")
+
+    monkeypatch.setattr(measure, "onchip_board_rate", no_fit)
+    rec = {"board_samples_per_s": None}
+    bench._onchip_rate(rec, "mlp-digits", "icebreaker", st, timer)
+    assert (
+        rec["board_samples_per_s"] is None
+        and "does not fit icebreaker" in rec["board_samples_note"]
+    )
