@@ -81,9 +81,12 @@ SUMMARY_NOTE = (
     "`measure.multiplies_per_sample`, from the plan) — every block busy every cycle. "
     "Projected = achieved Fmax (nextpnr) ÷ the RTL cycles/sample of the plan fitted to that "
     "board (Verilator); fraction = projected ÷ ceiling. Board clock: what the board top runs "
-    "the network at today (the oscillator; no PLL), and the rate that gives. Board samples/s "
-    "(through an on-chip training set, in the board-level RTL simulation) needs the on-chip "
-    "set, which does not exist yet. Test acc (golden): the golden model of the board's plan "
+    "the network at (its PLL's network clock), and the rate that gives. Board samples/s: the "
+    "real rate at that clock through the on-chip training set (`train --on-chip-data`), "
+    "measured in the board-level RTL simulation — the board top through its UART pins, the "
+    "device's own cycle count of a RUN over a stored subset of the digits training split, "
+    "bit-exact with the golden model (`measure.onchip_board_rate`); n/a where the set does "
+    "not fit the board. Test acc (golden): the golden model of the board's plan "
     "(bit-exact with the RTL) after {epochs} epochs. CPU peers: the same net, initial weights, "
     "epochs and sample order on one core, float32 — samples/s (test accuracy): see §2."
 )
@@ -778,8 +781,9 @@ def render_markdown(res: dict[str, Any]) -> str:
             rows,
         ),
         "",
-        "UART bound: 1 Mbaud 8N1 ÷ the sample record's bytes (frame headers, CRC and result "
-        "reads make it lower still). Build s: the board build that made the cached report.",
+        "UART bound: the board's baud rate (ULX3S 3 Mbaud, iCEBreaker 1 Mbaud) 8N1 ÷ the sample "
+        "record's bytes (frame headers, CRC and result reads make it lower still). Build s: "
+        "the board build that made the cached report.",
         "",
     ]
     rows = []
@@ -1095,8 +1099,9 @@ def update_readme(res: dict[str, Any], readme: Path) -> None:
             "",
             SUMMARY_NOTE.format(epochs=epochs)
             + " Cells: samples/s (test accuracy); `[η×s: acc]` where a smaller η_B learned "
-            "better in the same epochs (picked on the training set). The boards' 1 Mbaud UART "
-            "limits real streamed runs to < 800 samples/s."
+            "better in the same epochs (picked on the training set). The UART (ULX3S 3 Mbaud, "
+            "iCEBreaker 1 Mbaud) limits streamed runs to < 2,300 and < 1,010 samples/s; the "
+            "on-chip set takes the link out of the loop."
             + (
                 " Fmax marked *(older HDL/plan)*: a cached board report built from older HDL "
                 "(`--reuse-stale-boards`)."
