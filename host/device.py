@@ -793,14 +793,17 @@ class Device:
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load float weights (``name.weight`` (M, N) / ``name.bias`` (M,) of every stage):
-        quantised into ``w`` as numerics §2 (``w_prev = w`` for LWP ``w`` form); velocities
-        are kept. Raises :class:`DeviceError` (:func:`checked_state_dict`) for a missing or
+        """Load float weights (``name.weight`` (M, N) / ``name.bias`` (M,) of every main
+        stage, as :meth:`state_dict` gives them): quantised into ``w`` as numerics §2
+        (``w_prev = w`` for LWP ``w`` form); velocities are kept, and so are the auxiliary
+        heads of local/interlocking learning (their memories: :meth:`memories`). Raises
+        :class:`DeviceError` (:func:`checked_state_dict`) for a missing or
         unexpected key, a value that is not a real tensor, a wrong shape or a NaN/infinite
         weight — before anything is written to the device."""
         self._check()
         state = checked_state_dict(self.plan, state)
-        mems = [_weight_matrix(st, state) for st in self.plan.stages]
+        mains = [st for st in self.plan.stages if st.role == "main"]
+        mems = [_weight_matrix(st, state) for st in mains]
         if self.client is None:
             if isinstance(self.trainer, GoldenModel):
                 self.trainer.load_state_dict(state)
@@ -808,21 +811,22 @@ class Device:
                 _reference_load(self.trainer, mems)
             return
         self.client.flush()
-        words = []
-        for st, wf in zip(self.plan.stages, mems, strict=True):
+        words: list[dict[str, Any]] = [{} for _ in self.plan.stages]  # heads: left as they are
+        for st, wf in zip(mains, mems, strict=True):
             w = quantise(wf, st.formats.w)[0].numpy()
             d = {"w": w}
             if st.update.lwp_horizon > 0 and st.update.lwp_form == "w":
                 d["w_prev"] = w
-            words.append(d)
+            words[st.index - 1] = d
         self.client.write_weights(words)
         self._to_shadow(GoldenModel.load_state_dict, self.shadow, state)
 
     # -- counters -------------------------------------------------------------------------------
     def counters(self) -> dict[str, Any]:
         """Counters since :func:`open`: ``samples_trained`` (training samples whose last update
-        was applied), ``ticks``, ``saturations`` (per stage, then the loss unit); link targets
-        add the engine's counters (docs/protocol.md ``READ_COUNTERS``)."""
+        was applied), ``ticks``, ``saturations`` (per stage, then the loss unit), with auxiliary
+        heads ``head_correct`` (per head, its predictions equal to the label; golden and link
+        targets); link targets add the engine's counters (docs/protocol.md ``READ_COUNTERS``)."""
         self._check()
         if self.client is not None:
             c = self.client.counters().to_dict()
@@ -836,18 +840,22 @@ class Device:
             return c
         t = self.trainer
         if isinstance(t, GoldenModel):
-            return {
+            out: dict[str, Any] = {
                 "samples_trained": t.samples_applied,
                 "ticks": t.ticks,
                 "saturations": t.stage_saturations,
             }
+            if t.K > 1:  # the heads' correct predictions, as the RTL counts them
+                out["head_correct"] = t.head_correct
+            return out
         return {"samples_trained": t.samples_trained, "saturations": []}
 
     # -- verification against the golden shadow ------------------------------------------------
     def verify(self) -> Verification:
         """Compare the device with its golden shadow (``open(..., shadow=True)``): every result
         record (pred, loss, train), every memory word and the counters ``samples_trained``,
-        ``ticks`` and ``saturations``. Raises :class:`DeviceError` without a shadow."""
+        ``ticks``, ``saturations`` and (auxiliary heads) ``head_correct``. Raises
+        :class:`DeviceError` without a shadow."""
         self._check()
         if self.shadow is None:
             raise DeviceError("verify() needs a golden shadow: open(..., shadow=True)")
@@ -891,12 +899,15 @@ class Device:
                         f"stage {st.name} {kind}: {diff} of {want.numel()} words differ{first}"
                     )
         c = self.counters()
-        for key, want in (
+        checks: list[tuple[str, Any]] = [
             ("samples_trained", g.samples_applied),
             ("ticks", g.ticks),
             ("saturations", g.stage_saturations),
-        ):
-            have = list(c[key]) if key == "saturations" else c[key]
+        ]
+        if g.K > 1:  # the heads' loss units: their correct predictions
+            checks.append(("head_correct", g.head_correct))
+        for key, want in checks:
+            have = list(c.get(key, ())) if key in ("saturations", "head_correct") else c[key]
             if have != want:
                 bad.append(f"counter {key}: device {have}, golden {want}")
         return Verification(not bad, len(gold), words, bad[:20])
@@ -933,7 +944,8 @@ class Device:
 def checked_state_dict(plan: Plan, state: Any) -> dict[str, torch.Tensor]:
     """Check a ``state_dict`` for ``plan`` and return it as float64 tensors: exactly the keys
     ``<stage name>.weight`` (out_features, in_features) and ``<stage name>.bias``
-    (out_features,) of every stage, each a real (float or integer) ``torch.Tensor`` or numpy
+    (out_features,) of every main stage (the original module's; not the auxiliary heads of
+    local/interlocking learning), each a real (float or integer) ``torch.Tensor`` or numpy
     array of finite values. Raises :class:`DeviceError` naming the key and the fix otherwise
     (*derived*: ``torch.nn.Module.load_state_dict(strict=True)`` also refuses missing and
     unexpected keys)."""
@@ -942,7 +954,7 @@ def checked_state_dict(plan: Plan, state: Any) -> dict[str, torch.Tensor]:
             f"a state_dict is a dict of tensors (model.state_dict()), not {type(state).__name__}"
         )
     shapes = {}
-    for st in plan.stages:
+    for st in (s for s in plan.stages if s.role == "main"):
         if getattr(st, "conv", None) is not None:  # a convolution's (C_out, C_in, *kernel)
             shapes[f"{st.name}.weight"] = st.conv.weight_shape
             if st.conv.bias:

@@ -589,6 +589,7 @@ class GoldenModel:
         #: per auxiliary head k (loss L_k, k < K) its loss unit's result records, one per
         #: sample (training and inference alike), in sample order
         self.head_results: dict[int, list[Result]] = {k: [] for k in range(1, self.K)}
+        self._head_hits = [0] * (self.K - 1)  # per head: predictions equal to the label
         self.traces: list[TickTrace] = []
 
     def _wire(self, plan: Plan) -> None:
@@ -684,6 +685,13 @@ class GoldenModel:
         sats = [self._loss_sats[-1], *self._loss_sats[:-1]]
         vals = [int(s.sat) for s in self.stages] + [int(v) for v in sats]
         return [min(v, U32_MAX) for v in vals]
+
+    @property
+    def head_correct(self) -> list[int]:
+        """Per auxiliary head L_1 … L_{K−1}: the samples (training and inference alike) whose
+        head prediction equals their label, each ≤ 2^32−1 — the RTL's ``head_correct``
+        counters (docs/ports.md); empty for ``global``."""
+        return [min(v, U32_MAX) for v in self._head_hits]
 
     @property
     def saturations(self) -> int:
@@ -881,6 +889,7 @@ class GoldenModel:
                 self.results.append(res)
             else:
                 self.head_results[loss_t].append(res)
+                self._head_hits[loss_t - 1] += int(pred) == sample.label
             if sample.train and loss_t in self.stages[feed].streams:
                 new_bwd[feed][loss_t] = (sample, delta)
             if tr is not None:
@@ -974,6 +983,7 @@ class GoldenModel:
                 out = (pred, loss_raw)
             else:
                 self.head_results[loss_t].extend(recs)
+                self._head_hits[loss_t - 1] += int((pred == labels).sum())
         # the ticks that streaming would have run: n entries (`span` apart when sequential)
         self._last_entry = self._clock + (n - 1) * (self.span if self.sequential else 1)
         self._clock = self._last_entry + self.span

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..compiler.enums import unknown
-from ..compiler.plan import Plan, QFormat, Stage
+from ..compiler.plan import LossUnit, Plan, QFormat, Stage
 from .fixed import U32_MAX, rhu, rne, rsr, sat_int
 from .lfsr import draw
 
@@ -29,10 +29,13 @@ class ScalarResult:
     """Outcome of :func:`run_scalar`.
 
     w, u: per stage, the final (M, N+1) memories as nested lists.
-    results: (sample, pred, loss_raw, train) per sample, in order.
-    saturations: per-stage counters, then the loss unit's.
+    results: (sample, pred, loss_raw, train) per sample, in order (the true loss).
+    saturations: per-stage counters (main, then head stages), then the loss units' (the true
+        loss, then the heads' L_1 … L_{K−1}).
     ticks: the hardware ``ticks`` counter after the final flush (numerics §7).
     samples_applied: training samples whose stage-1 update was applied.
+    head_results: per auxiliary head k its loss unit's (sample, pred, loss_raw, train) records.
+    head_correct: per head, the samples whose head prediction equals their label.
     """
 
     w: list[Matrix]
@@ -41,6 +44,8 @@ class ScalarResult:
     saturations: list[int]
     ticks: int
     samples_applied: int
+    head_results: dict[int, list[tuple[int, int, int, bool]]]
+    head_correct: list[int]
 
 
 class _Stage:
@@ -61,9 +66,9 @@ class _Stage:
         return c
 
 
-def _loss(plan: Plan, z: list[int], label: int) -> tuple[int, int, list[int], int]:
-    """(pred, loss_raw, δ, saturations) of numerics §4, one element at a time."""
-    lu = plan.loss
+def _loss(lu: LossUnit, z: list[int], label: int) -> tuple[int, int, list[int], int]:
+    """(pred, loss_raw, δ, saturations) of loss unit ``lu`` (numerics §4), one element at a
+    time."""
     C, fy, fd = len(z), lu.z.frac, lu.d.frac
     pred = max(range(C), key=lambda j: (z[j], -j))
     sats = 0
@@ -251,151 +256,242 @@ def _conv_backward(sg: _Stage, w: Matrix, x: list[int], aux, gout: list[int]):
     return [v for row in delta for v in row], gin, grad
 
 
+def _geometry(plan: Plan) -> tuple[list[int], list[int], dict[int, int], int]:
+    """The tick model of numerics §7.2, read off the plan: each stage's position, the stage
+    feeding each loss (0-based; the heads' L_1 … L_{K−1}, then the true loss L_K), the
+    positions P_t and the span (ticks a sample is in flight)."""
+    sts = plan.stages
+    pos: list[int] = []
+    read = [False] * len(sts)
+    for st in sts:
+        pos.append(pos[st.attach - 1] + 1 if st.attach else 1)
+        if st.attach:
+            read[st.attach - 1] = True
+    S_main = sum(1 for st in sts if st.role == "main")
+    feed = [i for i in range(S_main, len(sts)) if not read[i]] + [S_main - 1]
+    P = {t: pos[i] for t, i in enumerate(feed, start=1)}
+    span = max(P.values()) + 1
+    for i, st in enumerate(sts):
+        for t in st.grad_losses or st.losses:
+            span = max(span, 2 * P[t] - pos[i] + 1)
+    return pos, feed, P, span
+
+
+def _update(plan: Plan, sg: _Stage, w: Matrix, u: Matrix, xb, delta, grad) -> tuple:
+    """numerics §5.3–§5.5 for one sample, slot by slot and lane by lane with the LFSR draws:
+    the new (w, u) from the newest (w, u), the stashed ``xb`` and δ (a convolution: its
+    summed gradient ``grad``)."""
+    st, f, c = sg.st, sg.st.formats, sg.st.update
+    stochastic = plan.rounding == "stochastic"
+    R = plan.round_bits
+    w1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
+    u1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
+    fw, fp = f.w.frac, f.d.frac + f.x.frac
+    for g_ in range(st.row_groups):
+        for i in range(sg.N + 1):
+            for lane in range(sg.L):
+                r_u = r_w = 0
+                if stochastic:
+                    sg.lfsr[lane] = draw(
+                        sg.lfsr[lane], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
+                    )
+                    r_u = sg.lfsr[lane] & ((1 << R) - 1)
+                    r_w = (sg.lfsr[lane] >> R) & ((1 << R) - 1)
+                j = g_ * sg.L + lane
+                if j >= sg.M:
+                    continue  # padding lane: it drew, it does nothing else
+                P = delta[j] * xb[i] if grad is None else grad[j][i]
+
+                def al(const, operand: int, ofrac: int, fto: int) -> int:
+                    if const.value == 0:
+                        return 0
+                    return (const.value * operand) << (fto - const.frac - ofrac)
+
+                def rnd(v: int, kk: int, r: int) -> int:
+                    return rsr(v, kk, r, R) if stochastic else rne(v, kk)
+
+                U = (
+                    al(c.momentum, u[j][i], fw, c.frac_u)
+                    + al(c.lr, P, fp, c.frac_u)
+                    + al(c.lr_wd, w[j][i], fw, c.frac_u)
+                )
+                un = sg.count(rnd(U, c.frac_u - fw, r_u), f.u)
+                if c.sc:
+                    V = (
+                        al(c.sc_a, un, fw, c.frac_v)
+                        + al(c.sc_lr_b, P, fp, c.frac_v)
+                        + al(c.sc_lr_wd_b, w[j][i], fw, c.frac_v)
+                    )
+                    wn = sg.count(w[j][i] - rnd(V, c.frac_v - fw, r_w), f.w)
+                else:
+                    wn = sg.count(w[j][i] - un, f.w)
+                u1[j][i], w1[j][i] = un, wn
+    return w1, u1
+
+
+def _delta(sg: _Stage, mask, g: list[int]) -> list[int]:
+    """numerics §5.1: δ_j = f′(z_j)·g_j from the stashed mask (tanh/sigmoid: the output y)."""
+    st = sg.st
+    delta = []
+    for j in range(sg.M):
+        if st.activation in ("tanh", "sigmoid"):
+            delta.append(_lut_delta(st, mask[j], g[j]))  # mask: the stashed y
+        elif mask[j] or st.activation == "identity":
+            delta.append(g[j])
+        elif st.activation == "leaky_relu":
+            delta.append(rhu(g[j] * st.negative_slope.value, st.negative_slope.frac))
+        elif st.activation == "relu":
+            delta.append(0)
+        else:
+            unknown(st.activation, "activation")
+    return delta
+
+
 def run_scalar(
     plan: Plan, w0: list[Matrix], samples: list[tuple[list[int], int, bool]]
 ) -> ScalarResult:
     """Run quantised ``samples`` (x ints (N,), label, train) through the plan, then flush.
 
-    ``w0`` gives each stage's initial integer weights (M, N+1). Samples enter back to back
-    (``pb``) or 2S ticks apart (``sequential``: one in flight).
+    ``w0`` gives each stage's initial integer weights (M, N+1), every stage of the plan (main,
+    then auxiliary heads). Samples enter back to back (``pb``) or ``span`` ticks apart
+    (``sequential``: one in flight). Each sample runs its events in the tick model's order
+    (numerics §7.2): the forwards; every loss unit; each backward stream ``t`` at stage
+    position ``p`` in tick ``2·P_t − p``, sent on to the attach stage when it is in
+    ``gin_losses``; each stage's one update in tick ``p − 1 + D_s`` (after that tick's
+    streams) with δ = the sum of its update streams' δ (clamped to d when there are several,
+    numerics §5.6). Every read — forward or stream — takes the version the stage holds then:
+    the updates of training samples that entered at ``t_j`` with ``t_j + p − 1 + D_s`` before
+    the read's tick (and the sample's own update once made), counted from the entry ticks.
     """
-    S = len(plan.stages)
-    stages = [
-        _Stage(plan, st, [row[:] for row in w]) for st, w in zip(plan.stages, w0, strict=True)
-    ]
-    stochastic = plan.rounding == "stochastic"
-    R = plan.round_bits
-    gap = 2 * S if plan.schedule == "sequential" else 1
+    sts = plan.stages
+    n_st = len(sts)
+    stages = [_Stage(plan, st, [row[:] for row in w]) for st, w in zip(sts, w0, strict=True)]
+    pos, feed, P, span = _geometry(plan)
+    K = len(feed)
+    units = [*plan.head_losses, plan.loss]  # loss unit of L_t at index t − 1
+    # the tick model's delay of every stream and the stage's update tick (numerics §7.2)
+    upd_tick = []
+    for i, st in enumerate(sts):
+        D = max(2 * (P[t] - pos[i]) + 1 for t in st.losses)
+        upd_tick.append(pos[i] - 1 + D)
+    gap = span if plan.schedule == "sequential" else 1
     entries: list[tuple[int, bool]] = []  # (entry tick, train) of samples so far
-    results, loss_sat, applied = [], 0, 0
-    for k, (x, label, train) in enumerate(samples):
-        t0 = k * gap
-        # ---- forward, each stage with its delayed weight version ---------------------------
-        stash = []
-        a = list(x)
-        for sg in stages:
+    results: list[tuple[int, int, int, bool]] = []
+    head_results: dict[int, list[tuple[int, int, int, bool]]] = {t: [] for t in range(1, K)}
+    loss_sat = [0] * K
+    hits = [0] * (K - 1)
+    applied = 0
+
+    def version(i: int, tick: int, own: bool) -> tuple[Matrix, Matrix, Matrix]:
+        """(w, u, w_prev) of stage i as read in relative tick ``tick`` of the current sample
+        (``own``: its own update is already made)."""
+        k = sum(1 for (tj, tr) in entries if tr and tj + upd_tick[i] < t0 + tick) + int(own)
+        w, u = stages[i].versions[k]
+        w_prev = stages[i].versions[k - 1][0] if k > 0 else w
+        return w, u, w_prev
+
+    for n, (x, label, train) in enumerate(samples):
+        t0 = n * gap
+        # ---- forwards in plan order (every stage after the one it reads) --------------------
+        outs: list[list[int]] = []
+        stash: list = []
+        for i, sg in enumerate(stages):
             st, f, upd = sg.st, sg.st.formats, sg.st.update
-            version = sum(1 for (tj, tr) in entries if tr and tj < t0 - st.delay)
-            w, u = sg.versions[version]
-            w_prev = sg.versions[version - 1][0] if version > 0 else w
+            a = list(x) if st.attach == 0 else outs[st.attach - 1]
+            w, u, w_prev = version(i, pos[i] - 1, False)
             if sg.conv is not None:  # numerics §9.1, in loops
-                a, entry = _conv_forward(sg, w, u, w_prev, a, train)
+                out, entry = _conv_forward(sg, w, u, w_prev, a, train)
+                outs.append(out)
                 stash.append(entry)
                 continue
             xb = a + [1 << f.x.frac]
-            z, out, mask = [], [], []
+            out, mask = [], []
             for j in range(sg.M):
                 acc = 0
-                for i in range(sg.N + 1):
-                    what = w[j][i]
+                for c in range(sg.N + 1):
+                    what = w[j][c]
                     if train and upd.lwp_horizon and upd.lwp_form == "v":
-                        what = w[j][i] - upd.lwp_horizon * u[j][i]
+                        what = w[j][c] - upd.lwp_horizon * u[j][c]
                     elif train and upd.lwp_horizon:
-                        what = w[j][i] + upd.lwp_horizon * (w[j][i] - w_prev[j][i])
-                    acc += what * xb[i]
+                        what = w[j][c] + upd.lwp_horizon * (w[j][c] - w_prev[j][c])
+                    acc += what * xb[c]
                 zj = sg.count(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y)
-                z.append(zj)
                 mask.append(zj > 0)
                 out.append(_act(st, zj))
             stash.append((xb, out if st.activation in ("tanh", "sigmoid") else mask))
-            a = out
-        pred, loss_raw, g, n = _loss(plan, a, label)
-        results.append((k, pred, loss_raw, train))
+            outs.append(out)
+        # ---- every loss unit on the output of the stage feeding it ---------------------------
+        err: dict[tuple[int, int], list[int]] = {}  # (stage, loss) → the error arriving
+        for t in range(1, K + 1):
+            pred, loss_raw, g, sats = _loss(units[t - 1], outs[feed[t - 1]], label)
+            if t == K:
+                results.append((n, pred, loss_raw, train))
+            else:
+                head_results[t].append((n, pred, loss_raw, train))
+                hits[t - 1] += pred == label
+            if train:
+                loss_sat[t - 1] += sats
+                err[(feed[t - 1], t)] = g
         if not train:
             entries.append((t0, train))
             continue
-        loss_sat += n
-        # ---- backward and update with the newest weights -----------------------------------
-        for s in range(S - 1, -1, -1):
-            sg = stages[s]
-            st, f, c = sg.st, sg.st.formats, sg.st.update
-            xb, mask = stash[s]
-            w, u = sg.versions[-1]
-            delta = []
+        # ---- backward streams and updates in tick order --------------------------------------
+        events = []
+        for i, st in enumerate(sts):
+            for t in sorted(st.grad_losses or st.losses):
+                events.append((2 * P[t] - pos[i], 0, i, t))
+            events.append((upd_tick[i], 1, i, 0))
+        dsum: list[list[int] | None] = [None] * n_st
+        grads: list = [None] * n_st
+        for tick, kind, i, t in sorted(events):
+            sg, st = stages[i], sts[i]
+            if kind == 1:  # the stage's one update, after this tick's streams
+                delta = dsum[i]
+                if len(st.losses) > 1 and sg.conv is None:  # several losses: clamp the sum
+                    delta = [sg.count(v, st.formats.d) for v in delta]
+                w, u, _ = version(i, tick, False)
+                sg.versions.append(_update(plan, sg, w, u, stash[i][0], delta, grads[i]))
+                if i == 0:
+                    applied += 1
+                continue
+            g = err.pop((i, t))
+            w, _, _ = version(i, tick, tick > upd_tick[i])
+            xb, mask = stash[i]
             grad = None
             if sg.conv is not None:  # numerics §9.2: δ, gin and P, in loops
                 delta, gin, grad = _conv_backward(sg, w, xb, mask, g)
-            for j in range(sg.M if sg.conv is None else 0):
-                if st.activation in ("tanh", "sigmoid"):
-                    delta.append(_lut_delta(st, mask[j], g[j]))  # mask: the stashed y
-                elif mask[j] or st.activation == "identity":
-                    delta.append(g[j])
-                elif st.activation == "leaky_relu":
-                    delta.append(rhu(g[j] * st.negative_slope.value, st.negative_slope.frac))
-                elif st.activation == "relu":
-                    delta.append(0)
-                else:
-                    unknown(st.activation, "activation")
-            if sg.conv is not None:
-                pass
-            elif not st.input_gradient:
-                gin = None
             else:
-                gin = [
-                    sg.count(
-                        rhu(
-                            sum(w[j][i] * delta[j] for j in range(sg.M)),
-                            f.w.frac + f.d.frac - f.gin.frac,
-                        ),
-                        f.gin,
-                    )
-                    for i in range(sg.N)
-                ]
-            w1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
-            u1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
-            fw, fp = f.w.frac, f.d.frac + f.x.frac
-            for g_ in range(st.row_groups):
-                for i in range(sg.N + 1):
-                    for lane in range(sg.L):
-                        r_u = r_w = 0
-                        if stochastic:
-                            sg.lfsr[lane] = draw(
-                                sg.lfsr[lane], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
-                            )
-                            r_u = sg.lfsr[lane] & ((1 << R) - 1)
-                            r_w = (sg.lfsr[lane] >> R) & ((1 << R) - 1)
-                        j = g_ * sg.L + lane
-                        if j >= sg.M:
-                            continue  # padding lane: it drew, it does nothing else
-                        P = delta[j] * xb[i] if grad is None else grad[j][i]
-
-                        def al(const, operand: int, ofrac: int, fto: int) -> int:
-                            if const.value == 0:
-                                return 0
-                            return (const.value * operand) << (fto - const.frac - ofrac)
-
-                        def rnd(v: int, kk: int, r: int) -> int:
-                            return rsr(v, kk, r, R) if stochastic else rne(v, kk)
-
-                        U = (
-                            al(c.momentum, u[j][i], fw, c.frac_u)
-                            + al(c.lr, P, fp, c.frac_u)
-                            + al(c.lr_wd, w[j][i], fw, c.frac_u)
-                        )
-                        un = sg.count(rnd(U, c.frac_u - fw, r_u), f.u)
-                        if c.sc:
-                            V = (
-                                al(c.sc_a, un, fw, c.frac_v)
-                                + al(c.sc_lr_b, P, fp, c.frac_v)
-                                + al(c.sc_lr_wd_b, w[j][i], fw, c.frac_v)
-                            )
-                            wn = sg.count(w[j][i] - rnd(V, c.frac_v - fw, r_w), f.w)
-                        else:
-                            wn = sg.count(w[j][i] - un, f.w)
-                        u1[j][i], w1[j][i] = un, wn
-            sg.versions.append((w1, u1))
-            g = gin
-        applied += 1
+                delta = _delta(sg, mask, g)
+                gin = None
+                if t in st.gin_losses:
+                    k_gin = st.formats.w.frac + st.formats.d.frac - st.formats.gin.frac
+                    gin = [
+                        sg.count(rhu(sum(w[j][c] * delta[j] for j in range(sg.M)), k_gin),
+                                 st.formats.gin)
+                        for c in range(sg.N)
+                    ]  # fmt: skip
+            if t in st.gin_losses and gin is not None:
+                err[(st.attach - 1, t)] = gin
+            if t in st.losses:
+                dsum[i] = (
+                    delta
+                    if dsum[i] is None
+                    else [a + b for a, b in zip(dsum[i], delta, strict=True)]
+                )
+                grads[i] = grad
         entries.append((t0, train))
     if plan.schedule == "sequential":  # the counter advances once per sample (numerics §7)
         ticks = len(samples)
     else:
-        ticks = len(samples) - 1 + 2 * S if samples else 0
+        ticks = len(samples) - 1 + span if samples else 0
     return ScalarResult(
         w=[sg.versions[-1][0] for sg in stages],
         u=[sg.versions[-1][1] for sg in stages],
         results=results,
-        saturations=[min(sg.sat, U32_MAX) for sg in stages] + [min(loss_sat, U32_MAX)],
+        saturations=[min(sg.sat, U32_MAX) for sg in stages]
+        + [min(v, U32_MAX) for v in [loss_sat[-1], *loss_sat[:-1]]],
         ticks=ticks,
         samples_applied=applied,
+        head_results=head_results,
+        head_correct=[min(v, U32_MAX) for v in hits],
     )

@@ -39,6 +39,22 @@ ORACLE_CASES = [
     dict(acts=("tanh", "sigmoid")),
     dict(acts=("sigmoid", "tanh"), mitigation="sc+lwp", rounding="nearest_even", loss="mse"),
     dict(acts=("tanh", "tanh"), schedule="sequential", lr=0.3),
+    # auxiliary heads (numerics §5.6, §7.2): local with two-stage heads; interlocking d=1 only
+    # (a pass-through stream reading an older version); d=2 sum (a δ sum of three losses, two
+    # in one tick) with SC+LWP w and clamps; the sum rule under sequential
+    dict(strategy="local", blocks=(1, 2), head_stages=2, mitigation="sc+lwp"),
+    dict(strategy="interlocking", blocks=(1, 2), distance=1, mitigation="lwp"),
+    dict(
+        strategy="interlocking",
+        blocks=(1, 2),
+        distance=2,
+        rule="sum",
+        mitigation="sc+lwp",
+        lwp_form="w",
+        loss="mse",
+        lr=0.3,
+    ),
+    dict(schedule="sequential", strategy="interlocking", blocks=(1, 2), distance=1, rule="sum"),
 ]
 
 
@@ -55,12 +71,19 @@ def test_vectorised_ticks_equal_the_scalar_version_queue_oracle(case):
         g.submit(xq[i], int(y[i]), train[i])
     g.flush()
     ref = run_scalar(plan, w0, [(xq[i].tolist(), int(y[i]), train[i]) for i in range(len(x))])
+    assert_equal_to_oracle(g, ref)
+    assert g.samples_applied == sum(train)
+
+
+def assert_equal_to_oracle(g: GoldenModel, ref) -> None:
+    """Memories, every loss unit's records, counters and head_correct agree bit for bit."""
     assert [e.w.tolist() for e in g.stages] == ref.w
     assert [e.u.tolist() for e in g.stages] == ref.u
     assert [tuple(r) for r in g.results] == ref.results
     assert g.stage_saturations == ref.saturations
     assert (g.ticks, g.samples_applied) == (ref.ticks, ref.samples_applied)
-    assert g.samples_applied == sum(train)
+    assert {k: [tuple(r) for r in v] for k, v in g.head_results.items()} == ref.head_results
+    assert g.head_correct == ref.head_correct and len(ref.head_correct) == len(g.head_results)
 
 
 def test_oracle_cases_exercise_saturation():
@@ -309,3 +332,39 @@ def test_rejects_a_model_that_does_not_match_the_plan():
     plan, _, cfg = tiny()
     with pytest.raises(GoldenError, match="no nn.Linear named .2."):
         GoldenModel(plan, nn.Sequential(nn.Linear(6, 5)), cfg)
+
+
+#: Depth-5 nets with auxiliary heads whose streams reach a stage in different ticks.
+DEEP_HEADS = {
+    # interlocking d=1 only: stages 2, 3 form L2's input gradient two ticks before their L3
+    # update, with the older weights n − 2 (numerics §7.2)
+    "inter-d1": dict(strategy="interlocking", blocks=(1, 3), distance=1),
+    # d=2 sum, two-stage heads: stage 1's L1 δ waits four ticks for L2 and L3 (one tick)
+    "inter-d2-sum-h2": dict(
+        strategy="interlocking", blocks=(1, 3), distance=2, rule="sum", head_stages=2,
+        mitigation="sc",
+    ),
+    # the sum rule under sequential: one sample in flight, the same tick order
+    "seq-inter-d2-sum": dict(
+        schedule="sequential", strategy="interlocking", blocks=(1, 3), distance=2, rule="sum",
+        loss="mse",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DEEP_HEADS))
+def test_heads_on_deeper_nets_equal_the_scalar_oracle(name):
+    """Depth 5 with auxiliary heads (:data:`DEEP_HEADS`): memories, every loss unit's records,
+    counters and head_correct of the golden model and the scalar oracle agree bit for bit."""
+    from pipetrain.sim.tb.regress import Case, prepare
+
+    case = Case(name, (7, 6, 6, 5, 5, 4), (2, 3, 1, 2, 2), samples=20, seed=7, **DEEP_HEADS[name])
+    plan, model, x, labels, train = prepare(case)
+    g = GoldenModel(plan, model)
+    w0 = [e.w.tolist() for e in g.stages]
+    for i in range(len(x)):
+        g.submit(x[i], int(labels[i]), train[i])
+    g.flush()
+    ref = run_scalar(plan, w0, [(x[i].tolist(), int(labels[i]), train[i]) for i in range(len(x))])
+    assert_equal_to_oracle(g, ref)
+    assert len(ref.head_correct) == len(case.blocks)
