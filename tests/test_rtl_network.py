@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 from pipetrain.host.cli import cli
 from pipetrain.host.flow import compile_design
@@ -153,9 +154,18 @@ def test_local_heads_train_bit_exact_through_the_link():
     with dev:
         dev.train(ds.x_train[:60], ds.y_train[:60], epochs=1)
         counters = dev.counters()
-        check = dev.verify()
-        head = dev.shadow.head_results[1]  # the golden shadow's head records, stream order
+        check = dev.verify()  # head_correct included
+        head = list(dev.shadow.head_results[1])  # the golden shadow's head records so far
+        gold_hits = dev.shadow.head_correct
+        # the main stages' state_dict round-trips through the link; the head keeps its weights
+        before = dev.memories()["head1.0"]["w"]
+        dev.load_state_dict(dev.state_dict())
+        after = dev.memories()["head1.0"]["w"]
+        dev.train(ds.x_train[60:80], ds.y_train[60:80], epochs=1)
+        again = dev.verify()
     assert check.bit_exact, check.mismatches[:3]
     assert counters["samples_trained"] == 60 and len(counters["saturations"]) == 4 + 2
     labels = ds.y_train[:60][epoch_order(60, cfg.seed, 0)]
     assert counters["head_correct"] == [sum(int(r.pred == labels[r.sample]) for r in head)]
+    assert counters["head_correct"] == gold_hits
+    assert torch.equal(before, after) and again.bit_exact, again.mismatches[:3]
