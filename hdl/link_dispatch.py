@@ -283,9 +283,20 @@ class LinkDispatcher(wiring.Component):
             onchip.sample_in.ready.eq(si.ready & run),
             onchip.result_in.payload.eq(ro.payload),
             results.result_out.payload.eq(ro.payload),
-            onchip.result_in.valid.eq(ro.valid & run),
-            results.result_out.valid.eq(ro.valid & ~run),
-            ro.ready.eq(Mux(run, onchip.result_in.ready, results.result_out.ready)),
+            # a run with records hands every result to both, in the same cycle
+            onchip.result_in.valid.eq(
+                ro.valid & run & (~onchip.records | results.result_out.ready)
+            ),
+            results.result_out.valid.eq(
+                ro.valid & (~run | (onchip.records & onchip.result_in.ready))
+            ),
+            ro.ready.eq(
+                Mux(
+                    run,
+                    onchip.result_in.ready & (~onchip.records | results.result_out.ready),
+                    results.result_out.ready,
+                )
+            ),
             onchip.idle.eq(net.idle),
         ]
 
@@ -320,7 +331,7 @@ class LinkDispatcher(wiring.Component):
                     st.increment(counter, (ok, "DISPATCH", "IDLE"))
             st.increment_state({"IDLE": dropped, "EXEC": counted})
             if onchip is not None:
-                self._onchip_states(m, st, onchip, sh, reason)
+                self._onchip_states(m, st, onchip, sh, reason, outstanding)
 
             with m.State("DISPATCH"):
                 with m.If((f.type != Cmd.HELLO) & have_last & (f.seq == last_seq)):
@@ -447,7 +458,13 @@ class LinkDispatcher(wiring.Component):
                 m.next = "DONE"
 
     def _onchip_states(
-        self, m: Module, st: _StateMemory, onchip: OnChipSet, sh: Signal, reason: Signal
+        self,
+        m: Module,
+        st: _StateMemory,
+        onchip: OnChipSet,
+        sh: Signal,
+        reason: Signal,
+        outstanding: Signal,
     ) -> None:
         """STORE_INDEX (the slot's two bytes from ``args``, checked against the capacity, then
         the records through EXEC) and RUN (the on-chip set runs; its summaries go to the
@@ -466,8 +483,11 @@ class LinkDispatcher(wiring.Component):
             with m.Else():
                 m.d.comb += [onchip.store_start.eq(1), onchip.store_index.eq(sh[16:32])]
                 m.next = "EXEC"
+        keep = Signal()  # the run kept its records: they are outstanding until read
         with m.State("RUN"):
             m.d.comb += onchip.cmd.valid.eq(1)
+            with m.If(onchip.running):
+                m.d.sync += keep.eq(onchip.records)
             with m.If(onchip.emit.valid):
                 st.emit(onchip.emit.payload)
             with m.If(onchip.cmd.ready):
@@ -477,7 +497,11 @@ class LinkDispatcher(wiring.Component):
                 with m.Else():
                     st.increment(st.counter["accepted"], "RUN_READ", addend=onchip.fed)
         with m.State("RUN_READ"):
-            st.increment(st.counter["results_read"], "DONE", addend=onchip.fed)
+            with m.If(keep):
+                m.d.sync += [outstanding.eq(outstanding + onchip.fed), keep.eq(0)]
+                m.next = "DONE"
+            with m.Else():
+                st.increment(st.counter["results_read"], "DONE", addend=onchip.fed)
 
     def _send(self, m: Module, st: _StateMemory, rsp_type: Signal, last_seq: Signal) -> None:
         """SEND: offer the response (header and payload from the response buffer) until the

@@ -69,8 +69,9 @@ class OnChipSet(wiring.Component):
     store_start: ``In(1)`` strobe: the next STORE record goes to slot ``store_index``.
     store_index: ``In(16)`` the first slot of a STORE (checked by the dispatcher: < C).
     cmd, args, nak, emit: :func:`~pipetrain.hdl.link_ports.command_signature` for RUN: ``args``
-        its 7 bytes (count u16, epochs u8, start u16, mask u16), ``nak`` BAD_ARG for a count
-        outside 1..C, epochs outside 1..32 or a zero or too wide start/mask; ``emit`` E
+        its 7 bytes (count u16, epochs u8 with bit 7 = records, start u16, mask u16), ``nak``
+        BAD_ARG for a count outside 1..C, epochs outside 1..32, a zero or too wide start/mask,
+        or records with more than one epoch or more than ``result_depth`` samples; ``emit`` E
         summaries (loss sum u64, correct u32) then the run's cycles (u32).
     sample_in: ``Out(stream.Signature(sample_layout(plan)))`` the run's samples (train = 1).
     result_in: ``In(stream.Signature(result_layout()))`` the network's results during a run.
@@ -78,6 +79,8 @@ class OnChipSet(wiring.Component):
     idle: ``In(1)`` the network's ``idle``.
     running: ``Out(1)`` RUN holds the network (the dispatcher routes ``sample_in`` and
         ``result_out`` here).
+    records: ``Out(1)`` (while running) the run keeps its per-sample records: every result is
+        also pushed into the result buffer (both take it in the same cycle).
     fed: ``Out(32)`` samples the last run fed (E·count once it is done).
     """
 
@@ -96,6 +99,7 @@ class OnChipSet(wiring.Component):
                 "flush": Out(1),
                 "idle": In(1),
                 "running": Out(1),
+                "records": Out(1),
                 "fed": Out(32),
             }
         )
@@ -139,7 +143,7 @@ class OnChipSet(wiring.Component):
         # ---- RUN arguments
         argsr = Signal(8 * RUN_ARG_BYTES)
         nargs = Signal(range(RUN_ARG_BYTES + 1))
-        count, epochs = argsr[0:16], argsr[16:24]
+        count, epochs, records = argsr[0:16], argsr[16:23], argsr[23]
         start, mask0 = argsr[24:40], argsr[40:56]
         k = Signal(range(17))  # LFSR bits for `count`
         taps = Signal(K)
@@ -157,6 +161,7 @@ class OnChipSet(wiring.Component):
             | (mask0 == 0)
             | ((start >> k) != 0)
             | ((mask0 >> k) != 0)
+            | (records & ((epochs != 1) | (count > P.result_depth)))
         )
 
         def step(v):
@@ -308,7 +313,7 @@ class OnChipSet(wiring.Component):
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
-                m.d.comb += self.running.eq(1)
+                m.d.comb += [self.running.eq(1), self.records.eq(records)]
                 m.d.sync += cycles.eq(cycles + 1)
                 with m.If(fed_all):
                     m.d.comb += self.flush.eq(1)

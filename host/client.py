@@ -285,8 +285,8 @@ class LinkClient:
         elif cmd == Cmd.READ_RESULTS and response:
             read += response[0]
         elif cmd == Cmd.RUN and response:  # NAKs raise before: the run happened
-            n = int.from_bytes(payload[0:2], "little") * payload[2]
-            accepted, read = accepted + n, read + n
+            n = int.from_bytes(payload[0:2], "little") * (payload[2] & 0x7F)
+            accepted, read = accepted + n, read + (0 if payload[2] & 0x80 else n)
         self._check_session(accepted, read & 0xFFFFFFFF)
 
     def start_session(self, tag: int | None = None) -> int:
@@ -336,7 +336,7 @@ class LinkClient:
         if cmd == Cmd.READ_COUNTERS:
             return 4 * self.params.num_counters
         if cmd == Cmd.RUN:
-            return 4 + SUMMARY_BYTES * payload[2]
+            return 4 + SUMMARY_BYTES * (payload[2] & 0x7F)
         return HELLO_BYTES
 
     def _ensure(self) -> None:
@@ -503,20 +503,28 @@ class LinkClient:
             self._transact(Cmd.STORE, (first + i).to_bytes(STORE_INDEX_BYTES, "little") + recs)
 
     def run(
-        self, count: int, epochs: int, start: int, mask: int, seconds: float = 0.0
+        self,
+        count: int,
+        epochs: int,
+        start: int,
+        mask: int,
+        seconds: float = 0.0,
+        records: bool = False,
     ) -> tuple[list[EpochSummary], int]:
         """RUN: train ``epochs`` (1..32) epochs over slots ``0..count−1`` in the device's
         permutation (``start``, ``mask``: :func:`pipetrain.protocol.onchip.run_seeds`), ending
         with a flush. ``seconds``: how long the run may take on the device (added to the
-        timeout). Returns the epoch summaries and the device's cycle count of the run; the
-        host's sample books move on by ``epochs·count`` like the device's."""
+        timeout). ``records``: keep the per-sample records (one epoch, ``count`` ≤ the device's
+        result_depth), read them with :meth:`read_results` after. Returns the epoch summaries
+        and the device's cycle count of the run; the host's sample books move on by
+        ``epochs·count`` like the device's."""
         self._ensure()
         if not 1 <= epochs <= MAX_RUN_EPOCHS:
             raise ValueError(f"epochs per RUN must be 1..{MAX_RUN_EPOCHS}, got {epochs}")
         saved = self.timeout
         self.timeout = saved + seconds
         try:
-            p = self._transact(Cmd.RUN, run_payload(count, epochs, start, mask))
+            p = self._transact(Cmd.RUN, run_payload(count, epochs, start, mask, records))
         finally:
             self.timeout = saved
         if len(p) != 4 + SUMMARY_BYTES * epochs:
@@ -527,7 +535,8 @@ class LinkClient:
         ]
         n = count * epochs
         self._accepted = (self._accepted + n) & 0xFFFFFFFF
-        self._read = (self._read + n) & 0xFFFFFFFF
+        if not records:  # the records are read with READ_RESULTS
+            self._read = (self._read + n) & 0xFFFFFFFF
         self.samples_sent += n
         self.train_samples_sent += n
         return sums, int.from_bytes(p[-4:], "little")

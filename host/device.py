@@ -50,13 +50,13 @@ from ..data import epoch_order
 from ..errors import UserError
 from ..hdl.support import require_hdl
 from ..protocol.onchip import run_chunks
-from ..protocol.wire import EpochSummary, Result, loss_value
+from ..protocol.wire import MAX_RUN_EPOCHS, EpochSummary, Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel, onchip_order
 from ..sim.golden_conv import conv_slot
 from ..sim.trainer import Trainer, accuracy
 from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
-from .client import LinkClient, LinkError, quantise_inputs
+from .client import LinkClient, LinkError, OnChipError, quantise_inputs
 from .flow import compile_design
 from .transport import TcpTransport, Transport, open_transport
 
@@ -285,6 +285,7 @@ class Device:
         checkpoint_every: int | None = None,
         resume: Checkpoint | None = None,
         onchip: bool = False,
+        records: bool = False,
     ) -> TrainReport:
         """Train on ``x`` (n, N) floats with labels ``y`` (n,) for ``epochs`` passes, one sample
         at a time in :func:`~pipetrain.data.epoch_order`, then flush (every update applied).
@@ -304,7 +305,9 @@ class Device:
         data is uploaded once (again only when it changed), then the device runs the epochs in
         its own LFSR order (:func:`~pipetrain.sim.golden.onchip_order`, flushing after every 32
         epochs) with no sample on the link; the report carries the epoch summaries instead of
-        per-sample results. The ``golden`` target computes the same run in the same order
+        per-sample results — with ``records`` also those (one epoch per RUN, so the device
+        flushes after every epoch, and the set must fit its result buffer: result_depth ≥ n),
+        and the exact mean loss. The ``golden`` target computes the same run in the same order
         (what a fresh device must match bit for bit).
 
         Raises :class:`DeviceError` for bad shapes/labels, ``epochs < 1``, ``checkpoint_every
@@ -325,7 +328,7 @@ class Device:
                     "--on-chip-data runs take no checkpoints (the device runs whole epochs "
                     "on its own): drop --checkpoint/--resume or --on-chip-data"
                 )
-            return self._train_onchip(xt, yt, epochs)
+            return self._train_onchip(xt, yt, epochs, records)
         if checkpoint is not None or checkpoint_every is not None or resume is not None:
             return self._train_run(xt, yt, epochs, progress, checkpoint, checkpoint_every, resume)
         n = len(xt)
@@ -357,9 +360,13 @@ class Device:
             samples, epochs, seconds, samples / seconds if seconds > 0 else float("inf"), acc, loss
         )
 
-    def _train_onchip(self, xt: torch.Tensor, yt: torch.Tensor, epochs: int) -> TrainReport:
+    def _train_onchip(
+        self, xt: torch.Tensor, yt: torch.Tensor, epochs: int, records: bool = False
+    ) -> TrainReport:
         """:meth:`train` through the on-chip training set (see there)."""
         n = len(xt)
+        per_run = 1 if records else MAX_RUN_EPOCHS
+        got_records: list[tuple[int, int, bool]] = []
         if self.client is None and not isinstance(self.trainer, GoldenModel):
             raise DeviceError(
                 f"--on-chip-data needs the golden or a link target; {self.target} is the float "
@@ -375,6 +382,13 @@ class Device:
         if self.client is not None:
             cli = self.client
             cli.check_onchip(n)
+            assert cli.info is not None
+            if records and n > cli.info.result_depth:
+                raise OnChipError(
+                    f"per-sample records of a {n}-sample set need a result buffer of {n}, the "
+                    f"device's holds {cli.info.result_depth}: train without them (epoch "
+                    "summaries only) or on a smaller set"
+                )
             xq = quantise_inputs(xt.numpy(), self.plan)
             digest = data_digest(xt, yt)
             if getattr(self, "_onchip_digest", None) != digest:
@@ -383,15 +397,22 @@ class Device:
             per_sample = max(self.plan.in_features, self.plan.ideal_cycles_per_sample)
             rate = 20e3 if self.target == "sim" else self.plan.clock_hz  # simulated cycles/s
             cycles = 0
-            orders = onchip_order(n, seed, first, epochs)
+            orders = onchip_order(n, seed, first, epochs, per_run)
             for (start, mask, k), order in zip(
-                run_chunks(n, seed, first, epochs), orders, strict=True
+                run_chunks(n, seed, first, epochs, per_run), orders, strict=True
             ):
-                got, cyc = cli.run(n, k, start, mask, seconds=4 * k * n * per_sample / rate)
+                got, cyc = cli.run(
+                    n, k, start, mask, seconds=4 * k * n * per_sample / rate, records=records
+                )
                 sums += got
                 cycles += cyc
                 idx = order.numpy()
-                if self.shadow is not None:  # for verify(): where the shadow's records go
+                if records:
+                    mine = cli.read_results()
+                    if len(mine) != n:
+                        raise DeviceError(f"{len(mine)} records for a {n}-sample epoch")
+                    got_records += [(r.pred, r.loss, r.train) for r in mine]
+                elif self.shadow is not None:  # for verify(): where the shadow's records go
                     runs = self.__dict__.setdefault("_onchip_runs", [])
                     pos = len(self.results) + sum(len(r[1]) for r in runs)  # shadow records
                     runs.append((pos, [labels[i] for i in idx.tolist()], got))
@@ -402,7 +423,7 @@ class Device:
         else:
             g = self.trainer
             xq_t = g.quantise_input(xt)
-            for order in onchip_order(n, seed, first, epochs):
+            for order in onchip_order(n, seed, first, epochs, per_run):
                 start_res = len(g.results)
                 for i in order.tolist():
                     g.submit(xq_t[i], labels[i], True)
@@ -417,7 +438,9 @@ class Device:
                             sum(int(r.pred == labels[i]) for r, i in zip(part, ids, strict=True)),
                         )
                     )
-                self.results += [(r.pred, r.loss_raw, r.train) for r in res]
+                got_records += [(r.pred, r.loss_raw, r.train) for r in res]
+        if self.client is None or records:
+            self.results += got_records
         seconds = time.perf_counter() - t0
         self.epochs_trained += epochs
         self.samples_trained += n * epochs
@@ -426,6 +449,8 @@ class Device:
         loss = None
         if lu.kind == "mse":
             loss = sum(s.loss_sum for s in sums) / 2.0 ** (2 * lu.z.frac) / lu.classes / samples
+        elif records:
+            loss = float(np.mean([self._loss(raw) for _, raw, _ in got_records]))
         summaries = [
             {"loss_sum": s.loss_sum, "correct": s.correct, "accuracy": s.correct / n} for s in sums
         ]

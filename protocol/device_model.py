@@ -19,6 +19,7 @@ from .wire import (
     CRC_BYTES,
     MAX_RUN_EPOCHS,
     NAK,
+    RUN_RECORDS,
     STORE_INDEX_BYTES,
     SYNC,
     WEIGHT_HEADER_BYTES,
@@ -300,15 +301,19 @@ class LinkDeviceModel:
     def _run(self, p: bytes) -> tuple[int, bytes]:
         """RUN (docs/protocol.md §2): E epochs over slots 0..count−1 in the device's permutation
         (:func:`~pipetrain.protocol.onchip.epoch_orders`), every result summed into its epoch's
-        summary, then a flush; ``accepted`` and ``results_read`` both grow by E·count."""
+        summary, then a flush; ``accepted`` and ``results_read`` both grow by E·count — or, with
+        :data:`~pipetrain.protocol.wire.RUN_RECORDS` (one epoch, count ≤ result_depth), the
+        records also go to the result buffer and ``results_read`` grows as the host reads."""
         P = self.params
         count = int.from_bytes(p[0:2], "little")
-        epochs = p[2]
+        epochs, records = p[2] & ~RUN_RECORDS, bool(p[2] & RUN_RECORDS)
         start = int.from_bytes(p[3:5], "little")
         mask = int.from_bytes(p[5:7], "little")
         if self.accepted != self.results_read:  # results of earlier samples still to read
             return NAK, bytes((Cmd.RUN, NakReason.BUSY))
         if not 1 <= count <= P.onchip_samples or not 1 <= epochs <= MAX_RUN_EPOCHS:
+            return NAK, bytes((Cmd.RUN, NakReason.BAD_ARG))
+        if records and (epochs != 1 or count > P.result_depth):
             return NAK, bytes((Cmd.RUN, NakReason.BAD_ARG))
         k = perm_bits(count)
         if not (0 < start < 1 << k and 0 < mask < 1 << k):
@@ -319,6 +324,8 @@ class LinkDeviceModel:
 
         def take(results: list[Result]) -> None:
             nonlocal done
+            if records:  # the records wait in the result buffer too
+                self.results.extend(results)
             for r in results:
                 e = done // count
                 sums[e][0] += r.loss
@@ -335,7 +342,8 @@ class LinkDeviceModel:
         take(self.net.pop_results())
         total = epochs * count
         self.accepted = (self.accepted + total) & 0xFFFFFFFF
-        self.results_read = (self.results_read + total) & 0xFFFFFFFF
+        if not records:
+            self.results_read = (self.results_read + total) & 0xFFFFFFFF
         out = b"".join(EpochSummary(a, c).to_bytes() for a, c in sums)
         return response_type(Cmd.RUN), out + (self.run_cycles & 0xFFFFFFFF).to_bytes(4, "little")
 

@@ -99,15 +99,17 @@ def run_seeds(n: int, seed: int, epoch: int) -> tuple[int, int]:
     return start, mask
 
 
-def run_chunks(n: int, seed: int, first_epoch: int, epochs: int) -> list[tuple[int, int, int]]:
+def run_chunks(
+    n: int, seed: int, first_epoch: int, epochs: int, per_run: int = MAX_RUN_EPOCHS
+) -> list[tuple[int, int, int]]:
     """The RUN commands of ``epochs`` epochs from epoch ``first_epoch`` on: ``(start, mask,
-    epochs)`` each, at most :data:`~pipetrain.protocol.wire.MAX_RUN_EPOCHS` epochs per RUN (the
-    device flushes after each, so a longer run is cut there: the golden model flushes at the
-    same points)."""
+    epochs)`` each, at most ``per_run`` (default :data:`~pipetrain.protocol.wire.MAX_RUN_EPOCHS`;
+    1 for runs with per-sample records) epochs per RUN (the device flushes after each, so a
+    longer run is cut there: the golden model flushes at the same points)."""
     out = []
     e = 0
     while e < epochs:
-        k = min(MAX_RUN_EPOCHS, epochs - e)
+        k = min(per_run, epochs - e)
         out.append((*run_seeds(n, seed, first_epoch + e), k))
         e += k
     return out

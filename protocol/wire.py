@@ -58,6 +58,7 @@ __all__ = [
     "MAX_RUN_EPOCHS",
     "SUMMARY_BYTES",
     "RUN_ARG_BYTES",
+    "RUN_RECORDS",
     "STORE_INDEX_BYTES",
     "EpochSummary",
     "run_payload",
@@ -96,8 +97,11 @@ MAX_INPUT_BITS = 25
 MAX_RUN_EPOCHS = 32
 #: Bytes of one epoch summary in a RUN response: loss sum u64, correct u32.
 SUMMARY_BYTES = 12
-#: Bytes of a RUN command: count u16, epochs u8, start u16, mask u16.
+#: Bytes of a RUN command: count u16, epochs u8 (bit 7: records), start u16, mask u16.
 RUN_ARG_BYTES = 7
+#: Bit of RUN's ``epochs`` byte asking for the per-sample records (then 1 epoch, count ≤
+#: result_depth: the records wait in the result buffer for READ_RESULTS).
+RUN_RECORDS = 0x80
 #: Bytes before the records of a STORE command: the first slot, u16.
 STORE_INDEX_BYTES = 2
 #: Bytes of the session tag (SESSION payload, first field of HELLO).
@@ -332,8 +336,9 @@ class LinkParams:
         R = 3 + F
         if max_batch is None:
             max_batch = max(1, min(8, 1024 // R))
-        if result_depth is None:
-            result_depth = 1 << max(4, math.ceil(math.log2(S + 2 * max_batch)))
+        if result_depth is None:  # with an on-chip set: room for one epoch's records (≤ 4096)
+            want = max(S + 2 * max_batch, min(onchip_samples, 4096))
+            result_depth = 1 << max(4, math.ceil(math.log2(want)))
         if not 1 <= max_batch <= 255 or not 1 <= max_words <= 255:
             raise ValueError(f"max_batch={max_batch}, max_words={max_words} must be in 1..255")
         if result_depth < S + max_batch or result_depth > 0xFFFF:
@@ -474,13 +479,14 @@ def decode_features(params: LinkParams, packed: bytes) -> list[int]:
     return out
 
 
-def run_payload(count: int, epochs: int, start: int, mask: int) -> bytes:
+def run_payload(count: int, epochs: int, start: int, mask: int, records: bool = False) -> bytes:
     """The RUN command's 7 bytes: ``count`` u16 (samples of the on-chip set, slots 0..count−1),
-    ``epochs`` u8 (1..:data:`MAX_RUN_EPOCHS`), the permutation's ``start`` state and epoch
-    ``mask`` (u16 each; :mod:`pipetrain.protocol.onchip`)."""
+    ``epochs`` u8 (1..:data:`MAX_RUN_EPOCHS`; :data:`RUN_RECORDS` added with ``records``), the
+    permutation's ``start`` state and epoch ``mask`` (u16 each; :mod:`pipetrain.protocol.
+    onchip`)."""
     return (
         count.to_bytes(2, "little")
-        + bytes((epochs,))
+        + bytes((epochs | (RUN_RECORDS if records else 0),))
         + start.to_bytes(2, "little")
         + mask.to_bytes(2, "little")
     )

@@ -1133,10 +1133,13 @@ class GoldenModel:
         return h.hexdigest()[:16]
 
 
-def onchip_order(n: int, seed: int, first_epoch: int, epochs: int) -> list[torch.Tensor]:
+def onchip_order(
+    n: int, seed: int, first_epoch: int, epochs: int, per_run: int = 32
+) -> list[torch.Tensor]:
     """The sample order of ``epochs`` epochs (from epoch ``first_epoch`` of the run seeded
     ``seed``, the plan's ``train["seed"]``) through a device's on-chip training set of ``n``
-    samples: one int64 tensor per RUN command (≤ 32 epochs each), the concatenated epoch orders
+    samples: one int64 tensor per RUN command (≤ ``per_run`` epochs each: 32, or 1 for runs
+    that keep per-sample records), the concatenated epoch orders
     of the device's LFSR permutation (docs/numerics.md §10, :mod:`pipetrain.protocol.onchip`).
     The device flushes after each RUN: stream each tensor with :meth:`GoldenModel.submit` and
     :meth:`GoldenModel.flush` after it to compute what the device computes. (The host's
@@ -1144,7 +1147,7 @@ def onchip_order(n: int, seed: int, first_epoch: int, epochs: int) -> list[torch
 
     Raises ValueError for ``n`` outside 1..65535."""
     out = []
-    for start, mask, k in run_chunks(n, seed, first_epoch, epochs):
+    for start, mask, k in run_chunks(n, seed, first_epoch, epochs, per_run):
         orders = epoch_orders(n, start, mask, k)
         out.append(torch.tensor([i for o in orders for i in o], dtype=torch.int64))
     return out

@@ -100,6 +100,11 @@ def _script(params, rng):
         frame(Cmd.RUN, run_payload(*bad))
     frame(Cmd.RUN, run_payload(CAP, 3, *run_seeds(CAP, 1, 0)))
     frame(Cmd.RUN, run_payload(5, 2, *run_seeds(5, 1, 3)))  # a smaller count: k = 3
+    frame(Cmd.RUN, run_payload(CAP, 2, 1, 1, records=True))  # records: one epoch only (NAK)
+    frame(Cmd.RUN, run_payload(CAP, 1, *run_seeds(CAP, 1, 5), records=True))
+    frame(Cmd.RUN, run_payload(CAP, 1, 1, 1))  # its records are unread: BUSY
+    frame(Cmd.READ_RESULTS, b"\x08")
+    frame(Cmd.READ_RESULTS, b"\x10")
     frame(Cmd.SAMPLES, _records(params, rng, 1)[1])
     frame(Cmd.FLUSH)
     frame(Cmd.READ_RESULTS, b"\x10")
@@ -136,15 +141,20 @@ def test_engine_equals_model_store_and_run():
     assert model.onchip == [(x, y) for x, y in stored]
     order = [i for o in epoch_orders(CAP, *run_seeds(CAP, 1, 0), 3) for i in o]
     order += [i for o in epoch_orders(5, *run_seeds(5, 1, 3), 2) for i in o]
+    order += epoch_orders(CAP, *run_seeds(CAP, 1, 5), 1)[0]
     run_applied = model.net.applied[2 : 2 + len(order)]
     assert run_applied == [(tuple(stored[i][0]), stored[i][1], True) for i in order]
     naks = [fr.payload for fr in w if fr.type == 0xFF]
     assert naks[:2] == [bytes((Cmd.STORE, NakReason.BAD_ARG)), bytes((Cmd.RUN, NakReason.BUSY))]
-    assert naks[2:] == [bytes((Cmd.RUN, NakReason.BAD_ARG))] * 7
+    assert naks[2:9] == [bytes((Cmd.RUN, NakReason.BAD_ARG))] * 7
+    assert naks[9:] == [bytes((Cmd.RUN, NakReason.BAD_ARG)), bytes((Cmd.RUN, NakReason.BUSY))]
+    # the records run's results came back through READ_RESULTS: 8, then the other 5
+    reads = [fr.payload for fr in w if fr.type == response_type(Cmd.READ_RESULTS)]
+    assert [p[0] for p in reads[-3:-1]] == [8, CAP - 8]
     # the RTL's cycles: at least N per sample fed (one feature per cycle)
     runs = [fr for fr in FrameDecoder().feed(got) if fr.type == response_type(Cmd.RUN)]
-    assert [len(fr.payload) for fr in runs] == [4 + 12 * 3, 4 + 12 * 2]
-    for fr, samples in zip(runs, (3 * CAP, 2 * 5), strict=True):
+    assert [len(fr.payload) for fr in runs] == [4 + 12 * 3, 4 + 12 * 2, 4 + 12]
+    for fr, samples in zip(runs, (3 * CAP, 2 * 5, CAP), strict=True):
         assert int.from_bytes(fr.payload[-4:], "little") >= samples * params.in_features
     # the summaries equal the toy's results, recomputed here
     summaries = [EpochSummary.from_bytes(runs[0].payload[12 * e :][:12]) for e in range(3)]

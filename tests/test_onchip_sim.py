@@ -72,6 +72,10 @@ def test_onchip_run_bit_exact_with_golden_through_the_uart_pins() -> None:
         v2 = dev.verify()
         with pytest.raises(OnChipError, match="21 samples.*holds 20"):
             dev.train(*_set(N_SET + 1), epochs=1, onchip=True)
+        # per-sample records on request: one epoch per RUN, read back with READ_RESULTS
+        before = len(dev.results)
+        rep3 = dev.train(x, y, epochs=2, onchip=True, records=True)
+        recs = dev.results[before:]
         # streaming again after the runs: the result numbers follow the run's samples
         dev.train(x[:5], y[:5], epochs=1)
         v3 = dev.verify()
@@ -105,6 +109,12 @@ def test_onchip_run_bit_exact_with_golden_through_the_uart_pins() -> None:
     assert plan.in_features <= per_sample <= 1.25 * bound, (per_sample, bound)
     assert rep.device_samples_per_s == pytest.approx(plan.clock_hz / per_sample)
     assert rep2.epochs == 2 and rep2.device_cycles > 0
+    # the records agree with their summaries (and, through verify, with golden record by record)
+    assert len(recs) == 2 * N_SET and rep3.loss is not None
+    assert [s["loss_sum"] for s in rep3.epoch_summaries] == [
+        sum(r[1] for r in recs[:N_SET]),
+        sum(r[1] for r in recs[N_SET:]),
+    ]
     s = dev.sim_stats
     assert s is not None and s["divisor"] == DIVISOR
     print(
