@@ -127,9 +127,9 @@ def test_uart_sim_trains_bit_exact_with_golden(tiny_net) -> None:
 
 
 def plan_record_bytes(plan) -> int:
-    """Bytes of one SAMPLES record (3 + N·B)."""
+    """Bytes of one SAMPLES record (3 + ⌈N·X/8⌉: features bit-packed, docs/protocol.md §2)."""
     x_bits = plan.stages[0].formats.x.bits
-    return 3 + plan.in_features * ((x_bits + 7) // 8)
+    return 3 + -(-plan.in_features * x_bits // 8)
 
 
 def test_uart_sim_frame_split_across_writes_keeps_the_clock_stopped(tiny_net) -> None:
