@@ -36,9 +36,10 @@ def board_shell(plan: Plan, onchip_samples: int = 0) -> Shell:
     (:data:`BOARD_RX_FIFO_DEPTH` bytes), elaborated without a platform (under a second; cached
     by what the link sizes depend on: inputs, input format, stages' shapes, classes).
 
-    On the iCEBreaker plan of ``mlp-digits`` that is 917 × 8, 384 × 8, 256 × 8 and 63 × 8 bits:
-    5 EBR, the difference between the plan's 16 and the 21 the bitstream build uses; on the
-    ULX3S 3 DP16KD and LUT RAM (24 vs 21). Source: derived from the HDL
+    On the iCEBreaker plan of ``mlp-digits`` that is 792 × 8, 512 × 8, 512 × 8 and 63 × 8 bits
+    (12-bit inputs bit-packed: 99-byte records, 8 per frame, 32 results buffered): 5 EBR,
+    the difference between the plan's 16 and the 21 the bitstream build uses (measured:
+    21 / 30); on the ULX3S 3 DP16KD and LUT RAM (24 vs 21). Source: derived from the HDL
     (``hdl/link*.py``, ``hdl/board.py``; the build's netlist names them, docs/boards.md §3).
     """
     key = (
