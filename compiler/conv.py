@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "CONV_KINDS",
+    "CONV_SEND_SLACK",
     "CONV_UPDATE_GAP",
     "POOL_KINDS",
     "POOL_SCALE_FRAC",
     "ConvGeometry",
     "conv_cycles",
+    "conv_gap",
     "conv_geometry",
     "p_sum_bits",
     "pool_scale",
@@ -36,10 +38,13 @@ __all__ = [
 CONV_KINDS = {"conv1d": 1, "conv2d": 2}
 #: ``ConvGeometry.pool`` values.
 POOL_KINDS = ("none", "max", "avg")
-#: Slot cycles without a slot between a convolution pass's forward and update phases: the update
-#: unit's write-back stage (≤ 5) must see no forward slot once the update phase begins
+#: Slot cycles without a slot between a convolution pass's MAC and update phases (at least): the
+#: update unit's write-back stage (≤ 5) must see no MAC slot once the update phase begins
 #: (``hdl/conv.py``; *derived*).
 CONV_UPDATE_GAP = 5
+#: Cycles the input gradient's send needs beyond one a value (``hdl/conv_mac.py``: it starts 4
+#: cycles after the last MAC slot issues and gives its last value 2 cycles after the last read).
+CONV_SEND_SLACK = 6
 #: Fraction bits of the AvgPool scale 1/window when the window is not a power of two.
 POOL_SCALE_FRAC = 16
 
@@ -225,17 +230,26 @@ def p_sum_bits(conv: ConvGeometry | None) -> int:
     return (conv.positions - 1).bit_length()
 
 
+def conv_gap(g: ConvGeometry, groups: int) -> int:
+    """Slot-free cycles between a convolution pass's MAC and update phases:
+    :data:`CONV_UPDATE_GAP`, longer when the input gradient's ``N`` values (sent one a cycle
+    after the MAC phase, while the gap and the update phase run) need more:
+    ``max(CONV_UPDATE_GAP, N + CONV_SEND_SLACK − groups·(T + 1))`` (``groups`` = ⌈C_out / L⌉
+    row groups). Source: *derived* (``hdl/conv.py``)."""
+    return max(CONV_UPDATE_GAP, g.in_values + CONV_SEND_SLACK - groups * (g.taps + 1))
+
+
 def conv_cycles(g: ConvGeometry, lanes: int) -> tuple[int, int]:
     """``(row_groups, cycles)`` of one tick of a convolution stage with ``lanes`` lanes over
-    the output channels: ⌈C_out / L⌉ row groups, each running the backward (P·(T + 1) slots,
-    each an input-gradient MAC and a weight-gradient MAC — the transposed correlation and the
-    gradient sum read the same δ and weight) and the forward (P·(T + 1) MACs per lane, P =
-    output positions), then one update pass over its T + 1 weights, and between the forward
-    and the update phases :data:`CONV_UPDATE_GAP` cycles without a slot: cycles = ⌈C_out / L⌉·
-    (T + 1)·(2P + 1) + CONV_UPDATE_GAP (the HDL's order, ``hdl/conv.py``: every group's
-    backward, then every group's forward, the gap, every group's update). Source: *derived*
-    (the ideal a stage with one MAC of each kind per lane reaches; the Linear stage's fused
-    pass does not carry over: each weight is used at every position).
+    the output channels: ⌈C_out / L⌉ row groups, each running P·(T + 1) MAC slots (P = output
+    positions; in each slot every lane makes the forward MAC of the forward item, and the
+    input-gradient and weight-gradient MACs of the backward item — the transposed correlation
+    and the gradient sum read the same δ and weight, ŵ and w come from one read), then one
+    update slot per weight, T + 1 per group, after :func:`conv_gap` cycles without a slot:
+    cycles = ⌈C_out / L⌉·(T + 1)·(P + 1) + conv_gap (the HDL's order, ``hdl/conv.py``: every
+    group's MAC slots, the gap, every group's update slots). Source: *derived* (one MAC of each
+    kind per lane and slot; the Linear stage's fused pass over the weights does not carry over:
+    each weight is used at every position).
     """
     groups = -(-g.out_channels // lanes)
-    return groups, groups * (g.taps + 1) * (2 * g.positions + 1) + CONV_UPDATE_GAP
+    return groups, groups * (g.taps + 1) * (g.positions + 1) + conv_gap(g, groups)

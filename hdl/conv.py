@@ -4,18 +4,20 @@ generation of every slot.
 A convolution stage's pass (docs/numerics.md §9, the plan's ``compiler/conv.py:conv_cycles``)
 issues, one slot a cycle, in this order:
 
-* **B** (backward): ``for g in 0..G−1: for p in 0..P−1: for t in 0..T`` — the input gradient
-  (transposed correlation) and the weight-gradient sums of the backward item;
-* **F** (forward): the same ``(g, p, t)`` order — the forward MACs of the forward item, the
-  activation and pooling after each position's bias tap ``t = T``;
-* a gap of :data:`~pipetrain.compiler.conv.CONV_UPDATE_GAP` cycles without a slot;
+* **MAC**: ``for g in 0..G−1: for p in 0..P−1: for t in 0..T`` — from one read of the weight
+  ``w[g·L + l][t]`` each lane makes the forward MAC of the forward item (ŵ·x, then after the
+  position's bias tap ``t = T`` the rounding, activation and pooling) and the input-gradient
+  (transposed correlation) and weight-gradient MACs of the backward item;
+* a gap without a slot (:func:`~pipetrain.compiler.conv.conv_gap`: at least
+  :data:`~pipetrain.compiler.conv.CONV_UPDATE_GAP` cycles, more when the input gradient needs
+  them to be sent);
 * **U** (update): ``for g: for t in 0..T`` — one momentum/SC update per weight from the summed
   gradient, the LFSR draws in numerics §6 slot order over the ``(C_out, T + 1)`` matrix.
 
-B comes first so that the input-gradient sums are complete while F and U run (the input
-gradient is sent meanwhile); every F and B slot reads the weights before the tick's update. The
-gap keeps the F slots out of the pipeline stages where the update unit writes back, so its
-``bwd`` flag can be the pass-wide "U phase" flag (``upd``).
+Every MAC slot reads the weights before the tick's update; the input-gradient sums are complete
+when the MAC phase ends and are sent while the gap and the U slots run. The gap keeps the MAC
+slots out of the pipeline stages where the update unit writes back, so its ``bwd`` flag can be
+the pass-wide "U phase" flag (``upd``).
 
 Each slot's weight word is ``g·(T+1) + t`` (the Linear stage's slot ``(g, i)`` with ``i = t``);
 the sequencer carries the standard :class:`~pipetrain.hdl.streams.SlotPipelineSignature`
@@ -43,7 +45,7 @@ from amaranth import Const, Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.conv import CONV_UPDATE_GAP, ConvGeometry
+from ..compiler.conv import ConvGeometry, conv_gap
 from .streams import (
     PassItemsSignature,
     SlotPipelineSignature,
@@ -54,8 +56,7 @@ from .streams import (
 )
 
 __all__ = [
-    "PHASE_BWD",
-    "PHASE_FWD",
+    "PHASE_MAC",
     "PHASE_UPD",
     "Conv2DView",
     "ConvPipelineSignature",
@@ -66,8 +67,8 @@ __all__ = [
     "connect_conv",
 ]
 
-#: ``phase`` values of a slot.
-PHASE_BWD, PHASE_FWD, PHASE_UPD = 0, 1, 2
+#: ``phase`` values of a slot: the MAC phase (forward and backward), the update phase.
+PHASE_MAC, PHASE_UPD = 0, 2
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,8 @@ def conv2d_view(g: ConvGeometry) -> Conv2DView:
 def conv_slot_layout(v: Conv2DView, groups: int, x_words: int, x_lanes: int) -> data.StructLayout:
     """The per-slot payload of a convolution pass (beside the standard slot):
 
-    ``phase`` (:data:`PHASE_BWD`, :data:`PHASE_FWD`, :data:`PHASE_UPD`); ``bias_tap`` (t = T,
-    the bias column); ``first_pos``
+    ``phase`` (:data:`PHASE_MAC`, :data:`PHASE_UPD`); ``last_mac`` (the pass's last MAC
+    slot); ``bias_tap`` (t = T, the bias column); ``first_pos``
     (p = 0: a weight-gradient sum starts); ``pad`` (tap t < T reads a padding zero);
     ``xword``/``xlane`` (the stash word in the entry and the value in it: channel c of input
     position (iy, ix) is word ``(c div Lw)·H·W + iy·W + ix``, lane ``c mod Lw``); ``xidx``
@@ -155,6 +156,7 @@ def conv_slot_layout(v: Conv2DView, groups: int, x_words: int, x_lanes: int) -> 
     return data.StructLayout(
         {
             "phase": 2,
+            "last_mac": 1,
             "bias_tap": 1,
             "first_pos": 1,
             "pad": 1,
@@ -249,7 +251,8 @@ class ConvSequencer(wiring.Component):
         G = pipeline.row_groups
         if pipeline.in_features != v.T or pipeline.words != G * (v.T + 1):
             raise ValueError(f"pipeline of {pipeline.in_features} columns ≠ T = {v.T}")
-        want = G * (v.T + 1) * (2 * v.P + 1) + CONV_UPDATE_GAP
+        self.gap = conv_gap(geometry, G)
+        want = G * (v.T + 1) * (v.P + 1) + self.gap
         if cycles != want:
             raise ValueError(f"{cycles} cycles per pass, the phases take {want}")
         self.pipeline, self.v, self.G = pipeline, v, G
@@ -273,18 +276,18 @@ class ConvSequencer(wiring.Component):
         depth = pl.depth
         k = _Counters(v, G, Lw, pl.words)
         busy, upd, in_gap = Signal(), Signal(), Signal()
-        gap = Signal(range(CONV_UPDATE_GAP + 1))
+        gap = Signal(range(self.gap + 1))
         fe, ft, be = Signal(), Signal(), Signal()
         adv = busy & ~in_gap  # a slot issues (reads its memories) this cycle
 
         with m.If(it.start):
             m.d.sync += [busy.eq(1), upd.eq(0), in_gap.eq(0), gap.eq(0)]
             m.d.sync += [fe.eq(it.fwd), ft.eq(it.fwd_train), be.eq(it.bwd)]
-            m.d.sync += [k.phase.eq(PHASE_BWD), *k.reset_group(), *k.reset_taps()]
+            m.d.sync += [k.phase.eq(PHASE_MAC), *k.reset_group(), *k.reset_taps()]
             m.d.sync += k.reset_positions()
         with m.Elif(busy & in_gap):
             m.d.sync += gap.eq(gap + 1)
-            with m.If(gap == CONV_UPDATE_GAP - 1):
+            with m.If(gap == self.gap - 1):
                 m.d.sync += [in_gap.eq(0), upd.eq(1), k.phase.eq(PHASE_UPD)]
         with m.Elif(adv & (k.phase == PHASE_UPD)):
             with m.If(k.t == T):
@@ -293,7 +296,7 @@ class ConvSequencer(wiring.Component):
                     m.d.sync += busy.eq(0)
             with m.Else():
                 m.d.sync += k.t.eq(k.t + 1)
-        with m.Elif(adv):  # B or F: the next tap, or the next position, group and phase
+        with m.Elif(adv):  # MAC: the next tap, or the next position, group and phase
             with m.If(k.t == T):
                 m.d.sync += [*k.reset_taps(), k.mword.eq(k.mword + 1)]
                 k.next_position(m, in_gap)
@@ -353,6 +356,9 @@ class ConvSequencer(wiring.Component):
             s0.payload.last_group.eq(k.g == G - 1),
             c0.valid.eq(adv),
             pay.phase.eq(k.phase),
+            pay.last_mac.eq(
+                (k.phase == PHASE_MAC) & (k.g == G - 1) & (k.p == v.P - 1) & (k.t == v.T)
+            ),  # fmt: skip
             pay.bias_tap.eq(k.t == v.T),
             pay.first_pos.eq(k.p == 0),
             pay.pad.eq(~inside),
@@ -418,7 +424,7 @@ class _Counters:
 
     def next_position(self, m: Module, in_gap: Signal) -> None:
         """After a position's bias tap: the next position (row-major), else the next group,
-        else the next phase (B → F → the gap)."""
+        else the gap."""
         v = self.v
 
         def step(r, q, size):  # the window offset and window index along one dimension
@@ -441,8 +447,4 @@ class _Counters:
             m.d.sync += [self.g.eq(self.g + 1), self.gbase.eq(self.gbase + v.T + 1)]
             m.d.sync += self.qbase.eq((self.g + 1) * v.PQ)
             with m.If(self.g == self.G - 1):
-                m.d.sync += self.reset_group()
-                with m.If(self.phase == PHASE_BWD):
-                    m.d.sync += self.phase.eq(PHASE_FWD)
-                with m.Else():
-                    m.d.sync += in_gap.eq(1)
+                m.d.sync += [*self.reset_group(), in_gap.eq(1)]

@@ -4,11 +4,11 @@ double-buffered, and δ per lane at every output position (docs/numerics.md §9.
 ``gbuf`` holds two halves of ``G·P′`` words of ``L`` values (``d`` format): word ``g·P′ + q``,
 lane ``l`` is output channel ``g·L + l`` at pooled position ``q``. The next stage's input
 gradient arrives serially in the stage's output order — channel-major, ``k = j·P′ + q`` — one
-value a beat (cannot stall); ``C_out·P′`` beats fill the half the tick controller names. A B
+value a beat (cannot stall); ``C_out·P′`` beats fill the half the tick controller names. A MAC
 slot at position ``p`` reads the other half's word of its window at S0; at S1 each lane routes
 the error through the pooling (:func:`~pipetrain.hdl.pool.pool_backward`, with the stashed
 argmax) and forms ``δ = f′(z)·e`` from the position's stashed mask bit — 0 in padding lanes, in
-slots other than B and in passes without a backward item — registered at S2. Every slot of a
+update slots and in passes without a backward item — registered at S2. Every slot of a
 position has the same δ.
 
 Source: docs/numerics.md §9.2 (δ of a convolution), docs/architecture.md §3 (double-buffered
@@ -26,7 +26,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation
-from .conv import PHASE_BWD, Conv2DView, ConvPipelineSignature, conv_at
+from .conv import PHASE_MAC, Conv2DView, ConvPipelineSignature, conv_at
 from .conv_stash import argmax_bits
 from .pool import pool_backward
 from .streams import (
@@ -42,7 +42,7 @@ __all__ = ["ConvErrorBuffer"]
 
 
 class ConvErrorBuffer(wiring.Component):
-    """Double-buffered error of the pooled outputs and the per-lane δ of each B slot.
+    """Double-buffered error of the pooled outputs and the per-lane δ of each MAC slot.
 
     Parameters
     ----------
@@ -143,7 +143,7 @@ class ConvErrorBuffer(wiring.Component):
                 self.pool, g, p1.r, p1.inwin, arg, self.scale, self.shift, self.shift_add
             )
             dl = self.act.derivative(self.mask.bits[lane], e)
-            live = self.slots.bwd & (p1.phase == PHASE_BWD)
+            live = self.slots.bwd & (p1.phase == PHASE_MAC)
             if lane >= live_last:
                 live = live & ~s1.payload.last_group
             d2 = Signal(signed(fd.bits), name=f"d2_{lane}")

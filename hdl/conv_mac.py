@@ -1,22 +1,22 @@
 """The backward MACs of a convolution stage: the weight-gradient sums and the input gradient
 (docs/numerics.md §9.2 steps 3–4).
 
-**Weight gradient** (:class:`WeightGradient`): in a B slot ``(g, p, t)`` lane ``l`` adds
+**Weight gradient** (:class:`WeightGradient`): in a MAC slot ``(g, p, t)`` lane ``l`` adds
 ``δ_j,p·X[t][p]`` (``j = g·L + l``; the bias tap's input, or 0 at a padding tap) to its sum
 ``wgacc[g·(T+1) + t]`` — read at S2, added and written at S3; the first position starts from 0,
 so nothing is cleared (a weight's word recurs ``T + 1`` slots later, after its write). In a U
 slot the word is read at S1 and the exact sum ``P[j][t]`` over all P positions goes to the
 update unit at S2: **one** update per weight.
 
-**Input gradient** (:class:`ConvInputGradient`): in a B slot the lanes' products ``w_j,t·δ_j,p``
+**Input gradient** (:class:`ConvInputGradient`): in a MAC slot the lanes' products ``w_j,t·δ_j,p``
 are summed across lanes (an adder chain, S3) and added to ``gacc[i]``, ``i`` the input value the
 tap reads at the position (padding taps and the bias tap add nothing): the transposed
 correlation, summed over the groups, positions and taps. Two slots one apart never touch the
 same ``i`` (the taps of a position read distinct inputs and the bias slot separates positions),
-so the read at S2 and the write at S3 do not race. Once the B phase is over (the first F slot
+so the read at S2 and the write at S3 do not race. Once the MAC phase is over (its last slot
 at S3) the sums are sent, ``gin_i = sat(rhu(gacc[i], w.frac + d.frac − gin.frac), gin)`` for
-``i = 0..N−1`` in order, one a cycle, while the F and U slots run; each word is cleared as it
-is read, so the next pass starts from 0.
+``i = 0..N−1`` in order, one a cycle, while the gap and the U slots run; each word is cleared
+as it is read, so the next pass starts from 0.
 
 Source: docs/numerics.md §9.2 (the arithmetic); the memories' use and the send schedule are
 *derived* (``hdl/mac.py``'s input gradient with a convolution's addresses).
@@ -31,7 +31,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .arith import rhu, sat, wire
-from .conv import PHASE_BWD, PHASE_FWD, ConvPipelineSignature, conv_at
+from .conv import PHASE_MAC, ConvPipelineSignature, conv_at
 from .streams import (
     DeltaSignature,
     LaneWeightsSignature,
@@ -57,7 +57,7 @@ class WeightGradient(wiring.Component):
     -------
     slots: ``In(pipeline.subset(S0…S3; read_addr, bwd))``. conv: ``In(conv.subset(S1…S3))``.
     upd: ``In(1)`` the U phase runs (the sequencer's ``upd``).
-    operands: ``In(StashOperandsSignature(x_operand_bits))`` the B slot's ``x`` at S2.
+    operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward item's ``x`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
     grad: ``Out(DeltaSignature(L, acc_bits))`` the U slot's sum ``P`` per lane at S2.
     """
@@ -92,7 +92,7 @@ class WeightGradient(wiring.Component):
         for k in range(1, 4):
             m.d.sync += addr[k].eq(addr[k - 1])
         c3 = conv_at(self.conv, 3)
-        acc3 = c3.valid & (c3.payload.phase == PHASE_BWD) & sp.bwd
+        acc3 = c3.valid & (c3.payload.phase == PHASE_MAC) & sp.bwd
         for lane in range(self.L):
             m.submodules[f"wgacc{lane}"] = mem = Memory(
                 shape=signed(self.bits), depth=words, init=[]
@@ -117,7 +117,8 @@ class ConvInputGradient(wiring.Component):
     Parameters
     ----------
     pipeline: the standard slot pipeline (S2, S3; ``bwd``).
-    conv: the payload pipeline (S2 ``xidx``; S3 ``phase``, ``pad``, ``bias_tap``).
+    conv: the payload pipeline (S2 ``xidx``; S3 ``phase``, ``pad``, ``bias_tap``,
+        ``last_mac``).
     lanes: L. in_values: N (input values). acc_bits: the sums' width (``acc_bwd_bits``).
     w_format, d_format, gin_format: Q-formats. what_bits: width of ŵ on ``weights``.
 
@@ -174,17 +175,16 @@ class ConvInputGradient(wiring.Component):
         xidx3 = Signal(range(max(N, 2)), name="xidx3")
         m.d.sync += xidx3.eq(c2.payload.xidx)
         p3 = c3.payload
-        acc3 = c3.valid & (p3.phase == PHASE_BWD) & ~p3.pad & ~p3.bias_tap & sp.bwd
+        acc3 = c3.valid & (p3.phase == PHASE_MAC) & ~p3.pad & ~p3.bias_tap & sp.bwd
 
-        # the send: after the B phase, read i, clear it the next cycle, gin_i the cycle after
-        sending, started = Signal(), Signal()
+        # the send: after the MAC phase's last slot (at S3: every sum written), read i, clear
+        # it the next cycle, gin_i the cycle after
+        sending = Signal()
         i = Signal(range(N + 1))
         ok1, ok2 = Signal(), Signal()  # word i − 1 read last cycle; gin valid
         i1 = Signal(range(max(N, 2)))
-        with m.If(sp.bwd & c3.valid & (p3.phase == PHASE_FWD) & ~started):
-            m.d.sync += [sending.eq(1), started.eq(1), i.eq(0)]
-        with m.If(c3.valid & (p3.phase == PHASE_BWD)):
-            m.d.sync += started.eq(0)
+        with m.If(sp.bwd & c3.valid & p3.last_mac):
+            m.d.sync += [sending.eq(1), i.eq(0)]
         with m.If(sending):
             m.d.sync += i.eq(i + 1)
             with m.If(i == N - 1):

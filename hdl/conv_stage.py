@@ -1,16 +1,16 @@
 """One PB pipeline stage of kind Conv1d/Conv2d: a composition of the stage parts
 (docs/architecture.md §3, docs/numerics.md §9).
 
-Per tick the stage runs ONE pass (:mod:`pipetrain.hdl.conv`: every row group's B slots, every
-row group's F slots, a short gap, every row group's U slots; ``Stage.cycles_per_tick`` slot
-cycles). Lanes are over output channels: lane ``l`` of row group ``g`` owns channel
-``j = g·L + l`` and its weight row ``w[j][0..T]`` (the Linear stage's weight memories, T + 1
-columns with the bias last). In the B slot ``(g, p, t)`` of the backward item each lane forms
-``w·δ_j,p`` for the input gradient (summed across lanes into the input value ``t`` reads at
-``p``) and ``δ_j,p·x`` for the weight gradient (summed over the positions); in the F slot of the
-forward item it accumulates ``ŵ·x`` and, after the bias tap, rounds, activates and pools the
-position; in the U slot ``(g, t)`` it makes **one** momentum/SC update of ``w[j][t]`` from the
-summed gradient. All F and B slots read the weights before the tick's update.
+Per tick the stage runs ONE pass (:mod:`pipetrain.hdl.conv`: every row group's MAC slots, a
+gap, every row group's U slots; ``Stage.cycles_per_tick`` slot cycles). Lanes are over output
+channels: lane ``l`` of row group ``g`` owns channel ``j = g·L + l`` and its weight row
+``w[j][0..T]`` (the Linear stage's weight memories, T + 1 columns with the bias last). In the
+MAC slot ``(g, p, t)``, from one read of ``w[j][t]``, each lane accumulates ``ŵ·x`` of the
+forward item (after the bias tap it rounds, activates and pools the position) and, for the
+backward item, forms ``w·δ_j,p`` for the input gradient (summed across lanes into the input
+value ``t`` reads at ``p``) and ``δ_j,p·x`` for the weight gradient (summed over the
+positions); in the U slot ``(g, t)`` it makes **one** momentum/SC update of ``w[j][t]`` from
+the summed gradient. Every MAC slot reads the weights before the tick's update.
 
 The parts (connected only through the signatures of :mod:`pipetrain.hdl.streams` and
 :mod:`pipetrain.hdl.conv`):
@@ -23,7 +23,7 @@ The parts (connected only through the signatures of :mod:`pipetrain.hdl.streams`
   position and the MaxPool argmax of D_s + 1 samples (+ the one being written);
 * :class:`~pipetrain.hdl.conv_errbuf.ConvErrorBuffer` — the double-buffered error, δ;
 * :class:`~pipetrain.hdl.mac.ForwardLanes` — the forward MACs and the activation (its ``fwd``
-  flag: the F slots only), then :class:`~pipetrain.hdl.pool.PoolUnit`;
+  flag: the MAC slots only), then :class:`~pipetrain.hdl.pool.PoolUnit`;
 * :class:`~pipetrain.hdl.conv_mac.WeightGradient`,
   :class:`~pipetrain.hdl.conv_mac.ConvInputGradient` — the backward MACs;
 * :class:`~pipetrain.hdl.update.UpdateUnit` — ŵ, momentum, SC, rounding (its ``bwd`` flag:
@@ -40,10 +40,9 @@ from amaranth import Cat, Module, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..compiler.conv import CONV_UPDATE_GAP
 from ..compiler.plan import Plan, Stage
 from .activation import activation_of
-from .conv import PHASE_FWD, ConvSequencer, connect_conv, conv2d_view, conv_at
+from .conv import PHASE_MAC, ConvSequencer, connect_conv, conv2d_view, conv_at
 from .conv_errbuf import ConvErrorBuffer
 from .conv_mac import ConvInputGradient, WeightGradient
 from .conv_stash import ConvStash
@@ -81,14 +80,20 @@ def conv_mask_words(stage: Stage) -> int:
 
 def check_conv_stage(stage: Stage) -> None:
     """Raise NotImplementedError (naming the stage, the problem and the way out) for a
-    convolution stage the HDL does not build: a LUT activation, single-port (SPRAM) weights, a
-    plan whose stash words or cycles are not this HDL's, or an input gradient that cannot be
-    sent within the pass (more input values than the F and U phases have cycles)."""
-    g, where = stage.conv, f"stage {stage.index} ({stage.conv.kind})"
+    convolution stage the HDL does not build: a LUT activation, several backward streams
+    (interlocking learning: pass-through or summed streams), single-port (SPRAM) weights, or a
+    plan whose stash words are not this HDL's."""
+    where = f"stage {stage.index} ({stage.conv.kind})"
     if stage.activation not in CONV_ACTIVATIONS:
         raise NotImplementedError(
             f"{where}: activation {stage.activation!r} after a convolution has no hardware; "
             f"use one of {', '.join(CONV_ACTIVATIONS)}"
+        )
+    streams = set(stage.grad_losses or stage.losses)
+    if len(streams) > 1:
+        raise NotImplementedError(
+            f"{where}: {len(streams)} backward streams (interlocking learning) are not built for "
+            "a convolution stage; use --strategy local or global"
         )
     if stage.slot_cycles != 1:
         raise NotImplementedError(f"{where}: single-port (SPRAM) weights are not built for a "
@@ -96,15 +101,7 @@ def check_conv_stage(stage: Stage) -> None:
     if stage.x_words != conv_x_words(stage):
         raise NotImplementedError(
             f"{where}: the plan's {stage.x_words} stash words per sample are not the HDL's "
-            f"{conv_x_words(stage)} (⌈C_in/Lw⌉·Πin_size); use lanes that divide the previous "
-            "stage's output channels"
-        )
-    v = conv2d_view(g)
-    rest = stage.row_groups * (v.T + 1) * (v.P + 1) + CONV_UPDATE_GAP
-    if stage.input_gradient and v.in_values + 3 > rest:
-        raise NotImplementedError(
-            f"{where}: its {v.in_values} input gradients take longer to send than the "
-            f"{rest} cycles after the backward phase; use fewer lanes"
+            f"{conv_x_words(stage)} (⌈C_in/Lw⌉·Πin_size); recompile the plan"
         )
 
 
@@ -218,13 +215,13 @@ class ConvStageUnit(wiring.Component):
         ingrad = parts.get("ingrad")
         sp = seq.slots
 
-        # control; the two slot pipelines to the parts (the forward lanes see F slots only,
+        # control; the two slot pipelines to the parts (the forward lanes see MAC slots only,
         # the update unit's backward flag is the U phase of a pass with a backward item)
         connect(m, flipped(self.ctl.items), seq.items)
         connect(m, flipped(self.ctl.stash), stash.bases)
         connect(m, flipped(self.ctl.error), errbuf.halves)
         c3 = conv_at(seq.conv, 3)
-        f3 = sp.fwd & c3.valid & (c3.payload.phase == PHASE_FWD)
+        f3 = sp.fwd & c3.valid & (c3.payload.phase == PHASE_MAC)
         connect_pipeline(m, sp, store.slots, errbuf.slots, pool.slots, wgrad.slots)
         connect_pipeline(m, sp, fwd.slots, replace={"fwd": f3})
         connect_pipeline(m, sp, update.slots, replace={"bwd": sp.bwd & seq.upd})

@@ -4,10 +4,10 @@ every output position and the MaxPool argmax of every window (docs/numerics.md �
 * ``xstash``: ``entries`` sample entries of ``x_words`` words, each ``Lw`` values of ``x``
   (``Lw`` = the writer's lanes: channel ``c`` of input position ``pos`` is word
   ``(c div Lw)·H·W + pos``, lane ``c mod Lw``; 1 lane for the host's samples). Written at
-  ``bases.write + word``; read at S0 for every slot — the forward item's entry in F slots, the
-  backward item's in B slots — at the slot's ``xword`` (:mod:`pipetrain.hdl.conv`). At S1 the
-  lane is picked; a padding tap gives 0, the bias tap ``2^x.frac`` (0 for a layer without
-  bias); registered at S2.
+  ``bases.write + word``; read twice at S0 in every slot — the forward item's and the backward
+  item's entry — at the slot's ``xword`` (:mod:`pipetrain.hdl.conv`). At S1 the lane is
+  picked; a padding tap gives 0, the bias tap ``2^x.frac`` (0 for a layer without bias);
+  registered at S2.
 * ``mask``: ``entries × row_groups·P`` words of ``L`` bits, the ``z > 0`` bits of the forward
   item's position (written at ``bases.fwd_mask + g·P + p``), read for the backward item's
   position at S0 (used at S1).
@@ -28,7 +28,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
-from .conv import PHASE_FWD, Conv2DView, ConvPipelineSignature, conv_at
+from .conv import Conv2DView, ConvPipelineSignature, conv_at
 from .streams import (
     MaskReadSignature,
     StashBasesSignature,
@@ -66,8 +66,8 @@ class ConvStash(wiring.Component):
     conv: ``In(conv.subset(S0, S1))``.
     mask_write: ``In(ValidSignature(mask_layout(G·P, L)))`` the forward item's ``z > 0`` bits
         of word ``g·P + p``.
-    operands: ``Out(StashOperandsSignature(x_operand_bits))`` the slot's ``x`` at S2 (on both
-        members: the F slots' value is the forward item's, the B slots' the backward item's).
+    operands: ``Out(StashOperandsSignature(x_operand_bits))`` the slot's ``x`` of the forward and
+        of the backward item at S2.
     mask: ``Out(MaskReadSignature(L))`` the backward item's bits of the slot's position at S1.
     argmax_write: ``In(ValidSignature(mask_layout(G·P′, L·abits)))`` (MaxPool) each lane's
         ``r*`` of window word ``g·P′ + q``; argmax: ``Out(MaskReadSignature(L·abits))`` the
@@ -132,12 +132,13 @@ class ConvStash(wiring.Component):
         # S1: the lane of the word, a padding zero, the bias input; registered at S2
         p1 = c1.payload
         bias = (1 << fx.frac) if v.bias else 0
-        x1 = Mux(p1.phase == PHASE_FWD, xrf.data, xrb.data)
-        pick = x1.as_signed() if self.Lw == 1 else x1.word_select(p1.xlane, fx.bits).as_signed()
-        x2 = Signal(signed(self.xb), name="x2")
-        with m.If(c1.valid):
-            m.d.sync += x2.eq(Mux(p1.bias_tap, bias, Mux(p1.pad, 0, pick)))
-        m.d.comb += [self.operands.x_fwd.eq(x2), self.operands.x_bwd.eq(x2)]
+        for port, out in ((xrf, self.operands.x_fwd), (xrb, self.operands.x_bwd)):
+            word = port.data
+            pick = word.as_signed() if self.Lw == 1 else word.word_select(p1.xlane, fx.bits)
+            x2 = Signal(signed(self.xb), name=f"{'xf' if port is xrf else 'xb'}2")
+            with m.If(c1.valid):
+                m.d.sync += x2.eq(Mux(p1.bias_tap, bias, Mux(p1.pad, 0, pick.as_signed())))
+            m.d.comb += out.eq(x2)
         return m
 
     def _argmax(self, m: Module, c0) -> None:

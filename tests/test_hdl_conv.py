@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 from amaranth.sim import Simulator
-from pipetrain.compiler.conv import CONV_UPDATE_GAP, conv_cycles, conv_geometry
-from pipetrain.hdl.conv import PHASE_BWD, PHASE_FWD, PHASE_UPD, ConvSequencer, conv_at
+from pipetrain.compiler.conv import conv_cycles, conv_gap, conv_geometry
+from pipetrain.hdl.conv import PHASE_MAC, PHASE_UPD, ConvSequencer, conv_at
 from pipetrain.hdl.streams import SlotPipelineSignature, slot_at
 from pipetrain.sim.golden_conv import im2col_index, pool_windows
 
-FIELDS = ("phase", "bias_tap", "first_pos", "pad", "xword", "xlane", "xidx", "mword", "aword")
-FIELDS += ("r", "inwin", "win_first", "win_last")
+FIELDS = ("phase", "last_mac", "bias_tap", "first_pos", "pad", "xword", "xlane", "xidx")
+FIELDS += ("mword", "aword", "r", "inwin", "win_first", "win_last")
 
 
 def _expected(g, G, Lw):
@@ -24,24 +24,25 @@ def _expected(g, G, Lw):
     plane = g.in_values // g.in_channels
     where = {p: (q, row.index(p)) for q, row in enumerate(win) for p in row}
     out = []
-    for phase in (PHASE_BWD, PHASE_FWD):
-        for grp in range(G):
-            for p in range(P):
-                for t in range(T + 1):
-                    e = dict(col=t, g=grp, ra=grp * (T + 1) + t, phase=phase, upd=0)
-                    e |= dict(first_pos=int(p == 0), mword=grp * P + p, bias_tap=int(t == T))
-                    e["inwin"] = int(p in where)
-                    if p in where:
-                        q, r = where[p]
-                        e |= dict(aword=grp * g.pooled_positions + q, r=r)
-                        e |= dict(win_first=int(r == 0), win_last=int(r == g.window - 1))
-                    if t < T:
-                        i = idx[t][p]
-                        e["pad"] = int(i == g.in_values)
-                        if i < g.in_values:
-                            c, pos = divmod(i, plane)
-                            e |= dict(xidx=i, xword=(c // Lw) * plane + pos, xlane=c % Lw)
-                    out.append(e)
+    for grp in range(G):
+        for p in range(P):
+            for t in range(T + 1):
+                last = int((grp, p, t) == (G - 1, P - 1, T))
+                e = dict(col=t, g=grp, ra=grp * (T + 1) + t, phase=PHASE_MAC, upd=0)
+                e |= dict(first_pos=int(p == 0), mword=grp * P + p, bias_tap=int(t == T))
+                e["last_mac"] = last
+                e["inwin"] = int(p in where)
+                if p in where:
+                    q, r = where[p]
+                    e |= dict(aword=grp * g.pooled_positions + q, r=r)
+                    e |= dict(win_first=int(r == 0), win_last=int(r == g.window - 1))
+                if t < T:
+                    i = idx[t][p]
+                    e["pad"] = int(i == g.in_values)
+                    if i < g.in_values:
+                        c, pos = divmod(i, plane)
+                        e |= dict(xidx=i, xword=(c // Lw) * plane + pos, xlane=c % Lw)
+                out.append(e)
     for grp in range(G):
         for t in range(T + 1):
             out.append(dict(col=t, g=grp, ra=grp * (T + 1) + t, phase=PHASE_UPD, upd=1))
@@ -91,7 +92,7 @@ def test_sequencer_slots_are_the_im2col_order(geo):
     sim.add_testbench(bench)
     sim.run()
     want = _expected(g, G, Lw)
-    assert len(got) == len(want) == cycles - CONV_UPDATE_GAP
+    assert len(got) == len(want) == cycles - conv_gap(g, G)
     for n, (a, e) in enumerate(zip(got, want, strict=True)):
         assert {f: a[f] for f in e} == e, n
     assert length == [cycles - 1 + 2 + 4]  # Stage.pass_cycles with write stage 4
@@ -102,4 +103,4 @@ def test_sequencer_refuses_a_cycle_count_that_is_not_its_phases():
     G, cycles = conv_cycles(g, 2)
     pipe = SlotPipelineSignature(g.taps, G, G * (g.taps + 1), 4)
     with pytest.raises(ValueError, match="cycles per pass"):
-        ConvSequencer(pipe, g, x_words=8, x_lanes=1, cycles=cycles - CONV_UPDATE_GAP)
+        ConvSequencer(pipe, g, x_words=8, x_lanes=1, cycles=cycles - 1)
