@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import UserError
 from .act_lut import LUTFormatError, activation_lut
 from .config import TrainConfig
-from .conv import ConvGeometry, conv_cycles, p_sum_bits
+from .conv import CONV_UPDATE_GAP, ConvGeometry, conv_cycles, p_sum_bits, stash_words
 from .enums import Activation
 from .ir import NetworkIR
 from .loss_unit import loss_cycles, loss_parallelism
@@ -30,7 +30,14 @@ from .plan import (
     UpdateConstants,
     csd,
 )
-from .schedule import lwp_horizon, spike_compensation, stage_layout, update_losses
+from .schedule import (
+    early_update_streams,
+    lwp_horizon,
+    spike_compensation,
+    stage_layout,
+    tick_streams,
+    update_losses,
+)
 
 __all__ = [
     "FormatSpec",
@@ -56,6 +63,7 @@ __all__ = [
     "pass_cycles",
     "write_stage",
     "multipliers_per_lane",
+    "pool_multipliers",
     "input_gradient_macs",
     "multiplier_operands",
     "multiplier_blocks",
@@ -402,11 +410,20 @@ def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) ->
     return max(longest, with_loss) + TICK_OVERHEAD
 
 
-def sequential_cycles(stages: Sequence[Stage], loss: int) -> int:
+def sequential_cycles(stages: Sequence[Stage], loss: int | Sequence[int]) -> int:
     """Cycles per training sample under ``sequential`` (hdl/tick.py): one admit cycle, then a
-    forward and a backward pass per stage and the loss unit, each followed by one control
-    cycle."""
-    return 1 + sum(2 * (pass_cycles(s) + 1) for s in stages) + loss + 1
+    forward pass per stage, one backward pass per stage and tick of the tick model in which
+    its streams arrive (one for ``global``; local/interlocking: :func:`schedule.tick_streams`,
+    a pass-through or earlier update stream of another tick is one more pass) and each loss
+    unit (``loss``: the cycles of each, the true loss first; an int: the one loss unit), each
+    followed by one control cycle. Source: *derived* from hdl/tick.py."""
+    units = [loss] if isinstance(loss, int) else list(loss)
+    passes = [1 + len({d for _, d in ts}) for ts in tick_streams(stages)]
+    return (
+        1
+        + sum(b * (pass_cycles(s) + 1) for s, b in zip(stages, passes, strict=True))
+        + sum(c + 1 for c in units)
+    )
 
 
 def lfsr_seeds(seed: int, stage: int, lanes: int) -> tuple[int, ...]:
@@ -479,12 +496,12 @@ def _ceil_log2(n: int) -> int:
 def input_gradient_macs(
     losses: Sequence[int], grad_losses: Sequence[int], gin_losses: Sequence[int]
 ) -> int:
-    """Input-gradient MACs per lane of a stage (``hdl/stage.py``): one for its update stream
-    when it sends that on (``losses[0]`` in ``gin_losses``), plus one per pass-through stream
-    (a loss in ``grad_losses`` that does not update it; interlocking learning). Global and
-    local stages: 1 with an input gradient, else 0. Source: *derived* from the HDL."""
-    through = [t for t in grad_losses if t not in losses]
-    return int(bool(gin_losses) and bool(losses) and losses[0] in gin_losses) + len(through)
+    """Input-gradient MACs per lane of a stage (``hdl/stage.py``): one per backward stream it
+    sends on (``gin_losses``) — its update stream when it sends that on, each pass-through
+    stream (a loss in ``grad_losses`` that does not update it; interlocking learning), and
+    under the ``sum`` rule each earlier update stream it sends on. Global and local stages: 1
+    with an input gradient, else 0. Source: *derived* from the HDL."""
+    return len(set(gin_losses) & (set(grad_losses) | set(losses)))
 
 
 def multipliers_per_lane(
@@ -499,6 +516,17 @@ def multipliers_per_lane(
     pass-through streams: :func:`input_gradient_macs` − 1)."""
     lut = 3 if Activation(activation).lut else 0
     return (3 if input_gradient else 2) + (2 if sc else 1) + lut + extra_gin
+
+
+def pool_multipliers(conv: ConvGeometry | None) -> int:
+    """Multipliers per lane of a convolution stage's pooling (``hdl/pool.py``): AvgPool over a
+    window that is not a power of two scales the window sum by ``pool_scale`` forward and the
+    error by it backward (docs/numerics.md §9.3: rhu(Σ·scale, shift), rhu(g·scale, shift)),
+    two constant products unless the scale is a few shifts and adds (:func:`shift_add`); a
+    power-of-two window is a shift (scale 1), MaxPool compares. Source: *derived*."""
+    if conv is None or conv.pool != "avg" or conv.pool_scale == 1:
+        return 0
+    return 0 if shift_add(conv.pool_scale) else 2
 
 
 def shift_add(value: int) -> bool:
@@ -553,7 +581,9 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
 
     - forward MAC ``ŵ · x``: (:func:`forward_weight_bits`, :func:`x_operand_bits`);
     - input-gradient MAC ``w · d`` (stages with ``input_gradient``): (w bits, d bits);
-    - LWP ``H · u``; leaky-ReLU slope × error and × output (constants);
+    - LWP ``H · u``; leaky-ReLU slope × error and × output (constants); a convolution's
+      AvgPool scale × window sum and × error (a window that is not a power of two,
+      :func:`pool_multipliers`);
     - ``tanh``/``sigmoid``: the LUT interpolation slope × the low ``y.frac − index_frac`` bits
       of |z| (unsigned, one more bit each as signed; none when that is 0 bits); the derivative
       factor y·y (tanh) or y·(2^f − y) (sigmoid): (y bits, y bits + 1); g × the factor
@@ -580,6 +610,11 @@ def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     if stage.activation == "leaky_relu":
         const(stage.negative_slope.value, f.d.bits)
         const(stage.negative_slope.value, f.y.bits)
+    conv = stage.conv
+    if conv is not None and conv.pool == "avg" and conv.pool_scale != 1:
+        # AvgPool scale × window sum (y bits + ⌈log2 window⌉) and × error g (d bits): numerics §9.3
+        const(conv.pool_scale, f.y.bits + _ceil_log2(conv.window))
+        const(conv.pool_scale, f.d.bits)
     lut = stage.activation_lut
     if lut is not None:  # hdl/activation.py: interpolation, derivative factor, g × factor
         k = f.y.frac - lut.index_frac
@@ -709,12 +744,14 @@ def fewest_lanes(
 
     With g = ⌊T/(N+1)⌋ row groups allowed, L = ⌈M/g⌉; this L also has the fewest idle lane
     slots among the lane counts that need g groups. A convolution stage (``conv``): rows are
-    its output channels and one row group takes (T + 1)·(2P + 1) cycles
-    (:func:`~pipetrain.compiler.conv.conv_cycles`).
+    its output channels and one row group takes (T + 1)·(P + 1) cycles, plus the pass's gap
+    (:func:`~pipetrain.compiler.conv.conv_cycles`; at least ``CONV_UPDATE_GAP``, so a lane
+    count here may still miss the target by the rest of a longer gap).
     """
     if conv is not None:
-        in_features = (conv.taps + 1) * (2 * conv.positions + 1) - 1
+        in_features = (conv.taps + 1) * (conv.positions + 1) - 1
         out_features = conv.out_channels
+        target_cycles -= CONV_UPDATE_GAP
     groups = target_cycles // (in_features + 1)
     if groups < 1:
         return None
@@ -1183,6 +1220,8 @@ def build_plan(
         raise PlanError(f"RAM family {ram_family!r} is unknown; known: {', '.join(RAM_FAMILIES)}")
     family = RAM_FAMILIES[ram_family]
     lanes_of: dict[int, int] = {}  # stage index → lanes (stages come after their writers)
+    ticks = tick_streams(slots)  # the tick model's stream delays, whatever the schedule
+    convs_of: dict[int, ConvGeometry | None] = {}  # stage index → its convolution (or None)
     stages = []
     for sl, L in zip(slots, lanes, strict=True):
         where = f"stage {sl.index} ({sl.name})"
@@ -1223,6 +1262,9 @@ def build_plan(
             _check_single_port(where, L, words, f, lwp_w)
         x_lanes = lanes_of.get(sl.attach, 1)  # the writer's lanes (1: the host writes)
         geo = _StageGeometry.of(N, M, L, groups, stash_depth, x_lanes, f, upd, spram)
+        writer = convs_of.get(sl.attach)  # a convolution writer: its channel-word layout
+        geo = replace(geo, x_words=stash_words(N, x_lanes, writer))
+        convs_of[sl.index] = sl.conv
         memories = _stage_memories(sl, geo, f, upd, L, groups, words, lwp_w, spram, family)
         lanes_of[sl.index] = L
         what_bits = geo.what_bits
@@ -1238,13 +1280,17 @@ def build_plan(
             )
         # interlocking: each pass-through stream (a loss it carries but is not updated by) runs
         # its own error buffer, mask read port and input gradient in the same pass
-        # (hdl/stage.py pass_through); the update stream's input gradient only if it is sent on
+        # (hdl/stage.py extra streams); so does each earlier update stream of the sum rule,
+        # whose δ waits for the main stream in ``dsum_l<t>`` (one word per stash entry and row
+        # group) unless it arrives in the same tick; an input gradient only if it is sent on
         through = tuple(t for t in sl.grad_losses if t not in sl.losses)
+        early = early_update_streams(sl.losses, ticks[sl.index - 1])
+        extras = tuple(sorted((*through, *(t for t, _ in early))))
         ingrads = input_gradient_macs(sl.losses, sl.grad_losses, sl.gin_losses)
-        if through:
+        if extras:
             memories = tuple(
                 place_memory(
-                    "mask", 1, m.words, m.width, read_ports=1 + len(through),
+                    "mask", 1, m.words, m.width, read_ports=1 + len(extras),
                     entries=m.entries, family=family,
                 )
                 if m.name == "mask" else m
@@ -1253,13 +1299,20 @@ def build_plan(
                 place_memory(
                     f"gbuf_l{t}", 1, 2 * groups, geo.d_word_bits, entries=2, family=family
                 )
-                for t in through
+                for t in extras
+            ) + tuple(
+                place_memory(
+                    f"dsum_l{t}", 1, geo.stash_entries * groups, geo.d_word_bits,
+                    entries=geo.stash_entries, family=family,
+                )
+                for t, stored in early if stored
             )  # fmt: skip
         if sl.gin_losses and (groups > 1 or sl.conv is not None):  # input-gradient sums
             memories += (place_memory("gacc", 1, N, acc_bwd, family=family),)
+            sent = tuple(t for t in extras if t in sl.gin_losses)
             memories += tuple(
                 place_memory(f"gacc_l{t}", 1, N, acc_bwd, family=family)
-                for t in through[: max(ingrads - 1, 0)]
+                for t in sent[: max(ingrads - 1, 0)]
             )
         lut = None
         if Activation(sl.activation).lut:  # the activation ROM, one read port per lane
@@ -1302,8 +1355,11 @@ def build_plan(
                 memory_bits=sum(m.bits for m in memories),
                 memory_blocks=sum(m.blocks for m in memories if m.kind == "bram"),
                 multipliers=L
-                * multipliers_per_lane(
-                    bool(sl.gin_losses), upd.sc, sl.activation, max(ingrads - 1, 0)
+                * (
+                    multipliers_per_lane(
+                        bool(sl.gin_losses), upd.sc, sl.activation, max(ingrads - 1, 0)
+                    )
+                    + pool_multipliers(sl.conv)
                 ),
                 formats=f,
                 update=upd,
@@ -1358,7 +1414,8 @@ def build_plan(
     loss_max = max([loss.cycles] + [hl.cycles for hl in head_losses])
     feeders = [stages[S - 1]] + [st for st in stages[S:] if st.activation == "identity"]
     tick = tick_cycles(stages, feeders, loss_max)
-    ideal = tick if config.schedule == "pb" else sequential_cycles(stages, loss_max)
+    units = [loss.cycles, *(hl.cycles for hl in head_losses)]
+    ideal = tick if config.schedule == "pb" else sequential_cycles(stages, units)
     every = [m for s in stages for m in s.memories]
     every += [m for lu in (loss, *head_losses) for m in lu.memories] + list(top_memories)
     memory = sum(m.bits for m in every)

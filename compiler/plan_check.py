@@ -62,7 +62,7 @@ from .build import (
     x_operand_bits,
 )
 from .config import ConfigError, TrainConfig
-from .conv import CONV_KINDS, POOL_KINDS, conv_geometry
+from .conv import CONV_KINDS, POOL_KINDS, conv_geometry, stash_words
 from .loss_unit import DIV_BITS_MAX
 from .plan import MEMORY_KINDS, PLAN_VERSION, Const, Plan
 from .schedule import stage_layout
@@ -394,7 +394,8 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.cycles_per_tick", st.cycles_per_tick, cycles, "build.stage_cycles")
     _same(f"{p}.stash_depth", st.stash_depth, st.delay + 1, "delay + 1")
     _same(f"{p}.stash_entries", st.stash_entries, st.stash_depth + 1, "stash_depth + 1")
-    _same(f"{p}.x_words", st.x_words, _ceil(N, st.x_lanes), "⌈in_features / x_lanes⌉")
+    writer = plan.stages[st.attach - 1].conv if st.attach else None
+    _same(f"{p}.x_words", st.x_words, stash_words(N, st.x_lanes, writer), "conv.stash_words")
     _same(f"{p}.x_word_bits", st.x_word_bits, st.x_lanes * f.x.bits, "x_lanes·x.bits")
     _same(f"{p}.y_word_bits", st.y_word_bits, L * f.y.bits, "lanes·y.bits")
     _same(f"{p}.d_word_bits", st.d_word_bits, L * f.d.bits, "lanes·d.bits")
@@ -557,7 +558,8 @@ def _check_plan(plan: Plan) -> None:
     loss_max = max([plan.loss.cycles] + [lu.cycles for lu in plan.head_losses])
     tick = tick_cycles(plan.stages, [last, *heads], loss_max)
     _same("tick_cycles", plan.tick_cycles, tick, "build.tick_cycles of the stages")
-    ideal = tick if plan.schedule == "pb" else sequential_cycles(plan.stages, loss_max)
+    units = [plan.loss.cycles, *(lu.cycles for lu in plan.head_losses)]
+    ideal = tick if plan.schedule == "pb" else sequential_cycles(plan.stages, units)
     _same("ideal_cycles_per_sample", plan.ideal_cycles_per_sample, ideal, "the schedule's cycles")
     if not math.isclose(plan.samples_per_s, plan.clock_hz / ideal, rel_tol=1e-12):
         raise _err("samples_per_s", plan.samples_per_s, f"must be clock_hz / {ideal}")

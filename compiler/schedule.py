@@ -16,6 +16,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .enums import LwpForm, Mitigation, Rule, Schedule, Strategy, parse
 
@@ -31,6 +32,9 @@ __all__ = [
     "update_losses",
     "carried_losses",
     "same_as_global",
+    "main_stream",
+    "early_update_streams",
+    "tick_streams",
     "spike_compensation",
     "batch1_scaling",
     "naive_overshoot",
@@ -274,6 +278,56 @@ def same_as_global(strategy: str, num_blocks: int, distance: int, rule: str = "o
     al. 2022 §3: d = K − 1 is global). Its auxiliary heads would then train without changing
     any block (docs/architecture.md §2.4)."""
     return strategy == "interlocking" and rule == "only" and distance >= num_blocks - 1
+
+
+def tick_streams(stages: Sequence[Any]) -> list[tuple[tuple[int, int], ...]]:
+    """Per stage its backward streams as ``(loss t, D_{s,t})`` of the ``pb`` tick model,
+    whatever the schedule: the error of L_t reaches the stage at position ``p`` in tick
+    ``D_{s,t} = 2·(P_t − p) + 1`` after its forward (docs/numerics.md §7.2). ``stages`` in plan
+    order (main stages, then the head stages in block order), each with ``attach``, ``role``,
+    ``losses`` and ``grad_losses`` (a :class:`~pipetrain.compiler.plan.Stage` or the
+    builder's slot). Under ``pb`` this is ``StageRole.streams``; ``sequential`` runs the same
+    ticks with one sample in flight, so its passes follow these delays too (hdl/tick.py).
+    Source: *derived* (numerics §7.2)."""
+    n = len(stages)
+    pos: list[int] = []
+    read = [False] * n
+    for st in stages:
+        pos.append(pos[st.attach - 1] + 1 if st.attach else 1)
+        if st.attach:
+            read[st.attach - 1] = True
+    mains = [i for i, st in enumerate(stages) if st.role == "main"]
+    feeds = [i for i in range(len(mains), n) if not read[i]] + [mains[-1]]
+    P = {t: pos[i] for t, i in enumerate(feeds, start=1)}
+    return [
+        tuple((t, 2 * (P[t] - pos[i]) + 1) for t in sorted(st.grad_losses or st.losses))
+        for i, st in enumerate(stages)
+    ]
+
+
+def main_stream(losses: Sequence[int], streams: Sequence[tuple[int, int]] | None) -> int:
+    """The stream that makes a stage's update (``hdl/stage.py``, the golden model's
+    ``main_loss``): the update loss whose error arrives last, the largest delay ``D_{s,t}`` of
+    ``streams`` (ties: the larger loss); ``losses[0]`` without streams (``global``). The other
+    update losses (the ``sum`` rule) are earlier update streams whose δ waits for it
+    (docs/numerics.md §5.6). Source: *derived* (numerics §5.6, §7.2)."""
+    if not streams or len(losses) == 1:
+        return losses[0]
+    delay = dict(streams)
+    return max(losses, key=lambda t: (delay[t], t))
+
+
+def early_update_streams(
+    losses: Sequence[int], streams: Sequence[tuple[int, int]] | None
+) -> tuple[tuple[int, bool], ...]:
+    """The ``sum`` rule's earlier update streams of a stage: ``(loss t, stored)`` ascending,
+    every update loss but :func:`main_stream`; ``stored`` when its error arrives in an earlier
+    tick than the main stream's (``D_{s,t} < D_s``: its δ waits in the stage's ``dsum_l<t>``
+    memory, one entry per stash entry), else it arrives in the same tick and is summed at once
+    (docs/architecture.md §2.4). Source: *derived* (numerics §5.6)."""
+    main = main_stream(losses, streams)
+    delay = dict(streams or ())
+    return tuple((t, delay.get(t, 0) < delay.get(main, 0)) for t in sorted(losses) if t != main)
 
 
 def spike_compensation(momentum: float, delay: int) -> tuple[float, float]:

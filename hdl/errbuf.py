@@ -8,8 +8,15 @@ word of the slot's row group at S0. At S1 each lane forms ``δ = f′(z)·g`` fr
 bit (``tanh``/``sigmoid``: the stashed output y; docs/numerics.md §5) — 0 in padding lanes of
 the last row group and in passes without a backward item — registered at S2.
 
-Source: docs/architecture.md §3 (double-buffered error buffer), docs/numerics.md §5 (δ); the
-serial write order and the pipeline are *derived*.
+Under the interlocking ``sum`` rule (docs/numerics.md §5.6) the main update stream's buffer adds
+the δ of the stage's earlier update streams at S1 (``addend<k>``: from a
+:class:`DeltaStash`, or the S1 δ of a stream arriving in the same tick, ``early``) and clamps
+the sum to ``d`` (counted once per row: at column 0). :class:`DeltaStash` keeps an earlier
+stream's δ of each sample, one word per stash entry and row group, until the main stream reads
+it.
+
+Source: docs/architecture.md §3 (double-buffered error buffer), docs/numerics.md §5 (δ), §5.6
+(the δ sum); the serial write order, the δ memory and the pipeline are *derived*.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation
+from .arith import sat
 from .streams import (
     DeltaSignature,
     ErrorHalvesSignature,
@@ -30,7 +38,7 @@ from .streams import (
     slot_at,
 )
 
-__all__ = ["ErrorBuffer"]
+__all__ = ["DeltaStash", "ErrorBuffer"]
 
 
 class ErrorBuffer(wiring.Component):
@@ -43,6 +51,8 @@ class ErrorBuffer(wiring.Component):
     out_features: M (errors per sample; the last row group has ``M − (G−1)·L`` live lanes).
     d_format: Q-format of ``g`` and δ.
     activation: the stage's :class:`~pipetrain.hdl.activation.Activation` (its derivative).
+    addends: δ values of other streams added at S1 (the ``sum`` rule; 0: none).
+    early: also give the S1 δ (``early``) for another buffer's same-tick sum.
 
     Members
     -------
@@ -52,7 +62,15 @@ class ErrorBuffer(wiring.Component):
     slots: ``In(pipeline.subset(S0, S1; bwd))``.
     mask: ``In(MaskReadSignature(L·stash_bits))`` the stashed ``z > 0`` bits at S1
         (``tanh``/``sigmoid``: the outputs y, ``activation.stash_bits`` = y.bits per lane).
-    delta: ``Out(DeltaSignature(L, d.bits))`` δ per lane at S2.
+    delta: ``Out(DeltaSignature(L, d.bits))`` δ per lane at S2 (this stream's own: its input
+        gradient's).
+    addend0 … addend{n−1}: ``In(DeltaSignature(L, d.bits))`` (``addends`` > 0) δ per lane of
+        an earlier update stream of this slot's row group at S1 (0 where it did not run).
+    total: ``Out(DeltaSignature(L, d.bits))`` (``addends`` > 0) ``sat(δ + Σ addend, d)`` per
+        lane at S2, the update's δ (docs/numerics.md §5.6).
+    saturated: ``Out(L)`` (``addends`` > 0) per lane: the δ sum clamped (a one-cycle pulse,
+        once per row and pass, only in a pass with a backward item; padding lanes 0).
+    early: ``Out(DeltaSignature(L, d.bits))`` (``early``) δ per lane at S1, combinational.
 
     Raises ValueError unless ``(G−1)·L < M ≤ G·L``.
     """
@@ -65,6 +83,8 @@ class ErrorBuffer(wiring.Component):
         out_features: int,
         d_format: QFormat,
         activation: Activation,
+        addends: int = 0,
+        early: bool = False,
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
@@ -76,15 +96,22 @@ class ErrorBuffer(wiring.Component):
             d_format,
             activation,
         )
-        super().__init__(
-            {
-                "write": In(ValidSignature(signed(d_format.bits))),
-                "halves": In(ErrorHalvesSignature()),
-                "slots": In(pipeline.subset(stages=(0, 1), flags=("bwd",))),
-                "mask": In(MaskReadSignature(lanes * activation.stash_bits)),
-                "delta": Out(DeltaSignature(lanes, d_format.bits)),
-            }
-        )
+        self.addends, self.with_early = addends, early
+        members = {
+            "write": In(ValidSignature(signed(d_format.bits))),
+            "halves": In(ErrorHalvesSignature()),
+            "slots": In(pipeline.subset(stages=(0, 1), flags=("bwd",))),
+            "mask": In(MaskReadSignature(lanes * activation.stash_bits)),
+            "delta": Out(DeltaSignature(lanes, d_format.bits)),
+        }
+        for k in range(addends):
+            members[f"addend{k}"] = In(DeltaSignature(lanes, d_format.bits))
+        if addends:
+            members["total"] = Out(DeltaSignature(lanes, d_format.bits))
+            members["saturated"] = Out(lanes)
+        if early:
+            members["early"] = Out(DeltaSignature(lanes, d_format.bits))
+        super().__init__(members)
 
     def elaborate(self, platform) -> Module:
         m = Module()
@@ -124,8 +151,79 @@ class ErrorBuffer(wiring.Component):
             live = sp.bwd
             if lane >= live_last:
                 live = live & ~s1.payload.last_group
+            d1 = Mux(live, dl, 0)
+            if self.with_early:
+                m.d.comb += self.early.delta[lane].eq(d1)
             d2 = Signal(signed(fd.bits), name=f"d2_{lane}")
             with m.If(s1.valid):
-                m.d.sync += d2.eq(Mux(live, dl, 0))
+                m.d.sync += d2.eq(d1)
             m.d.comb += self.delta.delta[lane].eq(d2)
+            if self.addends:  # the sum rule: δ + the earlier streams' δ, clamped once
+                total = dl
+                for k in range(self.addends):
+                    total = total + getattr(self, f"addend{k}").delta[lane]
+                t1, clamped = sat(total, fd)
+                t2 = Signal(signed(fd.bits), name=f"t2_{lane}")
+                flag = Signal(name=f"dsat_{lane}")
+                with m.If(s1.valid):
+                    m.d.sync += t2.eq(Mux(live, t1, 0))
+                m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
+                m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
+        return m
+
+
+class DeltaStash(wiring.Component):
+    """The δ of one earlier update stream (the ``sum`` rule, docs/numerics.md §5.6) of each
+    sample, kept until the stage's main update stream reaches that sample.
+
+    ``dsum`` holds ``entries × row_groups`` words of ``L`` values (``d`` format), addressed like
+    the mask memory: ``base + group`` with the item's mask base. A pass in which the earlier
+    stream runs writes its δ of row group ``g`` (at S2, column 0; every slot of a group has
+    the same δ); the main stream's pass reads its item's word at S0 (used at S1). The two
+    items are different samples, so the read and the write never meet (*derived*).
+
+    Parameters
+    ----------
+    pipeline: the pass's slot pipeline (row groups).
+    lanes: L.
+    depth: words (``Stage.stash_entries × row_groups``).
+    d_format: Q-format of δ.
+
+    Members
+    -------
+    slots: ``In(pipeline.subset(S0, S2; bwd))`` (``bwd``: the earlier stream runs this pass).
+    write: ``In(DeltaSignature(L, d.bits))`` the earlier stream's δ at S2.
+    write_base: ``In(range(depth))`` mask base of the earlier stream's item.
+    read_base: ``In(range(depth))`` mask base of the main stream's item.
+    stored: ``Out(DeltaSignature(L, d.bits))`` that item's stored δ at S1.
+    """
+
+    def __init__(
+        self, pipeline: SlotPipelineSignature, *, lanes: int, depth: int, d_format: QFormat
+    ) -> None:
+        self.pipeline, self.L, self.depth, self.fd = pipeline, lanes, depth, d_format
+        super().__init__(
+            {
+                "slots": In(pipeline.subset(stages=(0, 2), flags=("bwd",))),
+                "write": In(DeltaSignature(lanes, d_format.bits)),
+                "write_base": In(range(depth)),
+                "read_base": In(range(depth)),
+                "stored": Out(DeltaSignature(lanes, d_format.bits)),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        L, fd, sp = self.L, self.fd, self.slots
+        m.submodules.dsum = mem = Memory(shape=L * fd.bits, depth=self.depth, init=[])
+        rd, wr = mem.read_port(), mem.write_port()
+        s0, s2 = slot_at(sp, 0), slot_at(sp, 2)
+        m.d.comb += [
+            rd.addr.eq(self.read_base + s0.payload.group),
+            wr.addr.eq(self.write_base + s2.payload.group),
+            wr.data.eq(Cat(*(self.write.delta[lane] for lane in range(L)))),
+            wr.en.eq(s2.valid & sp.bwd & (s2.payload.col == 0)),
+        ]
+        for lane in range(L):
+            m.d.comb += self.stored.delta[lane].eq(rd.data.word_select(lane, fd.bits).as_signed())
         return m

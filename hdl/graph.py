@@ -41,6 +41,9 @@ class StageNode:
     streams: ``(loss t, backward age 2·P_t − p)`` per backward stream, ascending loss.
     updates: the losses that update this stage (``Stage.losses``).
     gin_losses: the streams whose input gradient it sends to ``writer``.
+    main: the update stream that makes the update — the update loss of the largest age (ties:
+        the larger loss; ``compiler.schedule.main_stream``); the other update losses (the ``sum``
+        rule) and the pass-through streams are the stage's extra streams.
     """
 
     index: int
@@ -50,6 +53,12 @@ class StageNode:
     streams: tuple[tuple[int, int], ...]
     updates: tuple[int, ...]
     gin_losses: tuple[int, ...]
+    main: int
+
+    @property
+    def extras(self) -> tuple[tuple[int, int], ...]:
+        """``(loss, age)`` of every stream but :attr:`main`, ascending loss."""
+        return tuple((t, a) for t, a in self.streams if t != self.main)
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,7 @@ def stage_graph(plan: Plan) -> StageGraph:
                 streams,
                 tuple(st.losses),
                 tuple(st.gin_losses) if st.input_gradient else (),
+                max(st.losses, key=lambda t: (2 * P[t] - pos[i], t)),
             )
         )
     graph = StageGraph(tuple(nodes), losses, span)

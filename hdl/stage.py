@@ -39,8 +39,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..compiler.plan import Plan, Stage
+from ..compiler.schedule import early_update_streams, main_stream, tick_streams
 from .activation import activation_of
-from .errbuf import ErrorBuffer
+from .errbuf import DeltaStash, ErrorBuffer
 from .mac import ForwardLanes, InputGradient
 from .saturation import SaturationCounter
 from .sequencer import SlotSequencer
@@ -56,15 +57,34 @@ from .streams import (
 from .update import LFSRConfig, UpdateUnit
 from .weights import WeightStore
 
-__all__ = ["StageUnit", "check_stage", "pass_through"]
+__all__ = ["StageUnit", "check_stage", "extra_streams", "pass_through"]
 
 
 def pass_through(stage: Stage) -> tuple[int, ...]:
     """The stage's pass-through streams (interlocking learning): the losses it back-propagates
     (``grad_losses``) without updating from them (``losses``), ascending. Each runs its own
     error buffer, mask read and input gradient in the same fused pass (docs/architecture.md
-    §2.4); the primary backward path carries the update stream."""
+    §2.4); the primary backward path carries the main update stream."""
     return tuple(t for t in sorted(stage.grad_losses) if t not in stage.losses)
+
+
+def extra_streams(plan: Plan, stage: Stage) -> tuple[int, ...]:
+    """Every backward stream of the stage but its main update stream
+    (``compiler.schedule.main_stream`` over the tick model's delays,
+    ``compiler.schedule.tick_streams``), ascending: the pass-through streams and, under the
+    ``sum`` rule, the earlier update streams (``compiler.schedule.early_update_streams``). Each
+    has its own error buffer, mask read port (``ctl.extra<e>``) and, when it is sent on
+    (``gin_losses``), its own input gradient."""
+    main = main_stream(stage.losses, tick_streams(plan.stages)[stage.index - 1])
+    return tuple(t for t in sorted(stage.grad_losses or stage.losses) if t != main)
+
+
+def writer_plane(plan: Plan, stage: Stage) -> int:
+    """1, or the pooled positions P′ of the convolution stage that writes this stage's input
+    (its output words hold channels of one position: ``compiler/conv.py:stash_words``)."""
+    writer = plan.stages[stage.attach - 1] if stage.attach else None
+    conv = getattr(writer, "conv", None)
+    return conv.pooled_positions if conv is not None else 1
 
 
 def check_stage(stage: Stage) -> None:
@@ -110,12 +130,17 @@ class StageUnit(wiring.Component):
     y: ``Out(ValidSignature(word_layout(row_groups, y_word_bits)))`` forward output: the ``L``
         activations of row group ``word``.
     gin: ``Out(ValidSignature(signed(gin.bits)))`` serial input gradient ``i = 0..N−1`` of
-        the update stream (only when the stage sends it on: ``losses[0]`` in ``gin_losses``).
-    g_in_l<t>, gin_l<t>: the same two ports of pass-through stream ``t`` (:func:`pass_through`;
-        ``ctl.extra<e>`` is its item): the error arriving, the input gradient sent back.
+        the main update stream (only when the stage sends it on: it is in ``gin_losses``).
+    g_in_l<t>, gin_l<t>: the same two ports of extra stream ``t`` (:func:`extra_streams`:
+        pass-through and earlier update streams; ``ctl.extra<e>`` is its item): the error
+        arriving, the input gradient sent back (only when ``t`` is in ``gin_losses``). An
+        earlier update stream's δ is added to the main stream's before the update (the
+        ``sum`` rule, docs/numerics.md §5.6): kept per sample in ``dsum_l<t>``
+        (:class:`~pipetrain.hdl.errbuf.DeltaStash`) when it arrives in an earlier tick.
     access: ``In(WeightAccessSignature(L, cycles_per_tick))`` weight access (only while no
         pass runs).
-    saturations: ``Out(32)`` saturation counter (z, gin, u′, w′ clamps; saturating).
+    saturations: ``Out(32)`` saturation counter (z, gin, u′, w′ clamps and the δ sum's;
+        saturating).
 
     Raises NotImplementedError for a stage the HDL does not build (:func:`check_stage`).
     """
@@ -126,8 +151,11 @@ class StageUnit(wiring.Component):
         self.activation = activation_of(stage, plan.shift_add)
         st, f = stage, stage.formats
         P = st.stash_entries
-        self.extra = pass_through(st)
-        self.primary_gin = st.input_gradient and st.losses[0] in st.gin_losses
+        ticks = tick_streams(plan.stages)[st.index - 1]  # both schedules follow these ticks
+        self.extra = extra_streams(plan, st)
+        self.main = main_stream(st.losses, ticks)
+        self.early = dict(early_update_streams(st.losses, ticks))  # t → kept in dsum
+        self.primary_gin = st.input_gradient and self.main in st.gin_losses
         sig = {
             "ctl": In(PassControlSignature(P * st.x_words, P * st.row_groups, len(self.extra))),
             "x_in": In(ValidSignature(word_layout(st.x_words, st.x_word_bits))),
@@ -140,7 +168,8 @@ class StageUnit(wiring.Component):
             sig["gin"] = Out(ValidSignature(signed(st.gin_bits)))
         for t in self.extra:
             sig[f"g_in_l{t}"] = In(ValidSignature(signed(f.d.bits)))
-            sig[f"gin_l{t}"] = Out(ValidSignature(signed(st.gin_bits)))
+            if t in st.gin_losses:
+                sig[f"gin_l{t}"] = Out(ValidSignature(signed(st.gin_bits)))
         super().__init__(sig)
 
     def _parts(self) -> dict:
@@ -177,6 +206,7 @@ class StageUnit(wiring.Component):
                 x_operand_bits=st.x_operand_bits,
                 mask_bits=st.mask_bits,
                 extra=len(self.extra),
+                plane=writer_plane(plan, st),
             ),
             "errbuf": ErrorBuffer(
                 pipe,
@@ -184,6 +214,7 @@ class StageUnit(wiring.Component):
                 out_features=st.out_features,
                 d_format=f.d,
                 activation=self.activation,
+                addends=len(self.early),
             ),
             "update": UpdateUnit(
                 pipe,
@@ -225,15 +256,21 @@ class StageUnit(wiring.Component):
 
         if self.primary_gin:
             parts["ingrad"] = ingrad()
-        for t in self.extra:  # a pass-through stream: its error buffer and input gradient
+        for t in self.extra:  # an extra stream: its error buffer, input gradient, δ memory
             parts[f"errbuf_l{t}"] = ErrorBuffer(
                 pipe,
                 lanes=L,
                 out_features=st.out_features,
                 d_format=f.d,
                 activation=self.activation,
+                early=self.early.get(t) is False,
             )
-            parts[f"ingrad_l{t}"] = ingrad()
+            if t in st.gin_losses:
+                parts[f"ingrad_l{t}"] = ingrad()
+            if self.early.get(t):
+                parts[f"dstash_l{t}"] = DeltaStash(
+                    pipe, lanes=L, depth=st.stash_entries * st.row_groups, d_format=f.d
+                )
         return parts
 
     def elaborate(self, platform) -> Module:
@@ -254,23 +291,34 @@ class StageUnit(wiring.Component):
             n for n in parts if n != "seq" and not n.endswith(tuple(f"_l{t}" for t in self.extra))
         ]
         connect_pipeline(m, seq.slots, *(parts[n].slots for n in own))
-        for e, t in enumerate(self.extra):  # pass-through stream t: its own bwd flag
-            item, eb, ig = (
-                getattr(self.ctl, f"extra{e}"),
-                parts[f"errbuf_l{t}"],
-                parts[f"ingrad_l{t}"],
-            )
+        addends = []  # the earlier update streams' δ at S1, into the main error buffer
+        for e, t in enumerate(self.extra):  # extra stream t: its own bwd flag
+            item, eb = getattr(self.ctl, f"extra{e}"), parts[f"errbuf_l{t}"]
+            ig = parts.get(f"ingrad_l{t}")
             flag = Signal(name=f"bwd_l{t}")  # latched at start, like the sequencer's flags
             with m.If(self.ctl.items.start):
                 m.d.sync += flag.eq(item.bwd)
-            connect_pipeline(m, seq.slots, eb.slots, ig.slots, replace={"bwd": flag})
+            mine = [eb] + ([ig] if ig is not None else [])
+            ds = parts.get(f"dstash_l{t}")
+            if ds is not None:
+                mine.append(ds)
+            connect_pipeline(m, seq.slots, *(p.slots for p in mine), replace={"bwd": flag})
             connect(m, flipped(self.ctl.error), eb.halves)
             m.d.comb += stash.extra_bases[e].eq(item.mask)
             connect(m, flipped(getattr(self, f"g_in_l{t}")), eb.write)
             connect(m, stash.extra_masks[e], eb.mask)  # S1
-            connect(m, eb.delta, ig.delta)  # S2
-            grads_x.append(ig)
-            connect(m, ig.gin, flipped(getattr(self, f"gin_l{t}")))  # S4
+            if ds is not None:  # kept for the main stream: written at S2, read at S0
+                connect(m, eb.delta, ds.write)  # S2
+                m.d.comb += [ds.write_base.eq(item.mask), ds.read_base.eq(self.ctl.stash.bwd_mask)]
+                addends.append(ds.stored)  # S1
+            elif t in self.early:  # the same tick and sample as the main stream
+                addends.append(eb.early)  # S1
+            if ig is not None:
+                connect(m, eb.delta, ig.delta)  # S2
+                grads_x.append(ig)
+                connect(m, ig.gin, flipped(getattr(self, f"gin_l{t}")))  # S4
+        for k, a in enumerate(addends):
+            connect(m, a, getattr(errbuf, f"addend{k}"))
         # data between the parts, in pipeline order
         connect(m, flipped(self.x_in), stash.write)
         connect(m, flipped(self.g_in), errbuf.write)
@@ -278,7 +326,11 @@ class StageUnit(wiring.Component):
         connect(m, store.read, update.read)  # S1
         connect(m, stash.mask, errbuf.mask)  # S1
         connect(m, stash.operands, update.operands, fwd.operands)  # S2
-        connect(m, errbuf.delta, update.delta, *(g.delta for g in grads))  # S2
+        if addends:  # the update takes the δ sum, the main input gradient its own δ
+            connect(m, errbuf.total, update.delta)  # S2
+            connect(m, errbuf.delta, *(g.delta for g in grads))
+        else:
+            connect(m, errbuf.delta, update.delta, *(g.delta for g in grads))  # S2
         connect(m, update.weights, fwd.weights, *(g.weights for g in grads + grads_x))  # S2
         connect(m, fwd.y, flipped(self.y))  # S4
         connect(m, fwd.mask_write, stash.mask_write)  # S4
@@ -290,6 +342,8 @@ class StageUnit(wiring.Component):
         # pass-through streams' gin
         flags = [fwd.saturated, *(g.saturated for g in grads), update.saturated]
         flags += [g.saturated for g in grads_x]
+        if addends:  # the δ sum of the update streams (numerics §5.6)
+            flags.append(errbuf.saturated)
         m.submodules.saturations = sat = SaturationCounter(sum(len(x) for x in flags))
         m.d.comb += [sat.flags.eq(Cat(*flags)), self.saturations.eq(sat.count)]
         return m

@@ -46,7 +46,9 @@ def _chain(S: int) -> StageGraph:
     """The ``global`` graph of S stages: stage s forwards age s − 1, back-propagates age
     2S − s; one loss unit on age S − 1 (its plan entry is not needed here)."""
     nodes = tuple(
-        StageNode(s, s + 1, s - 1 if s else None, s, ((1, 2 * S - s - 1),), (1,), (1,) if s else ())
+        StageNode(
+            s, s + 1, s - 1 if s else None, s, ((1, 2 * S - s - 1),), (1,), (1,) if s else (), 1
+        )
         for s in range(S)
     )
     return StageGraph(nodes, (LossNode(1, S - 1, S - 1, None),), 2 * S)
@@ -86,9 +88,8 @@ class TickController(wiring.Component):
     samples_trained, ticks: ``Out(32)`` counters (docs/ports.md); ``sequential`` counts one
         tick per sample (numerics §7).
 
-    Raises NotImplementedError for another schedule, for auxiliary heads under
-    ``sequential`` and for a stage updated by several losses (the interlocking ``sum`` rule);
-    ValueError for per-stage lists of different lengths.
+    Raises NotImplementedError for another schedule; ValueError for per-stage lists of
+    different lengths.
     """
 
     def __init__(
@@ -99,18 +100,6 @@ class TickController(wiring.Component):
         row_groups: Sequence[int],
         graph: StageGraph | None = None,
     ) -> None:
-        if graph is not None and graph.K > 1 and schedule != "pb":
-            self._MustUse__silence = True
-            raise NotImplementedError(
-                f"auxiliary heads under schedule {schedule!r} have no tick controller; use "
-                "schedule='pb'"
-            )
-        if graph is not None and any(len(n.updates) > 1 for n in graph.stages):
-            self._MustUse__silence = True
-            raise NotImplementedError(
-                "a stage updated by several losses (interlocking rule 'sum') has no tick "
-                "controller yet; use --rule only"
-            )
         if schedule not in ("pb", "sequential"):
             self._MustUse__silence = True  # not built: no "created but never used" warning
             raise NotImplementedError(f"schedule {schedule!r} has no tick controller")
@@ -154,15 +143,14 @@ class TickController(wiring.Component):
         return getattr(self, f"stage{s + 1}")
 
     def _extra(self, s: int) -> list[tuple[int, int]]:
-        """``(loss, age)`` of 0-based stage ``s``'s pass-through streams (those that do not
-        update it), ascending loss."""
-        node = self.graph.stages[s]
-        return [(t, a) for t, a in node.streams if t not in node.updates]
+        """``(loss, age)`` of 0-based stage ``s``'s extra streams (pass-through streams and the
+        ``sum`` rule's earlier update streams: all but the main one), ascending loss."""
+        return list(self.graph.stages[s].extras)
 
     def _bwd_age(self, s: int) -> int:
-        """Age of 0-based stage ``s``'s update stream (its backward item)."""
+        """Age of 0-based stage ``s``'s main update stream (its backward item)."""
         node = self.graph.stages[s]
-        return dict(node.streams)[node.updates[0]]
+        return dict(node.streams)[node.main]
 
     def loss_ctl(self, t: int) -> wiring.PureInterface:
         """The control interface of loss ``t``'s unit (1-based; ``K``: member ``loss``, else
@@ -297,10 +285,26 @@ class TickController(wiring.Component):
                     ]
                     m.next = "IDLE"
 
+    def _steps(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """The passes of one sample under ``sequential``, in the tick model's order (numerics
+        §7.2: the ``pb`` ticks with one sample in flight): per tick τ, the forwards of the
+        stages at age τ, the loss units at age τ, then one backward pass per stage with
+        streams at age τ (their losses). ``global``: forward 1..S, the loss, backward S..1."""
+        g = self.graph
+        steps: list[tuple[str, int, tuple[int, ...]]] = []
+        for tau in range(g.span):
+            steps += [("fwd", n.index, ()) for n in g.stages if n.fwd_age == tau]
+            steps += [("loss", ln.t, ()) for ln in g.losses if ln.age == tau]
+            for n in g.stages:
+                ts = tuple(t for t, a in n.streams if a == tau)
+                if ts:
+                    steps.append(("bwd", n.index, ts))
+        return steps
+
     def _sequential(
         self, m: Module, new: dict, advance_alloc, trained: Signal, ticks: Signal
     ) -> None:
-        S = self.S
+        S, g = self.S, self.graph
         cur = self._item("cur")
         for s in range(S):
             port = self.stage(s)
@@ -313,15 +317,38 @@ class TickController(wiring.Component):
                 port.error.write.eq(0),
                 port.error.read.eq(0),
             ]
+            m.d.comb += [
+                getattr(port, f"extra{e}").mask.eq(cur["mb"][s]) for e in range(len(self._extra(s)))
+            ]
             if s >= 1:
                 m.d.comb += port.stash.write.eq(cur["xb"][s])
-        m.d.comb += [
-            self.loss.label.eq(cur["label"]),
-            self.loss.train.eq(cur["train"]),
-            self.result_train.eq(cur["train"]),
-        ]
-        # phases: 0..S−1 forward of stage p+1, S loss, S+1..2S backward of stage 2S−p+1
-        phase = Signal(range(2 * S + 2))
+        for ln in g.losses:
+            ctl = self.loss_ctl(ln.t)
+            m.d.comb += [ctl.label.eq(cur["label"]), ctl.train.eq(cur["train"])]
+        m.d.comb += self.result_train.eq(cur["train"])
+        steps = self._steps()
+        n = len(steps)
+        # after step p of an inference sample: the next forward or loss step (no backward)
+        skip = [next((q for q in range(p + 1, n) if steps[q][0] != "bwd"), n) for p in range(n)]
+
+        def flags(step: tuple[str, int, tuple[int, ...]]) -> list:
+            """The item flags of a step's pass (held from its start pulse to its end)."""
+            kind, i, ts = step
+            if kind == "fwd":
+                return [self.stage(i).items.fwd.eq(1)]
+            if kind == "loss":
+                return []
+            port, node = self.stage(i), g.stages[i]
+            out = [port.items.bwd.eq(cur["train"] & (node.main in ts))]
+            for e, (t, _) in enumerate(self._extra(i)):
+                out.append(getattr(port, f"extra{e}").bwd.eq(cur["train"] & (t in ts)))
+            return out
+
+        def done(step: tuple[str, int, tuple[int, ...]]):
+            kind, i, _ = step
+            return self.loss_ctl(i).done if kind == "loss" else self.stage(i).items.done
+
+        phase = Signal(range(n + 1))
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.idle.eq(1)
@@ -334,49 +361,35 @@ class TickController(wiring.Component):
             with m.State("START"):
                 m.d.comb += self.running.eq(1)
                 with m.Switch(phase):
-                    for p in range(2 * S + 1):
+                    for p, step in enumerate(steps):
                         with m.Case(p):
-                            if p < S:
-                                it = self.stage(p).items
-                                m.d.comb += [it.start.eq(1), it.fwd.eq(1)]
-                            elif p == S:
-                                m.d.comb += self.loss.start.eq(1)
+                            kind, i, _ = step
+                            if kind == "loss":
+                                m.d.comb += self.loss_ctl(i).start.eq(1)
                             else:
-                                it = self.stage(2 * S - p).items
-                                m.d.comb += [it.start.eq(1), it.bwd.eq(1)]
+                                m.d.comb += self.stage(i).items.start.eq(1)
+                            m.d.comb += flags(step)
                 m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += self.running.eq(1)
-                # hold the enables of the running phase (stages sample them at start)
+                # hold the flags of the running pass (stages sample them at start)
                 with m.Switch(phase):
-                    for p in range(2 * S + 1):
+                    for p, step in enumerate(steps):
                         with m.Case(p):
-                            if p < S:
-                                ok = self.stage(p).items.done
-                                m.d.comb += self.stage(p).items.fwd.eq(1)
-                            elif p == S:
-                                ok = self.loss.done
-                            else:
-                                ok = self.stage(2 * S - p).items.done
-                                m.d.comb += self.stage(2 * S - p).items.bwd.eq(1)
-                            with m.If(ok):
-                                if p == S:
+                            m.d.comb += flags(step)
+                            kind, i, _ = step
+                            with m.If(done(step)):
+                                if kind == "loss" and i == g.K:
                                     m.d.comb += self.result_valid.eq(1)
-                                end = None
-                                if p == 2 * S:
-                                    end = 1
-                                elif p == S:
-                                    end = ~cur["train"]
-                                if end is None:
-                                    m.d.sync += phase.eq(p + 1)
+                                elif kind == "loss":
+                                    m.d.comb += self.head_valid[i - 1].eq(1)
+                                nxt = Mux(cur["train"], p + 1, skip[p])
+                                with m.If(nxt == n):
+                                    m.d.sync += [
+                                        trained.eq(trained + cur["train"]),
+                                        ticks.eq(ticks + 1),
+                                    ]
+                                    m.next = "IDLE"
+                                with m.Else():
+                                    m.d.sync += phase.eq(nxt)
                                     m.next = "START"
-                                else:
-                                    with m.If(end):
-                                        m.d.sync += [
-                                            trained.eq(trained + cur["train"]),
-                                            ticks.eq(ticks + 1),
-                                        ]
-                                        m.next = "IDLE"
-                                    with m.Else():
-                                        m.d.sync += phase.eq(p + 1)
-                                        m.next = "START"

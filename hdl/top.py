@@ -30,6 +30,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..compiler.plan import Plan
 from .activation import activation_of
+from .conv_stage import ConvStageUnit, conv_mask_words
 from .graph import stage_graph
 from .loss import LossUnit
 from .stage import StageUnit, check_stage
@@ -43,7 +44,7 @@ from .streams import (
     wacc_rsp_layout,
     word_layout,
 )
-from .support import HDLSupportError, require_hdl
+from .support import require_hdl
 from .tick import TickController
 from .wacc import AccessGeometry, WeightAccess
 
@@ -62,30 +63,17 @@ __all__ = [
 def check_supported(plan: Plan) -> None:
     """Raise :class:`~pipetrain.hdl.support.HDLSupportError` (a UserError and a
     NotImplementedError: one ``Error:`` line on the command line) with the reason and the way
-    out for a plan the HDL does not build: a convolution stage, a stage updated by several
-    losses (the interlocking ``sum`` rule), auxiliary heads under ``sequential``; a plain
+    out for a plan the HDL does not build (:func:`~pipetrain.hdl.support.require_hdl`); a plain
     NotImplementedError for a stage the stage parts do not build (an unknown activation:
     :func:`~pipetrain.hdl.stage.check_stage`) or a schedule other than ``pb``/``sequential``.
-    Local learning and interlocking with the ``only`` rule (pass-through streams) are built."""
+    Local learning and interlocking with the ``only`` rule (pass-through streams) and the
+    ``sum`` rule (earlier update streams whose δ waits for the main one) are built, under
+    both schedules."""
     require_hdl(plan)
-    strategy = getattr(plan.strategy, "value", plan.strategy)
-    schedule = getattr(plan.schedule, "value", plan.schedule)
-    if getattr(plan, "head_losses", ()) and schedule != "pb":
-        raise HDLSupportError(
-            f"--strategy {strategy} with --schedule {schedule}: the HDL builds auxiliary heads "
-            "for --schedule pb only; use --schedule pb, or --target golden or reference"
-        )
-    many = [s.index for s in plan.stages if len(s.losses) > 1]
-    if many:
-        raise HDLSupportError(
-            f"--rule {getattr(plan.rule, 'value', plan.rule)}: stage {many[0]} is updated by "
-            "several losses (the δ of each "
-            "must wait for the last), which the HDL does not build yet; use --rule only for "
-            "hardware (golden and reference run the sum rule)"
-        )
     for s in plan.stages:
         activation_of(s)
-        check_stage(s)
+        if s.conv is None:  # a convolution stage: require_hdl checked it
+            check_stage(s)
     if plan.schedule not in ("pb", "sequential"):
         raise NotImplementedError(f"schedule {plan.schedule!r} has no tick controller")
 
@@ -242,7 +230,7 @@ class NetworkTop(wiring.Component):
         stages = plan.stages
         graph = stage_graph(plan)
         n = len(stages)
-        units = [StageUnit(plan, st) for st in stages]
+        units = [(StageUnit if st.conv is None else ConvStageUnit)(plan, st) for st in stages]
         for i, u in enumerate(units):
             m.submodules[f"stage{i + 1}"] = u
         lus = []  # loss units, L_1 … L_K
@@ -255,7 +243,7 @@ class NetworkTop(wiring.Component):
             plan.schedule,
             [s.stash_entries for s in stages],
             [s.x_words for s in stages],
-            [s.row_groups for s in stages],
+            [s.row_groups if s.conv is None else conv_mask_words(s) for s in stages],
             graph,
         )
         m.submodules.samples = samples = SampleWriter(plan)
@@ -264,9 +252,9 @@ class NetworkTop(wiring.Component):
             [
                 AccessGeometry(
                     s.lanes,
-                    s.in_features,
-                    s.out_features,
-                    s.cycles_per_tick,
+                    s.cols,
+                    s.rows,
+                    s.row_groups * (s.cols + 1),
                     3 if any(m.name == "w_prev" for m in s.memories) else 2,
                 )
                 for s in stages
@@ -289,12 +277,12 @@ class NetworkTop(wiring.Component):
                 connect(m, src, u.x_in)
             if readers:
                 connect(m, u.y, *readers)
-            for t, _ in node.streams:  # the update stream, then pass-through streams
-                sink = u.g_in if t in node.updates else getattr(u, f"g_in_l{t}")
+            for t, _ in node.streams:  # the main update stream, then the extra streams
+                sink = u.g_in if t == node.main else getattr(u, f"g_in_l{t}")
                 senders = graph.senders(node.index, t)
                 if senders:
                     j = senders[0]
-                    if t in graph.stages[j].updates:
+                    if t == graph.stages[j].main:
                         sent = units[j].gin
                     else:
                         sent = getattr(units[j], f"gin_l{t}")

@@ -235,6 +235,34 @@ def test_interlocking_streams_and_heads():
     assert [s.input_gradient for s in local.stages] == [False, True, False, True, True]
 
 
+def test_sum_rule_memories_and_multipliers():
+    """The sum rule (K = 3 blocks 1 | 2 | 3, 4, d = 1): stage 1 is updated by L1 and L2. L1's
+    error arrives 2 ticks before L2's (delays 3, 5), so its δ waits in ``dsum_l1``: one word
+    of L·d bits per stash entry and row group; L1 has its own error buffer and mask read port.
+    Stage 2 (L2 + L3, delays 3, 5) sends L2's input gradient on (+1 MAC per lane, its own
+    ``gacc_l2``) and not L3's: the main stream's ``gacc`` does not exist there, only the one
+    MAC. Derived from hdl/stage.py (docs/architecture.md §2.4)."""
+    ir = _ir("mlp-digits-deep")
+    cfg = TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1, rule="sum")
+    plan = build_plan(ir, cfg, lanes=[2, 1, 1, 1])
+    s1, s2 = plan.stages[:2]
+    assert (s1.losses, s1.streams, s2.losses, s2.streams) == (
+        (1, 2), ((1, 3), (2, 5)), (2, 3), ((2, 3), (3, 5))
+    )  # fmt: skip
+    mem1 = {m.name: m for m in s1.memories}
+    assert mem1["dsum_l1"].words == s1.stash_entries * s1.row_groups == 7 * 16
+    assert mem1["dsum_l1"].width == 2 * s1.formats.d.bits and mem1["mask"].read_ports == 2
+    assert mem1["gbuf_l1"].bits == mem1["gbuf"].bits and "gacc_l1" not in mem1
+    mem2 = {m.name: m for m in s2.memories}
+    assert mem2["mask"].read_ports == 2 and "dsum_l2" in mem2 and "gbuf_l2" in mem2
+    assert s2.gin_losses == (2,) and [n for n in mem2 if n.startswith("gacc")] == ["gacc"]
+    assert s2.multipliers == multipliers_per_lane(True, False)  # one input gradient
+    only = build_plan(ir, TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1),
+                      lanes=[2, 1, 1, 1])  # fmt: skip
+    assert not any(m.name.startswith("dsum") for s in only.stages for m in s.memories)
+    assert plan.memory_bits > only.memory_bits
+
+
 def test_bad_blocks_are_a_plan_error():
     with pytest.raises(PlanError, match="strictly increasing"):
         build_plan(_ir(), TrainConfig(strategy="local", blocks=(2,)))

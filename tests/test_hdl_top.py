@@ -81,6 +81,36 @@ CASES = [
         loss="mse",
         lr=0.3,
     ),
+    # interlocking d=2, rule sum (K=3): stage 1 sums L1 (its δ kept in dsum_l1), L2 and L3
+    # (the same tick); stage 2 sends both L2's and L3's input gradients; SC+LWP w, clamps (the
+    # δ sum's too)
+    dict(
+        schedule="pb",
+        strategy="interlocking",
+        blocks=(1, 2),
+        distance=2,
+        rule="sum",
+        mitigation="sc+lwp",
+        lwp_form="w",
+        loss="mse",
+        lr=0.3,
+    ),
+    # heads under sequential: one sample at a time, its passes in the tick model's order (a
+    # stream of another tick is another pass): the sum rule (d=2) with clamps, and (slow) the
+    # only rule's pass-through stream (stage 2 passes L2 back to stage 1)
+    dict(
+        schedule="sequential",
+        strategy="interlocking",
+        blocks=(1, 2),
+        distance=2,
+        rule="sum",
+        loss="mse",
+        lr=0.3,
+    ),
+    pytest.param(  # ≈ 23 s in Amaranth's simulator: --runslow (the sum case covers the rest)
+        dict(schedule="sequential", strategy="interlocking", blocks=(1, 2), distance=1),
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
@@ -91,6 +121,8 @@ def test_tiny_network_equals_golden(case):
     assert_bit_exact(g, run)
     if case.get("lr") == 0.3:
         assert sum(run.counters["saturations"]) > 0
+    if case.get("rule") == "sum":  # the δ sum clamped too (numerics §5.6), compared above
+        assert g.tensor_saturations[0]["d"] > 0 and g.tensor_saturations[1]["d"] > 0
     # cycles: back-to-back training samples are exactly the plan's estimate apart (results
     # taken while samples still stream in; the bench's flush phase may see them a cycle early)
     train = tiny_stream()[2]

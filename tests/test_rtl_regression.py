@@ -19,6 +19,7 @@ import pytest
 from pipetrain.hdl.graph import stage_graph
 from pipetrain.sim.tb.network import check_network
 from pipetrain.sim.tb.regress import (
+    BREADTH_CASES,
     CI_MAX_LANES,
     CI_MAX_SIZE,
     CI_RANDOM_CASES,
@@ -74,7 +75,7 @@ def test_smoke_case_bit_exact(case):
     _check_reproducibly(case, f'pytest "{HERE}::test_smoke_case_bit_exact[{case.name}]"')
 
 
-@pytest.mark.parametrize("name", ["d4-local-h2", "d5-inter-d1"])
+@pytest.mark.parametrize("name", ["d4-local-h2", "d5-inter-d1", "d5-inter-sum-h2"])
 def test_heads_bit_exact_under_backpressure(name):
     """The local and interlocking smoke designs (their builds are cached by the smoke cases)
     with random valid/ready on every stream: results, memories, counters and head_correct stay
@@ -84,6 +85,26 @@ def test_heads_bit_exact_under_backpressure(name):
     rep = check_network(plan, model, x, labels, train, valid_prob=0.6, ready_prob=0.5, seed=3)
     assert rep.bit_exact, rep.first.describe() if rep.first else rep.localisation
     assert len(rep.extra["head_correct"]) == 2 and rep.extra["handshakes"]
+
+
+@pytest.mark.slow  # one Verilator build each (≈ 30–60 CPU-s)
+@pytest.mark.parametrize("case", BREADTH_CASES, ids=[c.name for c in BREADTH_CASES])
+def test_heads_breadth_bit_exact_under_backpressure(case):
+    """Local and interlocking (d = 1, 2; ``only``, ``sum``; K = 2–4; heads of 1 and 2 stages;
+    depth up to 8; ``pb`` and ``sequential``) with random valid/ready: results, memories,
+    counters and head_correct equal the golden model's; under ``pb`` the ticks are the
+    stream's plus the span."""
+    plan, model, x, labels, train = prepare(case)
+    graph = stage_graph(plan)
+    assert graph.K == len(case.blocks) + 1  # the heads are built (not compiled as global)
+    rep = check_network(plan, model, x, labels, train, valid_prob=0.6, ready_prob=0.5, seed=4)
+    assert rep.bit_exact, rep.first.describe() if rep.first else rep.localisation
+    assert len(rep.extra["head_correct"]) == graph.K - 1
+    assert rep.extra["samples_trained"] == sum(train)
+    if plan.schedule == "pb":
+        assert rep.extra["ticks"] == case.samples + graph.span - 1
+    else:
+        assert rep.extra["ticks"] == case.samples
 
 
 @pytest.mark.parametrize("case", SEEDED_CASES, ids=[c.name for c in SEEDED_CASES])

@@ -39,6 +39,7 @@ __all__ = [
     "Case",
     "RegressSeedError",
     "SMOKE_CASES",
+    "BREADTH_CASES",
     "case_formats",
     "prepare",
     "random_cases",
@@ -93,6 +94,16 @@ class Case:
         """Weight layers (stages)."""
         return len(self.sizes) - 1
 
+    @property
+    def input_values(self) -> int:
+        """Values of one input sample (a convolution case: C·Πsize, :mod:`.regress_conv`)."""
+        return self.sizes[0]
+
+    def model(self) -> nn.Module:
+        """The case's network, seeded by ``seed``: Linear layers of ``sizes``, ``activation``
+        between them."""
+        return _model(self)
+
 
 def case_formats(kind: str, stages: int) -> FormatSpec:
     """The ``default``, ``narrow`` or ``wide`` format set for ``stages`` stages."""
@@ -145,7 +156,7 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
         distance=case.distance,
         rule=case.rule,
     )
-    model = _model(case)
+    model = case.model()
     res = compile_result(
         model,
         cfg,
@@ -154,7 +165,7 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
         name=case.name.replace("-", "_"),
     )
     gen = torch.Generator().manual_seed(1000 + case.seed)
-    xf = torch.randn(case.samples, case.sizes[0], generator=gen)
+    xf = torch.randn(case.samples, case.input_values, generator=gen)
     x = quantise(xf, res.plan.stages[0].formats.x)[0]
     labels = torch.randint(0, case.sizes[-1], (case.samples,), generator=gen).tolist()
     train = [k not in (5, 11) for k in range(case.samples)]
@@ -163,7 +174,7 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
 
 #: The fixed default regression (depths 1–4, lanes, both schedules, every mitigation and both
 #: LWP forms, both roundings, both losses, all activations, three format sets, local learning
-#: and interlocking).
+#: and interlocking with the ``only`` and the ``sum`` rule).
 SMOKE_CASES: tuple[Case, ...] = (
     Case("d1-ce", (6, 4), (2,), samples=12),
     Case("d2-lanes-sc", (10, 7, 3), (3, 2), mitigation="sc", samples=16),
@@ -221,6 +232,20 @@ SMOKE_CASES: tuple[Case, ...] = (
         seed=2,
     ),
     Case(
+        "d5-inter-sum-h2",  # interlocking d=2, rule sum (K=3), two-stage heads, SC: stage 1 sums
+        # L1 (its δ kept in dsum_l1 for four ticks), L2 and L3 (the same tick: P_2 = P_3 = 5)
+        (7, 6, 6, 5, 5, 4),
+        (2, 3, 1, 2, 2),
+        strategy="interlocking",
+        blocks=(1, 3),
+        distance=2,
+        rule="sum",
+        head_stages=2,
+        mitigation="sc",
+        samples=20,
+        seed=7,
+    ),
+    Case(
         "d2-identity-rne",
         (5, 4, 3),
         (4, 3),
@@ -229,6 +254,96 @@ SMOKE_CASES: tuple[Case, ...] = (
         momentum=0.0,
         samples=12,
         seed=5,
+    ),
+)
+
+
+#: The local / interlocking breadth set (``--runslow``, tests/test_rtl_regression.py, each
+#: under random backpressure): local; interlocking d = 1 and 2 with the ``only`` and the ``sum``
+#: rule; K = 2, 3, 4 blocks; heads of 1 and 2 stages; depth up to 8; both schedules.
+BREADTH_CASES: tuple[Case, ...] = (
+    Case(
+        "b-local-k4-d8",
+        (6, 5, 5, 5, 5, 5, 5, 5, 4),
+        (2, 1, 2, 1, 2, 1, 2, 2),
+        strategy="local",
+        blocks=(2, 4, 6),
+        samples=20,
+        seed=11,
+    ),
+    Case(
+        "b-inter-d2-only-k4-d8",
+        (6, 5, 5, 5, 5, 5, 5, 5, 4),
+        (1, 2, 1, 2, 1, 2, 1, 2),
+        strategy="interlocking",
+        blocks=(2, 4, 6),
+        distance=2,
+        mitigation="sc+lwp",
+        samples=20,
+        seed=12,
+    ),
+    Case(
+        "b-inter-d1-sum-k4-d8",
+        (6, 5, 5, 5, 5, 5, 5, 5, 4),
+        (2, 2, 1, 1, 2, 2, 1, 1),
+        strategy="interlocking",
+        blocks=(2, 4, 6),
+        distance=1,
+        rule="sum",
+        mitigation="sc+lwp",
+        lwp_form="w",
+        samples=20,
+        seed=13,
+    ),
+    Case(
+        "b-inter-d1-sum-k2-h2",
+        (6, 5, 5, 5, 4),
+        (2, 1, 2, 2),
+        strategy="interlocking",
+        blocks=(2,),
+        distance=1,
+        rule="sum",
+        head_stages=2,
+        formats="narrow",
+        lr=0.3,
+        samples=18,
+        seed=14,
+    ),
+    Case(
+        "b-seq-local-h2",
+        (7, 6, 5, 5, 4),
+        (2, 3, 1, 2),
+        schedule="sequential",
+        strategy="local",
+        blocks=(1, 3),
+        head_stages=2,
+        samples=14,
+        seed=15,
+    ),
+    Case(
+        "b-seq-inter-d1-only-k3-h2",
+        (6, 5, 5, 5, 5, 5, 4),
+        (1, 2, 1, 2, 1, 2),
+        schedule="sequential",
+        strategy="interlocking",
+        blocks=(2, 4),
+        distance=1,
+        head_stages=2,
+        samples=14,
+        seed=16,
+    ),
+    Case(
+        "b-seq-inter-d2-sum-k3",
+        (7, 6, 6, 5, 5, 4),
+        (2, 3, 1, 2, 2),
+        schedule="sequential",
+        strategy="interlocking",
+        blocks=(1, 3),
+        distance=2,
+        rule="sum",
+        loss="mse",
+        samples=14,
+        seed=17,
     ),
 )
 
@@ -274,9 +389,10 @@ def regress_seed() -> tuple[int, str]:
 def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12) -> list[Case]:
     """Draw ``n`` random cases (depth 1–4, sizes 4–``max_size``, 1–``max_lanes`` lanes, random
     algorithm/formats; the LWP form ``v`` or ``w`` when the mitigation has LWP; in about half
-    of the ``pb`` cases of depth ≥ 2 local learning (heads of 1 or 2 stages) or interlocking
-    (``only`` rule, d = 1 or 2, one-stage heads) with 1–3 random block ends — the strategies
-    the HDL builds).
+    of the ``pb`` cases of depth ≥ 2 — and a quarter of the ``sequential`` ones — local
+    learning (heads of 1 or 2 stages) or interlocking (rule ``only`` or ``sum``, d = 1 or 2,
+    heads of 2 stages where the last block has two) with 1–3 random block ends — every
+    strategy the HDL builds).
 
     Each case is named ``rand<seed>-<k>``; the same ``(n, seed, max_size)`` draws the same cases.
 
@@ -288,6 +404,7 @@ def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12)
         raise ValueError(f"max_size={max_size}: the HDL needs layer sizes ≥ 4 (see above)")
     rng = random.Random(seed)
     extra = random.Random(f"lwp-form-and-strategy-{seed}")
+    more = random.Random(f"rule-and-sequential-heads-{seed}")
     out = []
     for k in range(n):
         depth = rng.randint(1, 4)
@@ -321,12 +438,18 @@ def random_cases(n: int, seed: int = 1, max_size: int = 12, max_lanes: int = 12)
             if (depth > 1)
             else []
         )
-        if strategy != "global" and ends and kw["schedule"] == "pb":
+        # the sum rule, two-stage interlocking heads and heads under sequential: a third
+        # stream, so the draws above keep their values (the pb cases stay the cases they were
+        # apart from these options)
+        rule = more.choice(["only", "sum"])
+        seq_heads = more.random() < 0.5
+        if strategy != "global" and ends and (kw["schedule"] == "pb" or seq_heads):
             kw |= dict(strategy=strategy, blocks=tuple(ends), head_stages=head_stages)
             if strategy == "interlocking":
-                # one-stage heads: a longer head could pass a stream back beyond the stage's
-                # delay, which the compiler refuses
-                kw |= dict(distance=distance, head_stages=1)
+                # a two-stage head needs a last block of two stages: else its stream would
+                # pass back beyond the stage's delay, which the compiler refuses
+                h = head_stages if depth - ends[-1] >= head_stages else 1
+                kw |= dict(distance=distance, head_stages=h, rule=rule)
         if kw["formats"] == "wide":
             kw["weight_decay"] = 0.0
         out.append(Case(f"rand{seed}-{k}", sizes, lanes, **kw))
