@@ -114,3 +114,113 @@ def test_unknown_activation_raises_naming_stage_and_choices():
             d_format=FD,
             activation=Activation("relu"),
         )
+
+
+def test_sum_rule_delta_total_clamps_once_per_row_and_delta_stash_keeps_it():
+    """The sum rule's parts (docs/numerics.md §5.6): with two addends at S1 the buffer gives
+    its own δ (the input gradient's), ``total`` = sat(δ + a0 + a1, d) (the update's), a clamp
+    pulse once per live row and pass (column 0), and ``early`` = the S1 δ; 0 in padding lanes
+    and without a backward item. A :class:`DeltaStash` returns at S1 the δ an earlier pass
+    wrote for the same entry (S2, column 0), while another entry is written."""
+    from hdl_slots import pack_lanes
+    from pipetrain.hdl.errbuf import DeltaStash
+
+    M, L, N = 5, 2, 3
+    G = -(-M // L)
+    rng = random.Random(7)
+    pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
+    act = Activation("relu")
+    dut = ErrorBuffer(
+        pipe, lanes=L, out_features=M, d_format=FD, activation=act, addends=2, early=True
+    )
+    errors = [rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)]
+    adds = [[[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(L)] for _ in range(G)]
+            for _ in range(2)]  # fmt: skip
+    masks = [rng.randrange(1 << L) for _ in range(G)]
+    out = {}
+
+    async def bench(ctx):
+        ctx.set(dut.halves.write, 0)
+        for g in errors:
+            ctx.set(dut.write.valid, 1)
+            ctx.set(dut.write.payload, g)
+            await ctx.tick()
+        ctx.set(dut.write.valid, 0)
+        ctx.set(dut.halves.read, 0)
+        ctx.set(dut.halves.write, 1)
+        for bwd in (True, False):
+            seen, pulses = [], []
+
+            def cycle(p, seen=seen, pulses=pulses):
+                if p[1] is not None:
+                    g = p[1][2]
+                    ctx.set(dut.mask.bits, masks[g])
+                    for k in range(2):
+                        for lane in range(L):
+                            ctx.set(getattr(dut, f"addend{k}").delta[lane], adds[k][g][lane])
+                    seen.append(("early", p[1], [ctx.get(dut.early.delta[q]) for q in range(L)]))
+                if p[2] is not None:
+                    own = [ctx.get(dut.delta.delta[q]) for q in range(L)]
+                    tot = [ctx.get(dut.total.delta[q]) for q in range(L)]
+                    seen.append(("s2", p[2], own, tot))
+                pulses.append(ctx.get(dut.saturated))
+
+            await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.3, bwd=bwd, cycle=cycle)
+            out[bwd] = (seen, pulses)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    clamps = 0
+    for g in range(G):
+        for lane in range(L):
+            j = g * L + lane
+            if j < M:
+                raw = (errors[j] if (masks[g] >> lane) & 1 else 0) + adds[0][g][lane]
+                raw += adds[1][g][lane]
+                clamps += not FD.min_int <= raw <= FD.max_int
+    assert clamps > 0  # the draws clamp some rows (else the pulse count is not tested)
+    for bwd, (seen, pulses) in out.items():
+        for rec in seen:
+            (_n, _i, g) = rec[1]
+            for lane in range(L):
+                j = g * L + lane
+                live = bwd and j < M
+                d = (errors[j] if (masks[g] >> lane) & 1 else 0) if live else 0
+                if rec[0] == "early":
+                    assert rec[2][lane] == d
+                    continue
+                total = d + adds[0][g][lane] + adds[1][g][lane]
+                assert rec[2][lane] == d
+                want = min(max(total, FD.min_int), FD.max_int) if live else 0
+                assert rec[3][lane] == want, (bwd, j)
+        assert sum(bin(p).count("1") for p in pulses) == (clamps if bwd else 0)
+
+    # the δ memory: entry 1 (row groups 3..5) written, entry 0 read in the same pass
+    ds = DeltaStash(pipe, lanes=L, depth=2 * G, d_format=FD)
+    stored = [[[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(L)] for _ in range(G)]
+              for _ in range(2)]  # fmt: skip
+    reads = []
+
+    async def bench2(ctx):
+        for p, (wb, rb) in enumerate([(0, G), (G, 0)]):  # write entry 0, then entry 1
+            ctx.set(ds.write_base, wb)
+            ctx.set(ds.read_base, rb)
+
+            def cycle(pp, p=p):
+                if pp[2] is not None:
+                    for lane in range(L):
+                        ctx.set(ds.write.delta[lane], stored[p][pp[2][2]][lane])
+                if pp[1] is not None and p == 1:
+                    reads.append((pp[1][2], [ctx.get(ds.stored.delta[q]) for q in range(L)]))
+
+            await drive_pass(ctx, ds.slots, pipe, rng=rng, gap=0.3, bwd=True, cycle=cycle)
+
+    sim = Simulator(ds)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench2)
+    sim.run()
+    assert len(reads) == G * (N + 1)
+    assert all(vals == stored[0][g] for g, vals in reads)
+    assert pack_lanes(stored[0][0], FD.bits) != pack_lanes(stored[1][0], FD.bits)
