@@ -30,17 +30,29 @@ INSTEAD = {
 
 
 def require_hdl(plan: Any, use: str = "train") -> None:
-    """Raise :class:`HDLSupportError` for a plan (or the traced ``NetworkIR``, so a command can
-    refuse before calibrating or fitting) with a convolution stage (``Stage.conv`` /
-    ``LayerIR.conv``): the golden model and the float reference run it (docs/numerics.md §9),
-    the HDL conv stage is not built yet. ``use``: the command, a key of :data:`INSTEAD` — the
-    message ends with what that command's user can do instead. Source: *derived* (issue 16:
-    the HDL conv stage is a later step)."""
-    stages = getattr(plan, "stages", None) or getattr(plan, "layers", ())
-    conv = [(k, s) for k, s in enumerate(stages, 1) if getattr(s, "conv", None) is not None]
-    if conv:
-        k, s = conv[0]
+    """Raise :class:`HDLSupportError` for a plan with a convolution stage the HDL conv stage
+    does not build (:func:`~pipetrain.hdl.conv_stage.check_conv_stage`: a stash layout or
+    input-gradient schedule this HDL does not have, single-port weights); the message names the
+    stage and ends with what the command ``use`` (a key of :data:`INSTEAD`) can do instead. A
+    traced ``NetworkIR`` (a command that refuses before calibrating or fitting) passes: its
+    convolutions are built (docs/numerics.md §9). Source: *derived* (the HDL's conv stage,
+    ``hdl/conv_stage.py``)."""
+    from .conv_stage import check_conv_stage  # the stage parts only when a plan is checked
+
+    stages = getattr(plan, "stages", None) or ()
+    for s in stages:
+        if getattr(s, "conv", None) is None:
+            continue
+        try:
+            check_conv_stage(s)
+        except NotImplementedError as exc:
+            raise HDLSupportError(f"{exc}; or {INSTEAD[use]}") from None
+    mains = [s for s in stages if getattr(s, "role", "main") == "main"]
+    last = mains[-1] if mains else None
+    if last is not None and last.conv is not None and last.conv.pooled_positions > 1 < last.lanes:
+        # its output words hold L channels of one position; the loss unit reads logits in order
         raise HDLSupportError(
-            f"convolution stages are not in the HDL yet (stage {k}, {s.name!r}, "
-            f"{s.conv.kind}): {INSTEAD[use]}"
+            f"stage {last.index} ({last.conv.kind}) feeds the loss unit with {last.lanes} lanes "
+            f"over {last.conv.pooled_positions} positions, which the HDL does not build: use "
+            f"--lanes …,1 for it or end the model with a Linear layer; or {INSTEAD[use]}"
         )

@@ -12,12 +12,13 @@ sample t's error arrive on the valid-only inputs with random gaps.
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
 from amaranth.sim import Simulator
 from hdl_slots import pack_lanes, unpack_lanes
-from pipetrain.compiler.build import build_plan
+from pipetrain.compiler.build import PlanWarning, build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.frontend import trace
 from pipetrain.hdl.conv import conv2d_view
@@ -52,7 +53,9 @@ def run_stage(model, s, lanes, n=6, seed=0, **cfg):
     """Drive conv stage ``s`` (0-based) of ``model``'s plan through ``n`` samples and compare
     with the golden engine; returns the stage's plan entry."""
     config = TrainConfig(**{"lr": 0.05, **cfg})
-    plan = build_plan(trace(model, "conv"), config, lanes=lanes)
+    with warnings.catch_warnings():  # deliberate idle (padding) lanes raise a PlanWarning
+        warnings.simplefilter("ignore", PlanWarning)
+        plan = build_plan(trace(model, "conv"), config, lanes=lanes)
     st = plan.stages[s]
     f, g = st.formats, st.conv
     v = conv2d_view(g)
@@ -194,11 +197,14 @@ def run_stage(model, s, lanes, n=6, seed=0, **cfg):
 
 CASES = [
     # (net, stage, lanes, training options)
-    (dict(kind="conv2d", pool="max", stride=1, padding=1, bias=True, act="relu"), 0, (2, 1, 2), {}),
+    # 4×5 maps: the MaxPool windows leave the last column out
+    (dict(kind="conv2d", pool="max", stride=1, padding=1, bias=True, act="relu", size=(4, 5)), 0,
+     (2, 1, 2), {}),
     (dict(kind="conv2d", pool="avg", stride=2, padding=1, bias=False, act="leaky_relu"), 1,
      (2, 1, 2), dict(mitigation="sc+lwp", rounding="nearest_even")),
+    # stage 1's 3 lanes over 4 channels: a padding lane in the words stage 2 reads
     (dict(kind="conv1d", pool="max", stride=2, padding=1, bias=False, act="relu", c=(2, 4, 2)),
-     1, (2, 2, 2), dict(mitigation="lwp", lwp_form="w")),
+     1, (3, 2, 2), dict(mitigation="lwp", lwp_form="w")),
     (dict(kind="conv1d", pool="avg", stride=1, padding=0, bias=True, act="leaky_relu", window=3),
      0, (2, 1, 2), dict(mitigation="sc")),
     (dict(kind="conv2d", pool="none", stride=2, padding=0, bias=True, act="identity"), 1,
@@ -209,3 +215,43 @@ CASES = [
 @pytest.mark.parametrize("net,s,lanes,cfg", CASES, ids=lambda c: str(c))
 def test_conv_stage_equals_the_golden_engine(net, s, lanes, cfg):
     run_stage(conv_net(**net), s, lanes, **cfg)
+
+
+def test_require_hdl_refuses_a_conv_stage_the_hdl_does_not_build():
+    """One HDLSupportError line naming the stage and the way out: single-port (SPRAM) weights,
+    a convolution feeding the loss unit with several lanes over several positions, and several
+    backward streams (interlocking); the plans the HDL builds pass."""
+    import dataclasses
+
+    from pipetrain.hdl.support import HDLSupportError, require_hdl
+
+    model = conv_net("conv1d", "max", 1, 1, True, "relu", c=(1, 8, 2), size=(64,))
+    plan = build_plan(trace(model, "conv"), TrainConfig(), lanes=(2, 2, 1))
+    require_hdl(plan, "sim")
+    stages = list(plan.stages)
+    stages[0] = dataclasses.replace(stages[0], slot_cycles=2)
+    with pytest.raises(HDLSupportError, match=r"stage 1 \(conv1d\): single-port .*or pipetrain"):
+        require_hdl(dataclasses.replace(plan, stages=tuple(stages)), "sim")
+    last = nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU(), nn.MaxPool1d(2), nn.Flatten())
+    last.input_shape = (1, 10)  # a convolution feeds the loss unit: 2 channels × 4 positions
+    require_hdl(build_plan(trace(last, "conv"), TrainConfig(), lanes=(1,)), "sim")
+    with pytest.raises(HDLSupportError, match=r"stage 1 \(conv1d\) feeds the loss unit"):
+        require_hdl(build_plan(trace(last, "conv"), TrainConfig(), lanes=(2,)), "sim")
+    inter = TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1)
+    plan = build_plan(trace(conv_net("conv2d", "max", 1, 1, True, "relu"), "conv"), inter)
+    with pytest.raises(HDLSupportError, match=r"stage 2 \(conv2d\): 2 backward streams"):
+        require_hdl(plan, "build")
+
+
+def test_the_gap_makes_room_to_send_a_long_input_gradient():
+    """A 1-tap stride-2 convolution of 8 channels sends 8·32 = 256 input gradients after its MAC
+    phase, more than its (8 + 1) update slots take: the plan's gap grows to 256 + 6 − 9 cycles
+    and the stage still equals the golden engine at the plan's pass length."""
+    from pipetrain.compiler.conv import conv_gap
+
+    m = nn.Sequential(nn.Conv1d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv1d(8, 1, 1, stride=2))
+    m.append(nn.Flatten())
+    m.append(nn.Linear(16, 2))
+    m.input_shape = (1, 32)
+    st = run_stage(m, 1, (2, 1, 1), n=3)
+    assert conv_gap(st.conv, st.row_groups) == 256 + 6 - 9

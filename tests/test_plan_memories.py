@@ -155,6 +155,9 @@ def _configs() -> list[tuple[str, Callable[[], Plan]]]:
         ("mlp-digits-sc-lwp", _named("mlp-digits", mitigation="sc+lwp")),
         ("mlp-digits-deep", _named("mlp-digits-deep")),
         ("mlp-digits-wide", _named("mlp-digits-wide")),
+        # convolution stages (hdl/conv_stage.py): mask per position, argmax, wgacc, gacc
+        ("cnn-digits", _named("cnn-digits")),
+        ("cnn1d-digits-sc-lwp-w", _named("cnn1d-digits", mitigation="sc+lwp", lwp_form="w")),
         ("mlp-digits-icebreaker", _board("mlp-digits", "icebreaker")),
         ("mlp-digits-ulx3s", _board("mlp-digits", "ulx3s-85f")),
     ]
