@@ -172,17 +172,17 @@ def stage_utilisation(plan: Plan) -> list[dict[str, Any]]:
     (:func:`pipetrain.compiler.build.pass_cycles`); ``tick_share`` = pass_cycles / tick;
     ``mac_util`` = M·(N+1) / (L·tick) — useful MAC slots per lane-cycle of the whole tick
     (the product of the two, up to the pass latency). A convolution stage (rows = C_out,
-    docs/numerics.md §9) uses each of its C_out·(T + 1) weights at P positions in the forward
-    and again in the backward slot (input-gradient + weight-gradient MAC): ``mac_util`` =
-    C_out·(T + 1)·2P / (L·tick) (``compiler/conv.py:conv_cycles``'s slots). Source: *derived*
-    from docs/architecture.md §3.
+    docs/numerics.md §9) uses each of its C_out·(T + 1) weights at P positions, one MAC slot
+    each (the forward, input-gradient and weight-gradient MACs of the slot share the weight
+    read): ``mac_util`` = C_out·(T + 1)·P / (L·tick) (``compiler/conv.py:conv_cycles``'s
+    slots). Source: *derived* from docs/architecture.md §3.
     """
     tick = plan.tick_cycles
     out = []
     for st in plan.stages:
         slots = st.row_groups * st.lanes
         conv = getattr(st, "conv", None)
-        useful = st.rows * (st.cols + 1) * (1 if conv is None else 2 * conv.positions)
+        useful = st.rows * (st.cols + 1) * (1 if conv is None else conv.positions)
         out.append(
             {
                 "stage": st.index,

@@ -30,8 +30,8 @@ def test_conv_utilisation_and_multiplies(plan):
     s1, s2, s3 = plan.stages
     tick = plan.tick_cycles
     u = measure.stage_utilisation(plan)
-    # stage 2: 16 channels × 73 weights (8·3·3 + bias), each at 16 positions forward and back
-    assert u[1]["mac_util"] == pytest.approx(16 * 73 * 2 * 16 / (4 * tick))
+    # stage 2: 16 channels × 73 weights (8·3·3 + bias), each in one MAC slot at 16 positions
+    assert u[1]["mac_util"] == pytest.approx(16 * 73 * 16 / (4 * tick))
     assert u[1]["lane_slot_util"] == 1.0 and u[2]["mac_util"] == pytest.approx(10 * 65 / tick)
     # forward + weight gradient per weight and position; input gradient after stage 1
     want = 8 * 64 * 10 * 2 + (16 * 16 * 73 * 2 + 16 * 16 * 72) + 10 * 65 * 3
