@@ -26,9 +26,10 @@ error from the two sides' run-to-run spreads. ``--null`` adds K float runs from 
 starts: their gap to the K float runs (``null_gap_pp``, expected 0) is the noise floor at the
 same protocol. The summary per data set (:func:`summary`) gives the mean over seeds with its
 standard errors. How many runs a 1 pp bar needs: the gap of two means of n runs each with
-run-to-run sd σ has a standard error σ·√(2/n); on ``wide`` σ ≈ 2.5–3 pp per run (measured, both
-sides), so 3 seeds × 8 streams (n = 24) give about ±0.8 pp and 6 × 8 about ±0.55 pp (README,
-formats section). ``--format KEY=Qi.f`` (repeatable) compiles with format overrides, for
+run-to-run sd σ has a standard
+error σ·√(2/n); on ``wide`` σ ≈ 2.2 pp (golden) and 1.6 pp (float) per run (measured), so 3
+seeds × 8 streams (n = 24) give about ±0.6 pp and 6 × 8 about ±0.42 pp (README, formats
+section). ``--format KEY=Qi.f`` (repeatable) compiles with format overrides, for
 experiments.
 
 Data sets (:data:`SETS`): scikit-learn's digits, and sets of our own making from
