@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conv_nets import BUMP_CNN, bump_data
 from pipetrain.compiler.build import build_plan
 from pipetrain.compiler.config import TrainConfig
-from pipetrain.compiler.conv import conv_cycles
+from pipetrain.compiler.conv import CONV_UPDATE_GAP, conv_cycles
 from pipetrain.compiler.frontend import CompileError, trace
 from pipetrain.compiler.models import load_model
 from pipetrain.compiler.plan import Plan
@@ -184,9 +185,11 @@ def test_plan_conv_stage_kind_geometry_and_round_trip():
     s1, s2, s3 = plan.stages
     assert (s1.kind, s2.kind, s3.kind) == ("conv2d", "conv2d", "linear")
     assert plan.input_shape == (1, 8, 8)
-    # lanes over output channels: ⌈8/2⌉ = 4, ⌈16/4⌉ = 4 row groups of (T + 1)·(2P + 1) cycles
-    assert (s1.row_groups, s1.cycles_per_tick) == (4, 4 * 10 * (2 * 64 + 1))
-    assert (s2.row_groups, s2.cycles_per_tick) == (4, 4 * 73 * (2 * 16 + 1))
+    # lanes over output channels: ⌈8/2⌉ = 4, ⌈16/4⌉ = 4 row groups of (T + 1)·(P + 1) cycles,
+    # and the pass's gap before the update phase (stage 1: its 64 input gradients are not sent)
+    gap = CONV_UPDATE_GAP
+    assert (s1.row_groups, s1.cycles_per_tick) == (4, 4 * 10 * (64 + 1) + 64 + 6 - 4 * 10)
+    assert (s2.row_groups, s2.cycles_per_tick) == (4, 4 * 73 * (16 + 1) + gap)
     assert conv_cycles(s2.conv, 4) == (4, s2.cycles_per_tick)
     names = [m.name for m in s1.memories]
     assert names == ["w", "u", "xstash", "mask", "argmax", "gbuf", "wgacc"]
@@ -227,31 +230,16 @@ def test_plan_reader_checks_conv_geometry():
         Plan.from_dict(d)
 
 
-def test_hdl_refuses_conv_plans_with_one_user_error():
-    plan = _plan()
-    with pytest.raises(HDLSupportError, match="not in the HDL yet.*--target golden or reference"):
+def test_hdl_builds_conv_plans_and_refuses_what_it_does_not_with_one_user_error():
+    """cnn-digits passes the HDL check; a conv stage it does not build (interlocking with 3
+    blocks: conv stage 2 has two backward streams) is one UserError naming the stage and the
+    way out (the CLI's one-line refusals: tests/test_conv_flows.py)."""
+    require_hdl(_plan())
+    require_hdl(build_plan(_ir("mlp-digits"), TrainConfig()))  # an MLP passes
+    plan = _plan(strategy="interlocking", blocks=(1, 2), distance=1)
+    with pytest.raises(HDLSupportError, match="stage 2 .*backward streams.*--target golden or"):
         require_hdl(plan)
     assert isinstance(HDLSupportError("x"), UserError)
-    require_hdl(build_plan(_ir("mlp-digits"), TrainConfig()))  # an MLP passes
-
-
-def test_cli_sim_of_a_cnn_is_one_line_exit_2(tmp_path):
-    f = tmp_path / "small_cnn.py"  # 1×5×5 inputs: digits do not fit, static formats (fast)
-    f.write_text(
-        "from torch import nn\n"
-        "model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(18, 3))\n"
-        "model.input_shape = (1, 5, 5)\n"
-    )
-    d = tmp_path / "maps.npz"  # 8 samples: calibration is quick
-    xs = np.random.default_rng(2).random((8, 1, 5, 5)).astype(np.float32)
-    np.savez(d, x_train=xs, y_train=np.arange(8) % 3, x_test=xs[:2], y_test=np.array([0, 1]))
-    r = CliRunner().invoke(cli, ["sim", str(f), "--samples", "2", "--data", str(d)])
-    assert r.exit_code == 2, r.output
-    assert (
-        r.output.strip()
-        .splitlines()[-1]
-        .startswith("Error: convolution stages are not in the HDL yet")
-    )
 
 
 def test_digits_feed_images_and_sequences():
@@ -299,35 +287,15 @@ def test_dataclass_replace_keeps_conv():
     assert dataclasses.replace(st, lanes=st.lanes).conv == st.conv
 
 
-def _bump_data(path, n_train=64, n_test=32, length=16, seed=0):
-    """(n, 1, L) sequences: class 1 has a +1 bump of width 3 at a random place, class 0 noise
-    only (σ = 0.2): a max over positions separates them (what Conv1d + MaxPool can learn)."""
-    gen = np.random.default_rng(seed)
-    n = n_train + n_test
-    x = gen.normal(0.0, 0.2, (n, 1, length)).astype(np.float32)
-    y = np.arange(n) % 2
-    for i in np.nonzero(y)[0]:
-        k = gen.integers(0, length - 3)
-        x[i, 0, k : k + 3] += 1.0
-    np.savez(path, x_train=x[:n_train], y_train=y[:n_train], x_test=x[n_train:],
-             y_test=y[n_train:])  # fmt: skip
-
-
 def test_user_conv1d_file_on_user_npz_trains_on_golden(tmp_path):
     """A user's Conv1d model file (a global MaxPool over the 16 positions) on a user's
     (n, 1, 16) .npz compiles and trains through --target golden; the bumps are separable by
     the max over positions, so after 8 epochs the test accuracy is ≥ 0.9 (measured 1.0, and
     1.0 on --target reference)."""
     data = tmp_path / "bumps.npz"
-    _bump_data(data)
+    bump_data(data)
     f = tmp_path / "bump_cnn.py"
-    f.write_text(
-        "from torch import nn\n"
-        "model = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool1d(16),\n"
-        "                      nn.Flatten(), nn.Linear(4, 2))\n"
-        "model.input_shape = (1, 16)\n"
-        "config = {'lr': 0.05}\n"
-    )
+    f.write_text(BUMP_CNN)
     out = tmp_path / "r.json"
     args = ["train", str(f), "--data", str(data), "--target", "golden", "--epochs", "8"]
     r = CliRunner().invoke(cli, [*args, "--json", str(out)])
