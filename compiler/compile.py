@@ -27,7 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
-from .config import TrainConfig
+from .config import TrainConfig, check_strategy_options, global_if_same
 from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
     Ranges,
@@ -168,6 +168,7 @@ def compile_result(
     name: str | None = None,
     seed: int | None = None,
     notes: Sequence[str] = (),
+    check: Callable[[NetworkIR], None] | None = None,
 ) -> CompileResult:
     """Compile ``model_spec`` and return the :class:`CompileResult`; see :func:`compile_model`."""
     overrides = dict(config_overrides or {})
@@ -175,9 +176,11 @@ def compile_result(
         overrides["seed"] = seed
     seed0 = overrides.get("seed")
     loaded_name, model, file_config = _load(model_spec, seed0 if seed0 is not None else 0)
+    from_file = config is None and "strategy" in (file_config or {})
     if config is None:
         config = TrainConfig.from_dict(file_config)
     config = config.replace(**overrides)
+    check_strategy_options(config, overrides, from_file)
     if seed0 is None and config.seed != 0 and isinstance(model_spec, str):
         # the model file's config chose another seed: initialise with it
         loaded_name, model, _ = _load(model_spec, config.seed)
@@ -186,6 +189,11 @@ def compile_result(
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
         ir = trace(model, name, config.loss)
+        config, same = global_if_same(config, len(ir.layers), overrides)
+        if same:
+            warnings.warn(same, stacklevel=2)
+        if check is not None:
+            check(ir)
         if isinstance(format_overrides, (list, tuple)):
             fmt_over = parse_format_overrides(format_overrides)
         else:
@@ -274,7 +282,9 @@ def compile_model(
     of the plan; counted in the fit), ``writers`` (default :data:`ARTIFACT_WRITERS`),
     ``name``, ``seed``
     (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
-    notes of the report, e.g. which data calibrated the formats).
+    notes of the report, e.g. which data calibrated the formats), ``check`` (called with the
+    traced :class:`~pipetrain.compiler.ir.NetworkIR` before calibration and fitting: a hardware
+    command refuses a network its HDL does not build before any work, raising its own error).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing

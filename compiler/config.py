@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
 from .enums import Activation, Loss, LwpForm, Mitigation, Rounding, Rule, Schedule, Strategy, parse
-from .schedule import batch1_scaling, same_as_global
+from .schedule import batch1_scaling, same_as_global, stage_layout
 
-__all__ = ["TrainConfig", "ConfigError", "strategy_overrides"]
+__all__ = [
+    "TrainConfig",
+    "ConfigError",
+    "strategy_overrides",
+    "check_strategy_options",
+    "global_if_same",
+]
 
 #: Accepted values (CLI choices), from the enums.
 LOSSES = tuple(m.value for m in Loss)
@@ -165,22 +172,22 @@ _STRATEGY_OPTIONS = {
 }
 
 
-def strategy_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Check the learning-strategy options a command was given and return them normalised,
-    with a warning line or None.
+def strategy_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Check the learning-strategy options a command was given and return them normalised.
 
     ``overrides``: the TrainConfig fields given on the command line (only those given). With
     an explicit ``strategy``, an option that strategy cannot use is a :class:`ConfigError`
     naming the option and the strategies that take it (``--blocks 2`` with ``global``,
-    ``--distance`` or ``--rule`` with ``local``). Interlocking learning that equals ``global``
-    (rule ``only``, d ≥ K − 1 with K = blocks + 1, :func:`~.schedule.same_as_global`) becomes
-    ``global`` without the blocks, so the plan builds no head that would change nothing, and
-    the warning says so. Source: *derived* (docs/architecture.md §2.4).
+    ``--distance`` or ``--rule`` with ``local``). Without one, the strategy is the model
+    file's or the default, known only when the config is merged:
+    :func:`check_strategy_options` runs then (the compile step), as does
+    :func:`global_if_same` once the network's stage count is known. Source: *derived*
+    (docs/architecture.md §2.4).
     """
     out = dict(overrides)
     strategy = out.get("strategy")
     if strategy is None:
-        return out, None
+        return out
     strategy = getattr(strategy, "value", strategy)
     for field_, (opt, users) in _STRATEGY_OPTIONS.items():
         if field_ in out and strategy not in users:
@@ -188,20 +195,61 @@ def strategy_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], str |
                 f"{opt} applies to --strategy {' or '.join(users)}, not {strategy}: drop "
                 f"{opt} or choose --strategy {users[-1]}"
             )
-    if strategy != "interlocking":
-        return out, None
-    blocks = tuple(out.get("blocks", ()))
-    distance = int(out.get("distance", TrainConfig.distance))
-    rule = getattr(out.get("rule", "only"), "value", out.get("rule", "only"))
-    if blocks and same_as_global("interlocking", len(blocks) + 1, distance, rule):
-        for k in ("blocks", "distance", "rule", "head_stages"):
-            out.pop(k, None)
-        out["strategy"] = "global"
-        note = (
-            f"interlocking with {len(blocks) + 1} blocks and distance {distance} updates every "
-            "block from the true loss alone: it is global learning; training it as global, "
-            "without auxiliary heads (use a smaller --distance or more --blocks for "
-            "interlocking)"
-        )
-        return out, note
-    return out, None
+    return out
+
+
+def check_strategy_options(
+    config: TrainConfig, given: Mapping[str, Any], from_file: bool = False
+) -> None:
+    """Refuse a strategy option among ``given`` (the TrainConfig fields a caller set on top
+    of the model file's config or the defaults) that the merged ``config``'s strategy does not
+    use: ``--distance`` or ``--rule`` without ``--strategy interlocking`` would be ignored.
+    ``from_file``: the strategy came from the model file's ``config`` (named in the message).
+
+    Raises :class:`ConfigError` naming the option and ``--strategy``. Source: *derived*.
+    """
+    strategy = config.strategy.value
+    for field_, (opt, users) in _STRATEGY_OPTIONS.items():
+        if field_ in given and strategy not in users:
+            where = "the model file's config" if from_file else "the default"
+            raise ConfigError(
+                f"{opt} applies to --strategy {' or '.join(users)}, and the strategy is "
+                f"{strategy} ({where}): add --strategy {users[-1]}, or drop {opt}"
+            )
+
+
+def global_if_same(
+    config: TrainConfig, stages: int, given: Mapping[str, Any]
+) -> tuple[TrainConfig, str | None]:
+    """Return ``config`` as ``global`` learning, with a warning line, when a caller's
+    strategy options (``given``: TrainConfig fields set on top of the model file's config)
+    ask for interlocking learning that equals it (rule ``only``, d ≥ K − 1 with K = blocks +
+    1, :func:`~.schedule.same_as_global`): the plan then builds no auxiliary head that would
+    change nothing. Otherwise ``(config, None)``. ``stages``: the network's main stages S;
+    the block boundaries are checked against it first (1..S − 1, increasing), so a bad
+    ``--blocks`` is refused whether or not the strategy collapses.
+
+    Raises :class:`ConfigError` for bad block boundaries. Source: *derived*
+    (docs/architecture.md §2.4; Gomez et al. 2022 §3: d = K − 1 is global).
+    """
+    if not any(k in given for k in ("strategy", *_STRATEGY_OPTIONS)):
+        return config, None
+    K, d, rule = len(config.blocks) + 1, config.distance, config.rule.value
+    if not config.blocks or not same_as_global(config.strategy.value, K, d, rule):
+        return config, None
+    try:
+        stage_layout(stages, config.schedule.value, "interlocking", config.blocks, d, rule,
+                     config.head_stages)  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    differ = f"at least {d + 1} block boundaries (--blocks, K ≥ d + 2 = {d + 2} blocks)"
+    if d > 1:
+        differ += " or a smaller --distance (d < K − 1)"
+    note = (
+        f"interlocking with {K} blocks and distance {d} updates every block from the true loss "
+        "alone (d ≥ K − 1): it is global learning; training it as global, without auxiliary "
+        f"heads (interlocking differs with {differ}, or with --rule sum; --distance 0 is local "
+        "learning)"
+    )
+    plain = config.replace(strategy="global", blocks=(), distance=1, rule="only", head_stages=1)
+    return plain, note

@@ -1,6 +1,7 @@
 """Human- and machine-readable summaries of a :class:`~pipetrain.compiler.plan.Plan`.
 
 * :func:`stage_table` — the per-stage table ``pipetrain compile`` prints (aligned Markdown);
+* :func:`conv_table` — the convolution stages' geometry, lanes, cycles and memories;
 * :func:`format_table` — every tensor's format against its calibrated range;
 * :func:`render_report` — ``report.md``: both tables, totals, loss units, notes and warnings;
 * :func:`plan_summary` — the JSON result of ``pipetrain compile --json``.
@@ -10,6 +11,7 @@ Every number is read from the plan (nothing is recomputed here).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,8 @@ from .plan import Plan, QFormat, Stage
 __all__ = [
     "markdown_table",
     "stage_table",
+    "stage_shape",
+    "conv_table",
     "totals_text",
     "format_table",
     "render_report",
@@ -85,6 +89,51 @@ def _block_kib(plan: Plan) -> int:
     return RAM_FAMILIES[plan.ram_family].block_bits // 1024
 
 
+def _dims(*sizes: int) -> str:
+    return "×".join(str(v) for v in sizes)
+
+
+def stage_shape(st: Stage) -> str:
+    """``N→M``, or a convolution stage's ``C_in×H×W→C_out×H′×W′`` (after pooling)."""
+    g = st.conv
+    if g is None:
+        return f"{st.in_features}→{st.out_features}"
+    return f"{_dims(g.in_channels, *g.in_size)}→{_dims(g.out_channels, *g.pooled_size)}"
+
+
+def conv_table(plan: Plan) -> str:
+    """Return the convolution stages' geometry (docs/numerics.md §9): kind, C_in → C_out,
+    kernel, stride, padding, bias, input / convolution-output / pooled spatial sizes, the
+    pooling and its window, T + 1 weight columns, P output positions, lanes (over output
+    channels), row groups, cycles per tick (``conv_cycles``) and the stage's memories as the
+    HDL builds them (name: bits); "" for a plan without one."""
+    headers = (
+        "stage", "layer", "kind", "C_in→C_out", "kernel", "stride", "padding", "bias",
+        "in size", "conv out", "pool", "pooled", "T+1", "P", "lanes", "groups",
+        "cycles/tick", "memories (bits)",
+    )  # fmt: skip
+    rows = []
+    for st in plan.stages:
+        g = st.conv
+        if g is None:
+            continue
+        pool = "–" if g.pool == "none" else f"{g.pool} {_dims(*g.pool_size)}"
+        if g.pool == "avg" and g.pool_scale != 1:
+            pool += f" (·{g.pool_scale}≫{g.pool_shift})"
+        rows.append(
+            (
+                st.index, _layer(st), g.kind, f"{g.in_channels}→{g.out_channels}",
+                _dims(*g.kernel), _dims(*g.stride), _dims(*g.padding),
+                "yes" if g.bias else "no", _dims(*g.in_size), _dims(*g.out_size), pool,
+                _dims(*g.pooled_size), g.taps + 1, g.positions, st.lanes, st.row_groups,
+                st.cycles_per_tick, ", ".join(f"{m.name} {m.bits:,}" for m in st.memories),
+            )
+        )  # fmt: skip
+    if not rows:
+        return ""
+    return markdown_table(headers, rows, left=("layer", "kind", "pool", "memories (bits)"))
+
+
 def stage_table(plan: Plan) -> str:
     """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, cycles per
     tick, memory (bits and block RAMs of the plan's RAM family, from ``Stage.memories`` as the
@@ -100,7 +149,7 @@ def stage_table(plan: Plan) -> str:
             (
                 st.index,
                 _layer(st),
-                f"{st.in_features}→{st.out_features}",
+                stage_shape(st),
                 st.activation,
                 st.delay,
                 st.stash_depth,
@@ -143,12 +192,25 @@ def totals_text(plan: Plan) -> str:
         f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) as built — "
         f"stages {stage_bits:,}, loss units and result FIFO {plan.memory_bits - stage_bits:,} — "
         f"in {plan.memory_blocks} {_block_kib(plan)} Kib block RAMs"
+        + _spram_text(plan)
         + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
         f"multipliers: {plan.multipliers}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
         *_lut_lines(plan),
         f"plan hash: {plan.hash}",
     ]
     return "\n".join(lines)
+
+
+def _spram_text(plan: Plan) -> str:
+    """`` and N SPRAMs (B bits: …)`` for the memories the plan puts in SPRAM (single-port
+    stages on the iCE40 UltraPlus, docs/boards.md), else ``""``."""
+    spram = [(o, m) for o, m in plan.all_memories() if m.kind == "spram"]
+    if not spram:
+        return ""
+    blocks = sum(m.blocks for _, m in spram)
+    bits = sum(m.banks * m.words * m.width for _, m in spram)
+    names = ", ".join(f"{o.replace('stage', 'stage ')} {m.name}" for o, m in spram)
+    return f" and {blocks} SPRAM{'s' if blocks != 1 else ''} ({bits:,} bits: {names})"
 
 
 def _lut_lines(plan: Plan) -> list[str]:
@@ -264,12 +326,22 @@ def render_report(
             if formats_source.startswith("static")
             else ""
         ),
-        f"- input: {plan.in_features} features",
+        f"- input: {plan.in_features} features"
+        + (
+            f" (one {_dims(*plan.input_shape)} sample, streamed flat in C order)"
+            if len(plan.input_shape) > 1
+            else ""
+        ),
         "",
         "## Stages",
         "",
         stage_table(plan),
         "",
+        *(
+            ["## Convolutions (docs/numerics.md §9)", "", conv_table(plan), ""]
+            if any(st.conv is not None for st in plan.stages)
+            else []
+        ),
         "```",
         totals_text(plan),
         "```",
@@ -314,7 +386,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     Keys: ``plan_hash``, ``name``, ``stages`` (``index``, ``name``, ``role``, ``block``,
     ``in_features``, ``out_features``, ``delay``, ``stash_depth``, ``lanes``,
     ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``
-    (tensor → ``Qi.f`` string, null where the stage has none)),
+    (tensor → ``Qi.f`` string, null where the stage has none); a convolution stage adds
+    ``conv``, its :class:`~pipetrain.compiler.conv.ConvGeometry` as a dict),
     ``tick_cycles``, ``ideal_cycles_per_sample``, ``samples_per_s``, ``memory_bits``,
     ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``, ``memories`` (every memory
     as the HDL builds it: ``owner``, ``name``, ``kind``, ``banks``, ``words``, ``width``,
@@ -340,6 +413,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                 "memory_bits": st.memory_bits,
                 "memory_blocks": st.memory_blocks,
                 "multipliers": st.multipliers,
+                **({} if st.conv is None else {"conv": dataclasses.asdict(st.conv)}),
                 "formats": {
                     t: None if getattr(st.formats, t) is None else str(getattr(st.formats, t))
                     for t in _TENSORS

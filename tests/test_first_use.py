@@ -295,3 +295,108 @@ def test_hidden_with_a_model_that_is_not_mlp_is_an_error(tmp_path):
 
     plan = compile_design("mlp", hidden="8", formats="default", writers=()).plan
     assert [s.out_features for s in plan.stages] == [8, 10]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        # without --strategy the default global would ignore them
+        (["--distance", "2"], "--distance applies to --strategy interlocking, and the strategy "
+         "is global (the default): add --strategy interlocking, or drop --distance"),
+        (["--rule", "only"], "--rule applies to --strategy interlocking"),
+        # interlocking that collapses to global still checks its block boundaries
+        (["--strategy", "interlocking", "--blocks", "8"], "auxiliary head on the last block"),
+        (["--strategy", "interlocking", "--blocks", "9"], "strictly increasing stage numbers"),
+    ],
+)  # fmt: skip
+def test_strategy_options_that_would_be_ignored_fail_cleanly(tmp_path, args, needle):
+    res = _run(
+        ["compile", "mlp-digits-deep8", *args, "--formats", "default", "--out", "o"],
+        tmp_path,
+    )
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith("Error: ") and needle in res.stderr, res.stderr
+    assert "Traceback" not in res.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_distance_uses_the_model_files_strategy(tmp_path):
+    """A model file's ``config`` may set the strategy: ``--distance`` then applies to it
+    (interlocking: accepted, K = 3 blocks with d = 1 keeps its heads), or is refused naming the
+    model file's config (local)."""
+    from pipetrain.compiler.config import ConfigError
+    from pipetrain.host.flow import compile_design
+
+    body = (
+        "from torch import nn\n"
+        "model = nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(),\n"
+        "                      nn.Linear(8, 10))\n"
+        "config = {{'strategy': '{s}', 'blocks': (1, 2)}}\n"
+    )
+    (tmp_path / "inter.py").write_text(body.format(s="interlocking"))
+    (tmp_path / "loc.py").write_text(body.format(s="local"))
+    opts = dict(formats="default", config_overrides={"distance": 1}, writers=())
+    plan = compile_design(str(tmp_path / "inter.py"), **opts).plan
+    assert [s.role for s in plan.stages].count("main") == 3 and len(plan.stages) == 5
+    with pytest.raises(ConfigError, match=r"and the strategy is local \(the model file's config"):
+        compile_design(str(tmp_path / "loc.py"), **opts)
+
+
+def test_interlocking_equal_to_global_warning_says_what_makes_it_differ():
+    """d = 1 with 2 blocks: the warning names the rule (d ≥ K − 1) and what differs — more
+    block boundaries, or the sum rule — not "a smaller --distance" (d = 0 is local learning);
+    the plan is the global one. (The CLI prints the compile's warnings once:
+    tests/test_golden_interlocking.py.)"""
+    from pipetrain.host.flow import compile_design
+
+    cfg = {"strategy": "interlocking", "blocks": (1,), "distance": 1}
+    res = compile_design("mlp-digits", formats="default", config_overrides=cfg, writers=())
+    warning = [w for w in res.warnings if w.startswith("interlocking")]
+    assert len(warning) == 1, res.warnings
+    assert "(d ≥ K − 1)" in warning[0]
+    assert "at least 2 block boundaries (--blocks, K ≥ d + 2 = 3 blocks)" in warning[0]
+    assert "smaller --distance" not in warning[0]
+    assert [s.role for s in res.plan.stages] == ["main"] * 2 and res.config.strategy == "global"
+
+
+def test_saturation_table_orders_loss_units_and_aligns_columns():
+    """With heads the JSON keeps the counters' order (true loss L4 first); the summary table
+    lists the stages, then L1 … L4, every row's columns under the header's."""
+    from pipetrain.host.cli.train import saturation_table
+
+    stage = {"y": 3, "gin": 0, "u": 0, "w": 1, "total": 4}
+    rows = [{"stage": "1", **stage}, {"stage": "4", **stage}]
+    rows += [{"stage": f"loss L{t}", "d": t, "total": t} for t in (4, 1, 2, 3)]
+    lines = saturation_table({"tensor_saturations": rows, "tensor_saturations_source": "golden"})
+    assert [ln.split()[0:2] for ln in lines[2:]] == [
+        ["1", "3"], ["4", "3"], ["loss", "L1"], ["loss", "L2"], ["loss", "L3"], ["loss", "L4"]
+    ]  # fmt: skip
+    header = lines[1]
+    for ln in lines[2:]:
+        assert len(ln) == len(header), (ln, header)
+    d_end = header.index(" d ") + 2  # the d column's right edge
+    assert lines[-1][d_end - 1] == "4" and lines[2][d_end - 1] == "-"
+
+
+def test_memory_line_names_the_sprams():
+    """A plan with single-port (SPRAM) stages says so in the memory line of compile's summary
+    (it listed the block RAMs only)."""
+    from pipetrain.compiler.report import totals_text
+    from pipetrain.host.flow import compile_design
+
+    plan = compile_design(
+        "mlp-digits", formats="default", lanes=[1, 1], single_port=(1,), writers=()
+    ).plan
+    spram = [m for m in plan.stages[0].memories if m.kind == "spram"]
+    assert spram, "stage 1 is single-port: its weights are in SPRAM"
+    blocks = sum(m.blocks for m in spram)
+    line = next(ln for ln in totals_text(plan).splitlines() if ln.startswith("memory:"))
+    assert f"Kib block RAMs and {blocks} SPRAM" in line and "stage 1 w" in line
+    plain = compile_design("mlp-digits", formats="default", writers=()).plan
+    assert "SPRAM" not in totals_text(plain)
+
+
+@pytest.mark.parametrize("command", ["compile", "train", "sim", "build", "experiment"])
+def test_help_has_no_rst_markup(command):
+    res = CliRunner().invoke(cli, [command, "--help"])
+    assert res.exit_code == 0 and "``" not in res.output

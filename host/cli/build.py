@@ -56,6 +56,15 @@ def _board_option(func: Any) -> Any:
 @click.option("--loopback", is_flag=True, help="Build the UART loopback design instead (no MODEL).")
 @click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
+@click.option(
+    "--on-chip-data",
+    "onchip_samples",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Build an on-chip training set of N samples into the link (train --on-chip-data); "
+    "its memories count in the fit (0: none).",
+)
 @data_option
 @hidden_option
 @plan_format_options
@@ -70,6 +79,7 @@ def build_cmd(
     loopback: bool,
     force: bool,
     timeout_s: float | None,
+    onchip_samples: int,
     data: str | None,
     hidden: str | None,
     formats: str,
@@ -106,13 +116,17 @@ def build_cmd(
             calib_samples=calib_samples,
             lanes=parse_lanes(lanes_text) if lanes_text else None,
             writers=(),
+            check=lambda ir: require_hdl(ir, "build"),  # before calibrating and fitting
+            onchip_samples=onchip_samples,
         )
         plan = result.plan
         fit = result.fit
-        require_hdl(plan)  # before anything is built or written
+        for w in result.warnings:  # e.g. interlocking that equals global
+            click.echo(f"warning: {w}", err=True)
+        require_hdl(plan, "build")  # before anything is built or written
         # plan.multipliers counts datapath multiplications (shift-add constants too, the loss
         # unit not); plan.hard_multipliers = fit.multipliers.needed: DSP blocks (docs/boards.md)
-        totals = plan_totals(plan, board, board_shell)
+        totals = plan_totals(plan, board, lambda p: board_shell(p, onchip_samples))
         meta |= {
             "plan_hash": plan.hash,
             "lanes": [s.lanes for s in plan.stages],
@@ -121,7 +135,9 @@ def build_cmd(
             "fit": fit,
             "estimate": logic_cells(plan, board),
         }
-        core = lambda f: network_core(plan, clock_hz=f)  # noqa: E731
+        if onchip_samples:  # build.json records it (absent: no on-chip set, as before)
+            meta["onchip_samples"] = onchip_samples
+        core = lambda f: network_core(plan, clock_hz=f, onchip_samples=onchip_samples)  # noqa: E731
     design = "loopback" if loopback else Path(str(model)).stem
     out = out_dir or os.path.join("build", f"{design}-{board.name}")
     info(f"building {meta['design']} for {board.name} in {out} ...", json_out)

@@ -135,10 +135,10 @@ def plan_format_options(func: Callable) -> Callable:
 def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
     """Return the TrainConfig overrides from :func:`train_config_options` values (pops them).
 
-    The learning-strategy options are checked and normalised by
-    :func:`~pipetrain.compiler.config.strategy_overrides`: interlocking learning that equals
-    ``global`` becomes ``global`` (no unused auxiliary head) with a ``warning:`` line on
-    stderr.
+    The learning-strategy options are checked by
+    :func:`~pipetrain.compiler.config.strategy_overrides`; interlocking learning that equals
+    ``global`` becomes ``global`` in the compile step (no unused auxiliary head; a warning in
+    the compile result's ``warnings``, which the commands print).
 
     Raises :class:`PlanError` for a malformed ``--blocks``, :class:`ConfigError` for a strategy
     option the given ``--strategy`` cannot use.
@@ -154,10 +154,7 @@ def config_overrides(options: dict[str, Any]) -> dict[str, Any]:
                 raise PlanError(f"--blocks {value!r} must be stage numbers like 2 or 1,3")
             value = tuple(int(v) for v in text.split(",")) if text else ()
         out[field] = value
-    out, note = strategy_overrides(out)
-    if note:
-        click.echo(f"warning: {note}", err=True)
-    return out
+    return strategy_overrides(out)
 
 
 _UNITS = {"": 1, "b": 1, "bit": 1, "bits": 1, "k": 1024, "kib": 1024, "kbit": 1024,

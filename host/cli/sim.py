@@ -150,9 +150,9 @@ def sim_command(
     **training: Any,
 ) -> None:
     """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
-    model. The training options (``--strategy --blocks --distance --rule --head-stages
-    --mitigation --lwp-form``, with ``--schedule`` and ``--rounding``) shape the plan as they
-    do for ``pipetrain train``."""
+    model. The training options (--strategy --blocks --distance --rule --head-stages
+    --mitigation --lwp-form, with --schedule and --rounding) shape the plan as they do for
+    pipetrain train."""
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     wave_kind = None if waves is None else ("fst" if waves.endswith(".fst") else "vcd")
     check_waves(simulator, wave_kind)  # FST without lz4/zlib: named here, not in a make log
@@ -179,9 +179,12 @@ def sim_command(
         config_overrides=overrides,
         lanes=lane_list,
         writers=(),
+        check=lambda ir: require_hdl(ir, "sim"),  # before calibrating
     )
     plan, module = result.plan, result.model
-    require_hdl(plan)  # before anything is built or written
+    for w in result.warnings:  # e.g. interlocking that equals global
+        click.echo(f"warning: {w}", err=True)
+    require_hdl(plan, "sim")  # before anything is built or written
     x, y = plan_samples(plan, samples, data, seed)
     design, synth = None, None
     if synth_board is None:

@@ -37,9 +37,9 @@ samples the host streamed (``samples`` is the same number), ``device_samples`` t
 model on the same stream (null for other targets, and ``mismatches`` empty); ``retransmits``
 counts link frames sent again (null for ``golden`` and ``reference``, which have no link);
 ``saturations`` are the fixed-point saturation counters (0 for ``reference``, float);
-``head_online_accuracy`` (local learning on a link target, else null): per auxiliary head
-L_1 … L_{K−1}, the fraction of the training stream its loss unit predicted right (the device's
-``head_correct`` counters, read after training);
+``head_online_accuracy`` (only with auxiliary heads, on golden and link targets; absent
+otherwise): per auxiliary head L_1 … L_{K−1}, the fraction of the training stream its loss unit
+predicted right (the device's ``head_correct`` counters, read after training);
 ``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
 table. The printed summary shows only the lines that apply to the target.
 
@@ -66,6 +66,7 @@ from ...compiler.compile import CompileResult
 from ...compiler.lanes import parse_lanes
 from ...compiler.models import load_model
 from ...data import Dataset, load_data
+from ...hdl.support import require_hdl
 from ...sim.bridge import bridge_cached
 from ...sim.golden import GoldenModel
 from ...sim.harness import DEFAULT_SIMULATOR, check_toolchain
@@ -164,6 +165,7 @@ def run_training(
     checkpoint: str | None = None,
     checkpoint_every: int | None = None,
     resume: Checkpoint | None = None,
+    onchip: bool = False,
 ) -> tuple[dict[str, Any], Device]:
     """Train ``result``'s model on ``target`` for ``epochs`` epochs of ``ds``; return the report
     (module docstring) and the closed device.
@@ -175,12 +177,16 @@ def run_training(
     ``checkpoint``, ``checkpoint_every``, ``resume``: :meth:`Device.train`'s checkpoints (flush
     and write the state every ``checkpoint_every`` samples; continue a run from a
     :class:`~pipetrain.host.checkpoint.Checkpoint`, refused with another plan before the target
-    is opened; docs/protocol.md §7).
+    is opened; docs/protocol.md §7). ``onchip``: train through the device's on-chip training
+    set (:meth:`Device.train`'s ``onchip``; ``sim`` builds its design with a set of the
+    training split's size; docs/protocol.md §2 STORE/RUN).
     Raises :class:`PlanError` for an unknown target or data that does not fit the model,
     :class:`TrainCheckError` when the device's trained-sample counter differs from the host's.
     """
     _check_target(target)
     _check_sizes(result, ds)
+    if target not in LOCAL_TARGETS:  # the RTL or a board: refused before any message or build
+        require_hdl(result.plan, "train")
     if resume is not None and resume.plan_hash != result.plan.hash:
         resume.check(result.plan, "", 0, 0)  # names both plan hashes
     t_wall = time.perf_counter()
@@ -193,7 +199,9 @@ def run_training(
             + ")…",
             err=True,
         )
-    sim_options = {"simulator": simulator} if target == "sim" else None
+    sim_options: dict[str, Any] | None = {"simulator": simulator} if target == "sim" else None
+    if sim_options is not None and onchip:
+        sim_options["onchip_samples"] = len(ds.x_train)
     dev = open(
         result,
         target,
@@ -209,6 +217,7 @@ def run_training(
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             resume=resume,
+            onchip=onchip,
         )
         # the heads' loss units count their correct predictions (link targets, docs/ports.md);
         # read before the evaluation streams more samples through them
@@ -246,8 +255,11 @@ def run_training(
         "retransmits": retransmits if target not in LOCAL_TARGETS else None,
         "saturations": sum(sats),
         "stage_saturations": sats,
-        "head_online_accuracy": (
-            None if not heads_correct else [c / max(rep.samples, 1) for c in heads_correct]
+        # only with auxiliary heads (a global plan has none: no key, not a null)
+        **(
+            {"head_online_accuracy": [c / max(rep.samples, 1) for c in heads_correct]}
+            if heads_correct
+            else {}
         ),
         **per_tensor,
         "epochs": epochs,
@@ -257,6 +269,9 @@ def run_training(
         "plan_hash": result.plan.hash,
         "formats_source": result.formats.source,
         "sim_cycles": (dev.sim_stats or {}).get("cycles"),
+        "on_chip_data": onchip,
+        "epoch_summaries": rep.epoch_summaries,
+        "device_samples_per_s": rep.device_samples_per_s,
         "wall_s": time.perf_counter() - t_wall,
     }
     if save:
@@ -311,10 +326,18 @@ def saturation_table(report: dict[str, Any]) -> list[str]:
     where = "the golden shadow; the RTL counts per stage" if src == "golden shadow" else "golden"
     head = f"saturations per tensor ({where}):"
     cols = ("y", "gin", "u", "w", "d")
-    out = [head, "  stage " + "".join(f"{c:>9}" for c in cols) + f"{'total':>10}"]
-    for r in rows:
+    # stages in plan order, then the loss units by loss number (L1 … L_K; the JSON keeps the
+    # counters' order, the true loss first); the stage column as wide as its longest name
+    stages = [r for r in rows if not str(r["stage"]).startswith("loss")]
+    losses = sorted(
+        (r for r in rows if str(r["stage"]).startswith("loss")),
+        key=lambda r: int(str(r["stage"])[6:] or 0),
+    )
+    width = max(len("stage"), *(len(str(r["stage"])) for r in rows)) + 1
+    out = [head, f"  {'stage':<{width}}" + "".join(f"{c:>9}" for c in cols) + f"{'total':>10}"]
+    for r in (*stages, *losses):
         cells = "".join(f"{r[c]:>9}" if c in r else f"{'-':>9}" for c in cols)
-        out.append(f"  {r['stage']:<6}{cells}{r['total']:>10}")
+        out.append(f"  {r['stage']:<{width}}{cells}{r['total']:>10}")
     if report.get("input_saturations") is not None:
         out.append(f"  input x (host quantisation): {report['input_saturations']}")
     return out
@@ -379,6 +402,13 @@ def _file_epochs(model: str) -> int | None:
     default=None,
     help="Continue the run saved in this checkpoint, bit for bit (same model, data, options).",
 )
+@click.option(
+    "--on-chip-data",
+    "onchip",
+    is_flag=True,
+    help="Upload the training set once into the device's on-chip set and let it run the "
+    "epochs in its own order (a board built with `build --on-chip-data N`; sim builds one).",
+)
 @simulator_option
 @train_config_options
 @json_option
@@ -400,6 +430,7 @@ def train_cmd(
     checkpoint: str | None,
     checkpoint_every: int | None,
     resume: str | None,
+    onchip: bool,
     json_out: str | None,
     **options: Any,
 ) -> None:
@@ -432,6 +463,10 @@ def train_cmd(
         calib_samples=calib_samples,
         lanes=lanes,
         writers=(),
+        # a hardware target refuses a network its HDL does not build before calibrating
+        check=None if target in LOCAL_TARGETS else lambda ir: require_hdl(ir, "train"),
+        # the board's design holds the set: it must fit next to the network (FitError)
+        onchip_samples=len(ds.x_train) if onchip and board_name else 0,
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
@@ -449,6 +484,7 @@ def train_cmd(
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             resume=ck,
+            onchip=onchip,
         )
     except (ToolchainError, RTLSimError, LinkError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -465,6 +501,11 @@ def train_cmd(
     ]
     if bit is not None:
         lines.append(f"bit_exact: {str(bit).lower()} (against the golden model)")
+    if report["device_samples_per_s"]:
+        lines.append(
+            f"on-chip set: the device ran {report['device_samples_per_s']:.0f} samples/s at "
+            f"{result.plan.clock_hz / 1e6:g} MHz (its own cycle count)"
+        )
     if link:
         lines.append(f"retransmits: {report['retransmits']}, saturations: {report['saturations']}")
     heads = report.get("head_online_accuracy")
@@ -473,7 +514,7 @@ def train_cmd(
             "head accuracy during training (the heads' loss units): "
             + ", ".join(f"L{k} {a:.4f}" for k, a in enumerate(heads, start=1))
         )
-    elif target == "golden":
+    if target == "golden":
         lines.append(f"saturations: {report['saturations']}")
     lines += saturation_table(report)
     lines += [f"  mismatch: {m}" for m in report["mismatches"]]
