@@ -176,7 +176,8 @@ def stage_layout(
         )
     if strategy != "global" and not ends:
         raise ValueError(
-            f"strategy {strategy!r} needs at least one block boundary (e.g. --blocks 1)"
+            f"--strategy {getattr(strategy, 'value', strategy)} needs at least one block "
+            "boundary: add --blocks (e.g. --blocks 1)"
         )
     ends.append(num_main_stages)
     num_blocks = len(ends)

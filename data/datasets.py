@@ -72,6 +72,13 @@ class Dataset:
             f"{model!r} takes {theirs}: give data of that shape with --data FILE.npz (x_train "
             f"of shape (n, {', '.join(map(str, shape))}), or flat (n, features)), or a model "
             "that takes these samples"
+            + (
+                f"; a convolution network without model.input_shape is given the smallest size "
+                f"that fits its first Linear: if it takes {mine} samples, set model.input_shape "
+                f"= ({', '.join(map(str, self.shape))}) in the model file"
+                if len(shape) > 1 and len(self.shape) == len(shape)
+                else ""
+            )
         )
 
     @property

@@ -260,6 +260,8 @@ def test_npz_feature_maps_are_flattened_and_checked(tmp_path):
     assert ds.fits((2, 5)) and ds.fits((10,)) and not ds.fits((1, 10))
     msg = ds.mismatch((1, 10), "m")
     assert "shape 2×5" in msg and "takes 1×10" in msg
+    assert "set model.input_shape = (2, 5)" in msg  # a guessed CNN size: name the fix
+    assert "model.input_shape" not in ds.mismatch((7,), "m")  # a flat model: not a CNN guess
     q = tmp_path / "bad.npz"
     np.savez(q, x_train=xs, y_train=np.arange(6) % 2, x_test=xs[:2].reshape(2, 5, 2),
              y_test=np.array([0, 1]))  # fmt: skip
