@@ -24,6 +24,7 @@ from .plan import (
     LossUnit,
     MemorySpec,
     Plan,
+    Product,
     QFormat,
     Stage,
     StageFormats,
@@ -66,6 +67,10 @@ __all__ = [
     "pool_multipliers",
     "input_gradient_macs",
     "multiplier_operands",
+    "stage_products",
+    "weight_operand",
+    "scaled_error_format",
+    "OPERAND_BITS",
     "multiplier_blocks",
     "hard_multipliers",
     "memory_blocks",
@@ -99,6 +104,12 @@ CONST_MANTISSA_BITS = 18
 #: digits is multiplied by shifts and adders (``hdl.arith.const_mul``), not by a multiplier.
 #: *Derived*: two adders of ~20 bits are ~40 LUTs, cheaper than a DSP block on every family.
 SHIFT_ADD_MAX_TERMS = 3
+#: Widest variable operand of a datapath multiplier in new plans (bits, signed): the MACs'
+#: weight operand and the learning-rate product's scaled error are rounded to it, so each
+#: product is one ECP5 MULT18X18D (18 × 18) block (``Plan.operand_bits``, docs/numerics.md
+#: §3.2, §5.3); the master weights and velocities keep their width so small updates do not
+#: vanish. *Derived* from the ECP5 DSP operand width (a 24 × 16 product takes two blocks).
+OPERAND_BITS = 18
 #: Depth and width of one iCE40 UltraPlus SB_SPRAM256KA (16 K × 16 bits, single port).
 SPRAM_CONFIG = (16384, 16)
 SLOPE_FRAC = 16
@@ -442,6 +453,35 @@ def _signed_bits_of_const(c: Const) -> int:
     return max(abs(c.value).bit_length() + 1, 1)
 
 
+def weight_operand(fw: QFormat, what_bits: int, operand_bits: int | None) -> QFormat | None:
+    """The Q-format the forward and input-gradient MACs read ``ŵ`` and ``w`` in
+    (``Stage.weight_operand``, docs/numerics.md §3.2): ``operand_bits`` bits with
+    ``k = what_bits − operand_bits + 1`` fraction bits fewer than ``w``. ``rhu`` of any
+    ``what_bits``-wide ŵ by ``k`` lies in ``[−2^(ob−2), 2^(ob−2)]``, inside the format without a
+    clamp (one integer bit more than ŵ: *derived*, so the MACs never count a saturation).
+    None (exact operands) without ``operand_bits`` or when ŵ already fits it."""
+    if not operand_bits or what_bits <= operand_bits:
+        return None
+    return QFormat(operand_bits, fw.frac - (what_bits - operand_bits + 1))
+
+
+def scaled_error_format(c: Const, fd: QFormat, operand_bits: int | None) -> QFormat | None:
+    """The Q-format of the scaled error ``e_j = rhu(c·δ_j, k)`` that a learning-rate product
+    ``c·δ·x`` multiplies with ``x`` (``UpdateConstants.lr_delta``, docs/numerics.md §5.3):
+    ``operand_bits`` bits, ``frac = c.frac + d.frac − k`` with ``k`` the fewest dropped bits
+    for which every ``δ`` of ``fd`` gives an ``e`` inside the format unclamped
+    (``|c|·2^(d.bits−1) + 2^(k−1) < 2^(ob−1+k)``; *derived*). None (the exact ``c·(δ·x)``)
+    without ``operand_bits``, for ``c = 0`` and for a shift-add ``c`` (:func:`shift_add`:
+    ``c·(δ·x)`` then takes one ``δ·x`` multiplier and no DSP for ``c``)."""
+    if not operand_bits or c.value == 0 or shift_add(c.value):
+        return None
+    vmax = abs(c.value) << (fd.bits - 1)
+    k = 0
+    while vmax + ((1 << (k - 1)) if k else 0) >= 1 << (operand_bits - 1 + k):
+        k += 1
+    return QFormat(operand_bits, c.frac + fd.frac - k)
+
+
 def _update_constants(
     cfg: TrainConfig,
     delay: int,
@@ -451,6 +491,7 @@ def _update_constants(
     fmt_u: QFormat,
     const_bits: int = CONST_MANTISSA_BITS,
     p_sum_bits: int = 0,
+    operand_bits: int | None = None,
 ) -> UpdateConstants:
     lr, m, wd = cfg.lr1, cfg.momentum1, cfg.weight_decay
     sc = "sc" in cfg.mitigation
@@ -458,17 +499,29 @@ def _update_constants(
     mk = lambda r: Const.normalised(r, const_bits)  # noqa: E731
     c_m, c_lr, c_lrwd = mk(m), mk(lr), mk(lr * wd)
     c_a, c_b, c_bwd = mk(a), mk(b * lr), mk(b * lr * wd)
+    # a convolution's P is already summed over its output positions: its lr·P stays exact
+    linear = p_sum_bits == 0
+    e_lr = scaled_error_format(c_lr, fmt_d, operand_bits) if linear else None
+    e_b = scaled_error_format(c_b, fmt_d, operand_bits) if linear and sc else None
     fw = fmt_w.frac
-    p_frac, p_bits = fmt_d.frac + fmt_x.frac, fmt_d.bits + fmt_x.bits
-    # terms of the velocity sum: (const, operand frac, operand bits)
-    p_bits += p_sum_bits  # a convolution's P sums the products of its output positions
-    u_terms = [(c_m, fw, fmt_u.bits), (c_lr, p_frac, p_bits), (c_lrwd, fw, fmt_w.bits)]
-    v_terms = [(c_a, fw, fmt_u.bits), (c_b, p_frac, p_bits), (c_bwd, fw, fmt_w.bits)]
+    p_frac, p_bits = fmt_d.frac + fmt_x.frac, fmt_d.bits + fmt_x.bits + p_sum_bits
+
+    def term(c: Const, frac: int, bits: int) -> tuple[int, int, bool]:
+        """(product frac, product bits, live) of a constant × operand term."""
+        return c.frac + frac, _signed_bits_of_const(c) + bits, c.value != 0
+
+    def lr_term(c: Const, e: QFormat | None) -> tuple[int, int, bool]:
+        if e is None:
+            return term(c, p_frac, p_bits)
+        return e.frac + fmt_x.frac, e.bits + fmt_x.bits, True  # e·x
+
+    u_terms = [term(c_m, fw, fmt_u.bits), lr_term(c_lr, e_lr), term(c_lrwd, fw, fmt_w.bits)]
+    v_terms = [term(c_a, fw, fmt_u.bits), lr_term(c_b, e_b), term(c_bwd, fw, fmt_w.bits)]
 
     def align(terms: list) -> tuple[int, int]:
-        live = [t for t in terms if t[0].value != 0] or terms[:1]
-        frac = max(max(c.frac + f for c, f, _ in live), fw)
-        bits = max(_signed_bits_of_const(c) + b + (frac - c.frac - f) for c, f, b in live)
+        live = [t for t in terms if t[2]] or terms[:1]
+        frac = max(max(f for f, _, _ in live), fw)
+        bits = max(b + (frac - f) for f, b, _ in live)
         return frac, bits + 2  # + 2: sum of three terms
 
     frac_u, bits_u = align(u_terms)
@@ -486,6 +539,8 @@ def _update_constants(
         frac_u=frac_u,
         frac_v=frac_v,
         sum_bits=max(bits_u, bits_v),
+        lr_delta=e_lr,
+        sc_lr_b_delta=e_b,
     )
 
 
@@ -576,69 +631,96 @@ def forward_weight_bits(
 
 
 def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
-    """Operand widths (bits, signed) of the multipliers that ``hdl/stage.py`` instantiates for
-    ONE lane of ``stage`` (derived from the HDL; every lane has the same list):
+    """Operand widths (bits, signed) of the multipliers of ONE lane of ``stage``: the
+    ``(a_bits, b_bits)`` of :func:`stage_products`."""
+    return tuple((p.a_bits, p.b_bits) for p in stage_products(stage))
 
-    - forward MAC ``ŵ · x``: (:func:`forward_weight_bits`, :func:`x_operand_bits`);
-    - input-gradient MAC ``w · d`` (stages with ``input_gradient``): (w bits, d bits);
-    - LWP ``H · u``; leaky-ReLU slope × error and × output (constants); a convolution's
-      AvgPool scale × window sum and × error (a window that is not a power of two,
-      :func:`pool_multipliers`);
-    - ``tanh``/``sigmoid``: the LUT interpolation slope × the low ``y.frac − index_frac`` bits
-      of |z| (unsigned, one more bit each as signed; none when that is 0 bits); the derivative
-      factor y·y (tanh) or y·(2^f − y) (sigmoid): (y bits, y bits + 1); g × the factor
-      (f + 1 bits unsigned): (d bits, y.frac + 2);
-    - update: momentum × u, (lr × d) × x, lr·wd × w; with Spike Compensation also a × u,
-      (b·lr × d) × x, b·lr·wd × w — zero constants drop their term, constants of few signed
-      digits are shifts and adders (:func:`shift_add`, ``hdl.arith.const_mul``), and then the
-      learning-rate product is formed as lr × (d × x), one d × x multiplier.
+
+def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
+    """Every multiplier that ``hdl/stage.py`` (``hdl/conv_stage.py``) instantiates for ONE lane
+    of ``stage``, with its operand widths (bits, signed) and ``block_bits`` × ``block_bits``
+    blocks (:func:`multiplier_blocks`); ``Stage.products`` records them (derived from the HDL;
+    every lane has the same list):
+
+    - ``fwd``: the forward MAC ``ŵ · x`` (``Stage.w_hat_operand_bits``, :func:`x_operand_bits`);
+    - ``gin``: the input-gradient MAC ``w · δ`` (``Stage.w_operand_bits``, d bits), one per
+      stream the stage sends on (:func:`input_gradient_macs`; ``gin_l<t>`` for interlocking
+      stream ``t``);
+    - ``lwp``: ``H · u`` (or ``H · (w − w_prev)``); ``slope_d``, ``slope_y``: the leaky-ReLU slope
+      × error and × output; ``pool_y``, ``pool_d``: a convolution's AvgPool scale × window sum
+      and × error (a window that is not a power of two, :func:`pool_multipliers`) — constants;
+    - ``lut_slope``, ``deriv``, ``deriv_g``: ``tanh``/``sigmoid``: the LUT interpolation slope ×
+      the low ``y.frac − index_frac`` bits of |z| (unsigned, one more bit each as signed; none
+      when that is 0 bits); the derivative factor y·y (tanh) or y·(2^f − y) (sigmoid): (y bits,
+      y bits + 1); g × the factor (f + 1 bits unsigned): (d bits, y.frac + 2);
+    - update: ``momentum`` × u, the learning-rate product and ``lr_wd`` × w; with Spike
+      Compensation also ``sc_a`` × u, its ``b·lr`` product and ``sc_lr_wd_b`` × w. A
+      learning-rate product is ``lr_delta`` (lr × δ, at S1) then ``lr_x`` (e × x, e of
+      ``UpdateConstants.lr_delta``, docs/numerics.md §5.3); with a shift-add lr it is ``dx``
+      (δ × x, then shifts); a convolution's is lr × its summed P. Zero constants drop their
+      term; constants of few signed digits are shifts and adders (:func:`shift_add`,
+      ``hdl.arith.const_mul``: 0 blocks, not listed).
     """
     f, up = stage.formats, stage.update
-    out: list[tuple[int, int]] = []
+    out: list[Product] = []
 
-    def const(value: int, bits: int) -> int:
+    def add(name: str, a: int, b: int) -> None:
+        out.append(Product(name, a, b, multiplier_blocks(a, b, block_bits)))
+
+    def const(name: str, value: int, bits: int) -> int:
         muls, width = _const_mul(value, bits)
-        out.extend(muls)
+        for a, b in muls:
+            add(name, a, b)
         return width
 
     xb = stage.x_operand_bits
-    out.append((stage.what_bits, xb))
+    add("fwd", stage.w_hat_operand_bits, xb)
     if stage.input_gradient:
-        out.append((f.w.bits, f.d.bits))
+        sent = sorted(set(stage.gin_losses) & (set(stage.grad_losses) | set(stage.losses)))
+        for t in sent or [0]:  # one MAC per stream sent on (input_gradient_macs)
+            add("gin" if len(sent) < 2 else f"gin_l{t}", stage.w_operand_bits, f.d.bits)
     if up.lwp_horizon:  # H·u, or H·(w − w_prev) in the w form
-        const(up.lwp_horizon, f.w.bits + 1 if up.lwp_form == "w" else f.u.bits)
+        const("lwp", up.lwp_horizon, f.w.bits + 1 if up.lwp_form == "w" else f.u.bits)
     if stage.activation == "leaky_relu":
-        const(stage.negative_slope.value, f.d.bits)
-        const(stage.negative_slope.value, f.y.bits)
+        const("slope_d", stage.negative_slope.value, f.d.bits)
+        const("slope_y", stage.negative_slope.value, f.y.bits)
     conv = stage.conv
     if conv is not None and conv.pool == "avg" and conv.pool_scale != 1:
         # AvgPool scale × window sum (y bits + ⌈log2 window⌉) and × error g (d bits): numerics §9.3
-        const(conv.pool_scale, f.y.bits + _ceil_log2(conv.window))
-        const(conv.pool_scale, f.d.bits)
+        const("pool_y", conv.pool_scale, f.y.bits + _ceil_log2(conv.window))
+        const("pool_d", conv.pool_scale, f.d.bits)
     lut = stage.activation_lut
     if lut is not None:  # hdl/activation.py: interpolation, derivative factor, g × factor
         k = f.y.frac - lut.index_frac
         if k:
-            out.append((lut.slope_bits + 1, k + 1))
-        out.append((f.y.bits, f.y.bits + 1))
-        out.append((f.d.bits, f.y.frac + 2))
-    const(up.momentum.value, f.u.bits)
-    if up.lr.value:
-        if shift_add(up.lr.value):  # (d · x) first, then shifts: hdl/stage.py
-            out.append((f.d.bits, xb))
-        else:
-            out.append((const(up.lr.value, f.d.bits), xb))
+            add("lut_slope", lut.slope_bits + 1, k + 1)
+        add("deriv", f.y.bits, f.y.bits + 1)
+        add("deriv_g", f.d.bits, f.y.frac + 2)
+    if conv is not None:  # the weight gradient δ·x summed over the positions (hdl/conv_mac.py)
+        add("wgrad", f.d.bits, xb)
+    const("momentum", up.momentum.value, f.u.bits)
+
+    def lr_product(prefix: str, c: Const, e: QFormat | None) -> None:
+        if not c.value:
+            return
+        if conv is not None:  # lr × the summed gradient P on δ (hdl/update.py)
+            const(f"{prefix}_p", c.value, stage.memory("wgacc").width)
+        elif e is not None:  # e = rhu(c·δ, k) at S1, then e·x (numerics §5.3)
+            const(f"{prefix}_delta", c.value, f.d.bits)
+            add(f"{prefix}_x", e.bits, xb)
+        elif shift_add(c.value):  # (δ · x) first, then shifts
+            add(f"{prefix}_dx", f.d.bits, xb)
+        else:  # the exact (c·δ)·x of plans without operand_bits
+            add(f"{prefix}_x", const(f"{prefix}_delta", c.value, f.d.bits), xb)
+
+    lr_product("lr", up.lr, up.lr_delta)
     if up.lr_wd.value:
-        const(up.lr_wd.value, f.w.bits)
+        const("lr_wd", up.lr_wd.value, f.w.bits)
     if up.sc:
-        const(up.sc_a.value, f.u.bits)
-        if up.sc_lr_b.value:
-            if shift_add(up.sc_lr_b.value):
-                out.append((f.d.bits, xb))
-            else:
-                out.append((const(up.sc_lr_b.value, f.d.bits), xb))
+        const("sc_a", up.sc_a.value, f.u.bits)
+        lr_product("sc_lr_b", up.sc_lr_b, up.sc_lr_b_delta)
         if up.sc_lr_wd_b.value:
-            const(up.sc_lr_wd_b.value, f.w.bits)
+            const("sc_lr_wd_b", up.sc_lr_wd_b.value, f.w.bits)
     return tuple(out)
 
 
@@ -933,15 +1015,19 @@ class _Slot:
         return self.out_features if self.conv is None else self.conv.out_channels
 
 
-def conv_accumulator_bits(conv: ConvGeometry, f: StageFormats, what_bits: int) -> tuple[int, ...]:
+def conv_accumulator_bits(
+    conv: ConvGeometry, f: StageFormats, what_bits: int, w_bits: int | None = None
+) -> tuple[int, ...]:
     """(forward, input-gradient, weight-gradient) accumulator widths (bits, signed) of a
-    convolution stage: what_bits + x.bits + ⌈log2(T + 1)⌉ + 1; w.bits + d.bits + ⌈log2(C_out·
+    convolution stage: what_bits + x.bits + ⌈log2(T + 1)⌉ + 1; w_bits + d.bits + ⌈log2(C_out·
     Πkernel)⌉ + 1 (the taps and channels that reach one input value); d.bits +
-    x_operand_bits + ⌈log2 P⌉ (the sum over the P output positions of δ·x). Source: *derived*
-    (the Linear stage's widths with the convolution's term counts)."""
+    x_operand_bits + ⌈log2 P⌉ (the sum over the P output positions of δ·x). ``what_bits``,
+    ``w_bits``: the MACs' weight operands (``Stage.w_hat_operand_bits``, ``w_operand_bits``;
+    ``w_bits`` None: w.bits). Source: *derived* (the Linear stage's widths with the
+    convolution's term counts)."""
     fwd = what_bits + f.x.bits + _ceil_log2(conv.taps + 1) + 1
     k = conv.out_channels * math.prod(conv.kernel)
-    bwd = f.w.bits + f.d.bits + _ceil_log2(k) + 1
+    bwd = (w_bits or f.w.bits) + f.d.bits + _ceil_log2(k) + 1
     wg = f.d.bits + x_operand_bits(f.x) + _ceil_log2(conv.positions) + 1
     return fwd, bwd, wg
 
@@ -1166,8 +1252,13 @@ def build_plan(
     const_bits: int = CONST_MANTISSA_BITS,
     single_port: Sequence[int] = (),
     ram_family: str = "bram18",
+    operand_bits: int | None = OPERAND_BITS,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
+
+    ``operand_bits``: the widest variable multiplier operand (``Plan.operand_bits``; default
+    :data:`OPERAND_BITS` = 18, one ECP5 DSP block per product; None: every product exact, as
+    plans from before).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1246,7 +1337,7 @@ def build_plan(
         observed = dict(fs.ranges.get(sl.index, {}))
         _check_formats(sl, f, observed)
         upd = _update_constants(
-            config, sl.delay, f.x, f.d, f.w, f.u, const_bits, p_sum_bits(sl.conv)
+            config, sl.delay, f.x, f.d, f.w, f.u, const_bits, p_sum_bits(sl.conv), operand_bits
         )
         if upd.sum_bits > MAX_SUM_BITS:
             raise PlanError(
@@ -1268,10 +1359,12 @@ def build_plan(
         memories = _stage_memories(sl, geo, f, upd, L, groups, words, lwp_w, spram, family)
         lanes_of[sl.index] = L
         what_bits = geo.what_bits
-        acc_fwd = what_bits + f.x.bits + _ceil_log2(N + 1) + 1
-        acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+        w_op = weight_operand(f.w, what_bits, operand_bits)
+        wh_bits, wg_bits = (what_bits, f.w.bits) if w_op is None else (w_op.bits, w_op.bits)
+        acc_fwd = wh_bits + f.x.bits + _ceil_log2(N + 1) + 1
+        acc_bwd = wg_bits + f.d.bits + _ceil_log2(M) + 1
         if sl.conv is not None:
-            acc_fwd, acc_bwd, acc_wg = conv_accumulator_bits(sl.conv, f, what_bits)
+            acc_fwd, acc_bwd, acc_wg = conv_accumulator_bits(sl.conv, f, wh_bits, wg_bits)
             memories = _conv_memories(sl.conv, memories, geo, f, L, groups, words, acc_wg, family)
         if max(acc_fwd, acc_bwd) > MAX_SUM_BITS:
             raise PlanError(
@@ -1387,8 +1480,10 @@ def build_plan(
                 activation_lut=lut,
                 conv=sl.conv,
                 streams=sl.streams if config.strategy != "global" else None,
+                weight_operand=w_op,
             )
         )
+        stages[-1] = replace(stages[-1], products=stage_products(stages[-1]))
     classes = layers[-1].out_features
     last = stages[S - 1]
     # the loss units run in the slack the slowest pass leaves after their feeder's pass
@@ -1463,4 +1558,5 @@ def build_plan(
         result_bits=RESULT_RECORD_BITS,
         ram_family=ram_family,
         shift_add_max_terms=SHIFT_ADD_MAX_TERMS,
+        operand_bits=operand_bits,
     )

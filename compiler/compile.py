@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
+from .build import CONST_MANTISSA_BITS, OPERAND_BITS, FormatSpec, PlanError
 from .config import TrainConfig, check_strategy_options, global_if_same
 from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
@@ -164,6 +164,7 @@ def compile_result(
     clock_hz: float = 50e6,
     const_bits: int = CONST_MANTISSA_BITS,
     single_port: Sequence[int] = (),
+    operand_bits: int | None = OPERAND_BITS,
     writers: Sequence[ArtifactWriter] | None = None,
     name: str | None = None,
     seed: int | None = None,
@@ -237,6 +238,7 @@ def compile_result(
             memory_budget_bits=memory_budget_bits,
             const_bits=const_bits,
             single_port=tuple(single_port),
+            operand_bits=operand_bits,
         )
         fit = None
         if board is None:
@@ -274,8 +276,9 @@ def compile_model(
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
-    ``clock_hz``, ``const_bits`` and ``single_port`` (:func:`~pipetrain.compiler.build.
-    build_plan`: constant precision, SPRAM stages), ``board`` (fit the plan to it,
+    ``clock_hz``, ``const_bits``, ``single_port`` and ``operand_bits`` (:func:`~pipetrain.
+    compiler.build.build_plan`: constant precision, SPRAM stages, the multipliers' operand
+    width — 18 by default, None keeps every product exact), ``board`` (fit the plan to it,
     :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, formats, lanes and SPRAM
     replace those options; lanes not given: the fastest that fit), ``shell`` (the board
     design's memories outside the plan, :class:`~pipetrain.compiler.fit.Shell` or a function

@@ -45,6 +45,7 @@ from .build import (
     BLOCK_RAM_BITS,
     CONST_MANTISSA_BITS,
     EXP_LUT_FRAC,
+    OPERAND_BITS,
     RAM_FAMILIES,
     FormatSpec,
     build_plan,
@@ -110,6 +111,8 @@ class PlanRequest:
     const_bits: significant bits of the update constants.
     single_port: 1-based stages with single-port (SPRAM) weight memories.
     ram_family: the block-RAM family the memories are placed on (``RAM_FAMILIES``).
+    operand_bits: the widest variable multiplier operand (``Plan.operand_bits``; None: every
+        product exact).
     """
 
     ir: NetworkIR
@@ -122,6 +125,7 @@ class PlanRequest:
     const_bits: int = CONST_MANTISSA_BITS
     single_port: tuple[int, ...] = ()
     ram_family: str = "bram18"
+    operand_bits: int | None = OPERAND_BITS
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -139,6 +143,7 @@ class PlanRequest:
             self.const_bits,
             self.single_port,
             self.ram_family,
+            self.operand_bits,
         )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "StageFormats",
     "UpdateConstants",
     "MemorySpec",
+    "Product",
     "ActivationLUT",
     "ConvGeometry",
     "Stage",
@@ -182,6 +183,13 @@ class UpdateConstants:
     frac_u: common fraction bits the velocity sum is aligned to before rounding.
     frac_v: common fraction bits the SC sum is aligned to before rounding.
     sum_bits: width of the widest update sum (bits, ≤ 62 so int64 holds it exactly).
+    lr_delta: the Q-format of the scaled error ``e_j = rhu(lr·δ_j, k)`` that the learning-rate
+        product multiplies with ``x`` (docs/numerics.md §5.3: ``frac = lr.frac + d.frac − k``,
+        ``bits`` = the plan's ``operand_bits``, ``k`` the fewest dropped bits that keep every
+        ``e`` inside it unclamped); None: the exact product ``lr·δ·x`` (a shift-add ``lr``, a
+        convolution's summed gradient, or a plan without ``operand_bits``; then absent from
+        the JSON).
+    sc_lr_b_delta: the same for Spike Compensation's ``b·lr`` (None without SC).
     """
 
     momentum: Const
@@ -196,9 +204,30 @@ class UpdateConstants:
     frac_u: int
     frac_v: int
     sum_bits: int
+    lr_delta: QFormat | None = None
+    sc_lr_b_delta: QFormat | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, lwp_form=LwpForm)
+
+
+@dataclass(frozen=True)
+class Product:
+    """One multiplier of a stage lane as the HDL builds it (``build.stage_products``).
+
+    Members
+    -------
+    name: what it multiplies, e.g. ``fwd`` (ŵ·x), ``gin`` (w·δ), ``lr_delta`` (lr·δ),
+        ``lr_x`` (e·x), ``momentum`` (m·u); a ``_l<t>`` suffix for interlocking stream ``t``.
+    a_bits, b_bits: the operand widths (bits, signed).
+    blocks: 18 × 18 hard multiplier blocks it takes (``build.multiplier_blocks``; 0: shifts
+        and adders in logic).
+    """
+
+    name: str
+    a_bits: int
+    b_bits: int
+    blocks: int
 
 
 @dataclass(frozen=True)
@@ -396,6 +425,15 @@ class Stage:
         ``d``, ``gin``, ``w``, ``u``, …); empty with static formats.
     activation_lut: the :class:`ActivationLUT` of a ``tanh``/``sigmoid`` stage (None otherwise,
         and then absent from the JSON, so plans without one keep their hash).
+    weight_operand: the Q-format the forward and input-gradient MACs read the weights in
+        (docs/numerics.md §3.2, §5.2): ``ŵ`` and ``w`` rounded half up to ``operand_bits`` bits,
+        ``frac = w.frac − (what_bits − operand_bits + 1)`` — one integer bit more than ŵ, so the
+        rounding never needs a clamp; None when ``what_bits`` ≤ the plan's ``operand_bits``
+        (or it has none): the MACs read ŵ and ``w`` exactly (then absent from the JSON). One
+        18 × 18 DSP block per product (ECP5 MULT18X18D) instead of two.
+    products: every multiplier of one lane as built (:class:`Product`: name, operand widths,
+        18 × 18 blocks), in ``build.stage_products`` order; None in plans from before (then
+        absent from the JSON).
     streams: local / interlocking learning: the stage's backward streams as ``[loss t, delay
         D_{s,t}]`` pairs in ``grad_losses`` order — the error of L_t reaches the stage D_{s,t}
         updates after its forward of the same sample (``schedule.StageRole.streams``,
@@ -465,9 +503,43 @@ class Stage:
     activation_lut: ActivationLUT | None = None
     conv: ConvGeometry | None = None
     streams: tuple[tuple[int, int], ...] | None = None
+    weight_operand: QFormat | None = None
+    products: tuple[Product, ...] | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)
+
+    @property
+    def weight_shift(self) -> int:
+        """Bits the MACs drop from ``ŵ`` and ``w`` (``w.frac − weight_operand.frac``; 0 when
+        they read them exactly)."""
+        wo = self.weight_operand
+        return 0 if wo is None else self.formats.w.frac - wo.frac
+
+    @property
+    def mac_w_frac(self) -> int:
+        """Fraction bits of the weight operand of the forward and input-gradient MACs."""
+        return self.formats.w.frac - self.weight_shift
+
+    @property
+    def mac_w_format(self) -> QFormat:
+        """The input-gradient MAC's weight operand as a Q-format (``w_operand_bits`` bits,
+        :attr:`mac_w_frac`); the forward operand has the same fraction bits."""
+        return QFormat(self.w_operand_bits, self.mac_w_frac)
+
+    @property
+    def w_hat_operand_bits(self) -> int:
+        """Width (signed) of the forward MAC's weight operand: ``weight_operand.bits`` or
+        ``what_bits``."""
+        wo = self.weight_operand
+        return self.what_bits if wo is None else wo.bits
+
+    @property
+    def w_operand_bits(self) -> int:
+        """Width (signed) of the input-gradient MAC's weight operand: ``weight_operand.bits`` or
+        ``w.bits``."""
+        wo = self.weight_operand
+        return self.formats.w.bits if wo is None else wo.bits
 
     @property
     def kind(self) -> str:
@@ -589,6 +661,12 @@ class Plan:
     shift_add_max_terms: a constant with at most this many signed digits (:func:`csd`) is
         multiplied with shifts and adders, not a multiplier (:meth:`shift_add`;
         ``build.SHIFT_ADD_MAX_TERMS``: two adders of ~20 bits are cheaper than a DSP block).
+    operand_bits: the widest variable operand of a datapath multiplier (bits, signed; 18: one
+        ECP5 MULT18X18D block per product): the MACs' weight operand
+        (``Stage.weight_operand``) and the learning-rate product's scaled error
+        (``UpdateConstants.lr_delta``) are rounded to it; master weights and velocities keep
+        their own width. None in plans from before (then absent from the JSON: every product
+        exact).
     ram_family: the RAM the memories' ``kind`` and ``blocks`` were decided for
         (``build.RAM_FAMILIES``): ``bram18`` (18 Kib dual-port blocks and 16 × 4 LUT RAM:
         ECP5 DP16KD / TRELLIS_DPR16X4, Xilinx RAMB18) or ``ice40`` (4 Kib EBR, no LUT RAM,
@@ -627,6 +705,7 @@ class Plan:
     result_bits: int = 49
     ram_family: str = "bram18"
     shift_add_max_terms: int = 3
+    operand_bits: int | None = None
 
     def shift_add(self, value: int) -> bool:
         """Whether ``value`` is multiplied with shifts and adders (at most

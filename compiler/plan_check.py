@@ -56,8 +56,10 @@ from .build import (
     pass_cycles,
     sequential_cycles,
     stage_cycles,
+    stage_products,
     tick_cycles,
     update_stage,
+    weight_operand,
     write_stage,
     x_operand_bits,
 )
@@ -155,6 +157,10 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Plan", "result_fifo_depth"): (2, None),
     ("Plan", "result_bits"): (1, None),
     ("Plan", "shift_add_max_terms"): (0, None),
+    ("Plan", "operand_bits"): (2, MAX_SUM_BITS),
+    ("Product", "a_bits"): (1, MAX_SUM_BITS),
+    ("Product", "b_bits"): (1, MAX_SUM_BITS),
+    ("Product", "blocks"): (0, None),
     ("ConvGeometry", "in_channels"): (1, None),
     ("ConvGeometry", "out_channels"): (1, None),
     ("ConvGeometry", "in_size"): (1, None),
@@ -413,17 +419,25 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.lfsr_seeds", st.lfsr_seeds, seeds, "build.lfsr_seeds of train.seed")
     slope = Const.of(st.negative_slope.real, SLOPE_FRAC)
     _same_fields(f"{p}.negative_slope", st.negative_slope, slope, "Const.of(real, 16)")
-    upd = _update_constants(cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits, p_sum_bits(st.conv))
+    upd = _update_constants(
+        cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits, p_sum_bits(st.conv), plan.operand_bits
+    )
     _same_fields(f"{p}.update", st.update, upd, "what build derives from train, delay, formats")
     what = forward_weight_bits(f.w, upd.lwp_horizon, f.u, upd.lwp_form)
     _same(f"{p}.what_bits", st.what_bits, what, "build.forward_weight_bits")
     _same(f"{p}.x_operand_bits", st.x_operand_bits, x_operand_bits(f.x), "build.x_operand_bits")
-    acc_fwd = what + f.x.bits + _ceil_log2(N + 1) + 1
-    acc_bwd = f.w.bits + f.d.bits + _ceil_log2(M) + 1
+    w_op = weight_operand(f.w, what, plan.operand_bits)
+    _same(f"{p}.weight_operand", st.weight_operand, w_op, "build.weight_operand of operand_bits")
+    acc_fwd = st.w_hat_operand_bits + f.x.bits + _ceil_log2(N + 1) + 1
+    acc_bwd = st.w_operand_bits + f.d.bits + _ceil_log2(M) + 1
     if st.conv is not None:
-        acc_fwd, acc_bwd, _ = conv_accumulator_bits(st.conv, f, what)
-    _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "what_bits + x.bits + ⌈log2(N+1)⌉ + 1")
-    _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w.bits + d.bits + ⌈log2 M⌉ + 1")
+        acc_fwd, acc_bwd, _ = conv_accumulator_bits(
+            st.conv, f, st.w_hat_operand_bits, st.w_operand_bits
+        )
+    _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "ŵ operand + x.bits + ⌈log2(N+1)⌉ + 1")
+    _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w operand + d.bits + ⌈log2 M⌉ + 1")
+    if st.products is not None:
+        _same(f"{p}.products", st.products, stage_products(st), "build.stage_products")
     _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc), "build.update_stage")
     ws = write_stage(upd.sc, st.slot_cycles)
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")

@@ -183,10 +183,12 @@ class ConvStageUnit(wiring.Component):
                 x_operand_bits=st.x_operand_bits, what_bits=st.what_bits,
                 update_stage=st.update_stage, rounding=plan.rounding, lfsr=lfsr,
                 shift_add=plan.shift_add, gradient_bits=st.memory("wgacc").width,
+                weight_operand=st.weight_operand,
             ),
             "fwd": ForwardLanes(
-                pipe, lanes=L, live_last=live_last, acc_bits=st.acc_fwd_bits, w_format=f.w,
-                x_format=f.x, y_format=f.y, what_bits=st.what_bits,
+                pipe, lanes=L, live_last=live_last, acc_bits=st.acc_fwd_bits,
+                w_format=st.mac_w_format, x_format=f.x, y_format=f.y,
+                what_bits=st.w_hat_operand_bits,
                 x_operand_bits=st.x_operand_bits, activation=self.activation,
             ),
             "pool": PoolUnit(
@@ -201,7 +203,8 @@ class ConvStageUnit(wiring.Component):
         if st.input_gradient:
             parts["ingrad"] = ConvInputGradient(
                 pipe, cp, lanes=L, in_values=v.in_values, acc_bits=st.acc_bwd_bits,
-                w_format=f.w, d_format=f.d, gin_format=f.gin, what_bits=st.what_bits,
+                w_format=st.mac_w_format, d_format=f.d, gin_format=f.gin,
+                what_bits=st.w_hat_operand_bits,
             )  # fmt: skip
         return parts
 

@@ -28,7 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation
-from .arith import sat
+from .arith import rhu, sat, wire
 from .streams import (
     DeltaSignature,
     ErrorHalvesSignature,
@@ -53,6 +53,10 @@ class ErrorBuffer(wiring.Component):
     activation: the stage's :class:`~pipetrain.hdl.activation.Activation` (its derivative).
     addends: δ values of other streams added at S1 (the ``sum`` rule; 0: none).
     early: also give the S1 δ (``early``) for another buffer's same-tick sum.
+    scales: ``(c, k, bits)`` per scaled error ``e = rhu(c·δ, k)`` of the update's δ
+        (docs/numerics.md §5.3: the learning-rate products' ``e``, formed at S1 from the same
+        δ the update reads, so ``e·x`` is one multiplier level at S2); ``bits`` holds it
+        unclamped (the compiler's ``scaled_error_format``).
 
     Members
     -------
@@ -71,6 +75,8 @@ class ErrorBuffer(wiring.Component):
     saturated: ``Out(L)`` (``addends`` > 0) per lane: the δ sum clamped (a one-cycle pulse,
         once per row and pass, only in a pass with a backward item; padding lanes 0).
     early: ``Out(DeltaSignature(L, d.bits))`` (``early``) δ per lane at S1, combinational.
+    scaled0 … scaled{n−1}: ``Out(DeltaSignature(L, bits))`` (``scales``) ``rhu(c·δ, k)`` per
+        lane at S2, of the update's δ (``total`` with ``addends``, else ``delta``).
 
     Raises ValueError unless ``(G−1)·L < M ≤ G·L``.
     """
@@ -85,6 +91,7 @@ class ErrorBuffer(wiring.Component):
         activation: Activation,
         addends: int = 0,
         early: bool = False,
+        scales: tuple[tuple[int, int, int], ...] = (),
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
@@ -96,7 +103,7 @@ class ErrorBuffer(wiring.Component):
             d_format,
             activation,
         )
-        self.addends, self.with_early = addends, early
+        self.addends, self.with_early, self.scales = addends, early, tuple(scales)
         members = {
             "write": In(ValidSignature(signed(d_format.bits))),
             "halves": In(ErrorHalvesSignature()),
@@ -111,6 +118,8 @@ class ErrorBuffer(wiring.Component):
             members["saturated"] = Out(lanes)
         if early:
             members["early"] = Out(DeltaSignature(lanes, d_format.bits))
+        for n, (_, _, bits) in enumerate(self.scales):
+            members[f"scaled{n}"] = Out(DeltaSignature(lanes, bits))
         super().__init__(members)
 
     def elaborate(self, platform) -> Module:
@@ -158,17 +167,24 @@ class ErrorBuffer(wiring.Component):
             with m.If(s1.valid):
                 m.d.sync += d2.eq(d1)
             m.d.comb += self.delta.delta[lane].eq(d2)
+            upd1 = d1  # the update's δ at S1
             if self.addends:  # the sum rule: δ + the earlier streams' δ, clamped once
                 total = dl
                 for k in range(self.addends):
                     total = total + getattr(self, f"addend{k}").delta[lane]
                 t1, clamped = sat(total, fd)
+                upd1 = wire(m, Mux(live, t1, 0), f"t1_{lane}")
                 t2 = Signal(signed(fd.bits), name=f"t2_{lane}")
                 flag = Signal(name=f"dsat_{lane}")
                 with m.If(s1.valid):
-                    m.d.sync += t2.eq(Mux(live, t1, 0))
+                    m.d.sync += t2.eq(upd1)
                 m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
                 m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
+            for n, (c, k, bits) in enumerate(self.scales):  # e = rhu(c·δ, k), numerics §5.3
+                e2 = Signal(signed(bits), name=f"e{n}_2_{lane}")
+                with m.If(s1.valid):
+                    m.d.sync += e2.eq(rhu(upd1 * c, k))
+                m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
         return m
 
 

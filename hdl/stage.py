@@ -54,7 +54,7 @@ from .streams import (
     connect_pipeline,
     word_layout,
 )
-from .update import LFSRConfig, UpdateUnit
+from .update import LFSRConfig, UpdateUnit, scaled_error_ports, scaled_errors
 from .weights import WeightStore
 
 __all__ = ["StageUnit", "check_stage", "extra_streams", "pass_through"]
@@ -215,6 +215,7 @@ class StageUnit(wiring.Component):
                 d_format=f.d,
                 activation=self.activation,
                 addends=len(self.early),
+                scales=scaled_errors(st),
             ),
             "update": UpdateUnit(
                 pipe,
@@ -228,16 +229,17 @@ class StageUnit(wiring.Component):
                 rounding=plan.rounding,
                 lfsr=lfsr,
                 shift_add=plan.shift_add,
+                weight_operand=st.weight_operand,
             ),
             "fwd": ForwardLanes(
                 pipe,
                 lanes=L,
                 live_last=live_last,
                 acc_bits=st.acc_fwd_bits,
-                w_format=f.w,
+                w_format=st.mac_w_format,
                 x_format=f.x,
                 y_format=f.y,
-                what_bits=st.what_bits,
+                what_bits=st.w_hat_operand_bits,
                 x_operand_bits=st.x_operand_bits,
                 activation=self.activation,
             ),
@@ -248,10 +250,10 @@ class StageUnit(wiring.Component):
                 pipe,
                 lanes=L,
                 acc_bits=st.acc_bwd_bits,
-                w_format=f.w,
+                w_format=st.mac_w_format,
                 d_format=f.d,
                 gin_format=f.gin,
-                what_bits=st.what_bits,
+                what_bits=st.w_hat_operand_bits,
             )
 
         if self.primary_gin:
@@ -332,6 +334,9 @@ class StageUnit(wiring.Component):
         else:
             connect(m, errbuf.delta, update.delta, *(g.delta for g in grads))  # S2
         connect(m, update.weights, fwd.weights, *(g.weights for g in grads + grads_x))  # S2
+        st = self.stage
+        for n, name in enumerate(scaled_error_ports(st)):  # e = rhu(c·δ, k) of §5.3, S2
+            connect(m, getattr(errbuf, f"scaled{n}"), getattr(update, name))
         connect(m, fwd.y, flipped(self.y))  # S4
         connect(m, fwd.mask_write, stash.mask_write)  # S4
         for g in grads:

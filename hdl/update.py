@@ -18,9 +18,14 @@ From one read of ``(w, u)`` per lane and slot (docs/numerics.md §3):
   saturation counter.
 
 The learning-rate products are formed as ``η·(δ·x)`` when ``η`` is a shift-add constant (then
-one ``δ·x`` multiplier) and ``(η·δ)·x`` otherwise — exact either way. A convolution stage gives
-the weight gradient already summed over its positions (``gradient_bits``: ``P = Σ_p δ·x`` on
-``delta``, same fraction bits as ``δ·x``; docs/numerics.md §9.2), so the products are ``η·P``.
+one ``δ·x`` multiplier, exact) and otherwise as ``e·x`` with the scaled error
+``e = rhu(η·δ, k)`` that the error buffer forms at S1 (``scaled_lr``, docs/numerics.md §5.3: an
+18-bit operand, one DSP block, and one multiplier level per pipeline stage). The forward and
+input-gradient MACs read ``ŵ`` and ``w`` rounded to the plan's weight operand
+(``Stage.weight_operand``: ``rhu(·, w.frac − operand.frac)``, registered at S2 with them).
+A convolution stage gives the weight gradient already summed over its positions
+(``gradient_bits``: ``P = Σ_p δ·x`` on ``delta``, same fraction bits as ``δ·x``;
+docs/numerics.md §9.2), so the products are ``η·P``, exact.
 With single-port memories the write-back leaves one stage later than ``update_stage`` when that
 stage is even (one more register; the write must fall between two reads).
 
@@ -36,8 +41,8 @@ from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.plan import StageFormats, UpdateConstants
-from .arith import align, const_mul, round_upd, sat, wire
+from ..compiler.plan import Const, QFormat, Stage, StageFormats, UpdateConstants
+from .arith import align, const_mul, rhu, round_upd, sat, wire
 from .lfsr import LFSR
 from .streams import (
     DeltaSignature,
@@ -50,7 +55,30 @@ from .streams import (
     write_back_layout,
 )
 
-__all__ = ["UpdateUnit", "LFSRConfig"]
+__all__ = ["UpdateUnit", "LFSRConfig", "scaled_errors", "scaled_error_ports"]
+
+
+def _scaled(stage: Stage) -> list[tuple[str, Const, QFormat]]:
+    up = stage.update
+    out = []
+    if up.lr_delta is not None:
+        out.append(("scaled_lr", up.lr, up.lr_delta))
+    if up.sc and up.sc_lr_b_delta is not None:
+        out.append(("scaled_b", up.sc_lr_b, up.sc_lr_b_delta))
+    return out
+
+
+def scaled_errors(stage: Stage) -> tuple[tuple[int, int, int], ...]:
+    """``(c, k, bits)`` of each scaled error ``e = rhu(c·δ, k)`` the update unit of a Linear
+    ``stage`` reads (docs/numerics.md §5.3): η's, then Spike Compensation's b·η; the error
+    buffer forms them (``ErrorBuffer(scales=…)``). Empty when every product is exact."""
+    fd = stage.formats.d
+    return tuple((c.value, c.frac + fd.frac - fe.frac, fe.bits) for _, c, fe in _scaled(stage))
+
+
+def scaled_error_ports(stage: Stage) -> tuple[str, ...]:
+    """The :class:`UpdateUnit` members that take :func:`scaled_errors`, in the same order."""
+    return tuple(name for name, _, _ in _scaled(stage))
 
 
 class LFSRConfig:
@@ -84,6 +112,8 @@ class UpdateUnit(wiring.Component):
         and adders — then the learning-rate products are formed as ``η·(δ·x)``.
     gradient_bits: ``None`` (Linear), or the width of a summed weight gradient ``P`` that
         arrives on ``delta`` instead of δ (a convolution stage; ``operands`` is then absent).
+    weight_operand: the MACs' weight operand format (``Stage.weight_operand``; None: ŵ and
+        ``w`` exact).
 
     Members
     -------
@@ -93,7 +123,11 @@ class UpdateUnit(wiring.Component):
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2 (not with
         ``gradient_bits``).
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2 (``gradient_bits``: ``P`` of that width).
-    weights: ``Out(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ and ``w`` at S2.
+    scaled_lr, scaled_b: ``In(DeltaSignature(L, e.bits))`` the scaled errors ``rhu(η·δ, k)``
+        and (Spike Compensation) ``rhu(b·η·δ, k)`` at S2 (``update.lr_delta`` /
+        ``sc_lr_b_delta`` set, Linear stages only).
+    weights: ``Out(LaneWeightsSignature(L, ŵ operand bits, w operand bits))`` the MACs' ŵ and
+        ``w`` operands at S2 (``weight_operand`` bits each, else ``what_bits`` / ``w.bits``).
     write_back: ``Out(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
         ``(w′, u′[, w_prev′ = w])`` at the write stage, valid in backward passes (padding lanes
         masked).
@@ -119,6 +153,7 @@ class UpdateUnit(wiring.Component):
         lfsr: LFSRConfig,
         shift_add: Callable[[int], bool],
         gradient_bits: int | None = None,
+        weight_operand: QFormat | None = None,
     ) -> None:
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
             raise ValueError(
@@ -135,6 +170,13 @@ class UpdateUnit(wiring.Component):
         self.shift_add, self.gradient_bits = shift_add, gradient_bits
         self.w_prev = bool(update.lwp_horizon) and update.lwp_form == "w"
         f, wp = formats, self.w_prev
+        self.wo = weight_operand
+        self.k_wop = 0 if weight_operand is None else f.w.frac - weight_operand.frac
+        wh_bits = what_bits if weight_operand is None else weight_operand.bits
+        wg_bits = f.w.bits if weight_operand is None else weight_operand.bits
+        linear = gradient_bits is None
+        self.e_lr = update.lr_delta if linear else None
+        self.e_b = update.sc_lr_b_delta if linear and update.sc else None
         members = {
             "slots": In(
                 pipeline.subset(
@@ -144,20 +186,27 @@ class UpdateUnit(wiring.Component):
             "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits, wp)),
             "operands": In(StashOperandsSignature(x_operand_bits)),
             "delta": In(DeltaSignature(lanes, gradient_bits or f.d.bits)),
-            "weights": Out(LaneWeightsSignature(lanes, what_bits, f.w.bits)),
+            "weights": Out(LaneWeightsSignature(lanes, wh_bits, wg_bits)),
             "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits, wp))),
             "saturated": Out(2 * lanes),
         }
         if gradient_bits is not None:
             del members["operands"]
+        if self.e_lr is not None:
+            members["scaled_lr"] = In(DeltaSignature(lanes, self.e_lr.bits))
+        if self.e_b is not None:
+            members["scaled_b"] = In(DeltaSignature(lanes, self.e_b.bits))
         super().__init__(members)
 
-    def _terms(self, d2, xb2, w2, u2, c_lr, c_wd, first=None) -> list[tuple]:
+    def _terms(self, d2, xb2, w2, u2, c_lr, c_wd, first=None, e=None) -> list[tuple]:
         """``(product, fraction bits)`` of ``[first,] c_lr·δ·x, c_wd·w`` with the zero
-        constants left out."""
+        constants left out; ``e``: ``(scaled error at S2, its format)`` — the product is then
+        ``e·x`` (numerics §5.3)."""
         f = self.f
         out = [first] if first is not None else []
-        if c_lr.value:
+        if e is not None:
+            out.append((e[0] * xb2, e[1].frac + f.x.frac))
+        elif c_lr.value:
             if xb2 is None:  # a summed gradient P on δ (convolution)
                 dx = const_mul(c_lr.value, d2, self.shift_add)
             elif self.shift_add(c_lr.value):
@@ -226,9 +275,15 @@ class UpdateUnit(wiring.Component):
         u2 = Signal(signed(f.u.bits), name=f"u2_{lane}")
         with m.If(v[1]):
             m.d.sync += [w2.eq(w1), u2.eq(u1)]
-        wh2 = w2  # without LWP the forward weight is w itself: one register, not two
+        k = self.k_wop
+        wg2 = w2  # the input-gradient operand: w itself, or rhu(w, k) (numerics §5.2)
+        if k:
+            wg2 = Signal(signed(self.wo.bits), name=f"wg2_{lane}")
+            with m.If(v[1]):
+                m.d.sync += wg2.eq(rhu(w1, k))
+        wh2 = wg2  # without LWP the forward weight is w itself: one register, not two
         if up.lwp_horizon:
-            wh2 = Signal(signed(self.what_bits), name=f"wh2_{lane}")
+            wh2 = Signal(signed(self.what_bits if not k else self.wo.bits), name=f"wh2_{lane}")
             if self.w_prev:
                 step = wire(m, w1 - self.read.w_prev[lane], f"wstep1_{lane}")  # w.bits + 1
                 pred = w1 + const_mul(up.lwp_horizon, step, self.shift_add)
@@ -236,8 +291,8 @@ class UpdateUnit(wiring.Component):
                 pred = w1 - const_mul(up.lwp_horizon, u1, self.shift_add)
             what1 = Mux(sp.fwd_train, pred, w1)
             with m.If(v[1]):
-                m.d.sync += wh2.eq(what1)
-        m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(w2)]
+                m.d.sync += wh2.eq(rhu(what1, k))  # the forward operand (numerics §3.2)
+        m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(wg2)]
         return w2, u2
 
     def _products(self, m: Module, lane: int, v: list, w2: Signal, u2: Signal):
@@ -250,14 +305,19 @@ class UpdateUnit(wiring.Component):
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)
         mom = (const_mul(up.momentum.value, u2, self.shift_add), up.momentum.frac + f.w.frac)
+        e_lr = e_b = None
+        if self.e_lr is not None:
+            e_lr = (self.scaled_lr.delta[lane], self.e_lr)
+        if self.e_b is not None:
+            e_b = (self.scaled_b.delta[lane], self.e_b)
         u_terms, v_terms = [], []
-        for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom)):
+        for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom, e_lr)):
             r = Signal(expr.shape(), name=f"ut{n}_{lane}")
             m.d.sync += r.eq(expr)
             u_terms.append((r, frac))
         if up.sc:
             for n, (expr, frac) in enumerate(
-                self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b)
+                self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b, e=e_b)
             ):
                 r = Signal(expr.shape(), name=f"vt{n}_{lane}")
                 m.d.sync += r.eq(expr)

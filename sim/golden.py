@@ -251,7 +251,9 @@ class _StageEngine:
         if upd.sum_bits > 62:
             raise GoldenError(f"stage {st.index}: update sum_bits {upd.sum_bits} > 62")
         self.bias_in = 1 << self.fx.frac
-        self.k_fwd = self.fw.frac + self.fx.frac - self.fy.frac
+        #: the MACs' weight operand: ŵ and w rounded by k_wop bits (numerics §3.2, §5.2)
+        self.k_wop = st.weight_shift
+        self.k_fwd = st.mac_w_frac + self.fx.frac - self.fy.frac
         self.act = st.activation
         self.slope = (st.negative_slope.value, st.negative_slope.frac)
         self.lut = st.activation_lut  # tanh / sigmoid (numerics §3.4)
@@ -262,16 +264,22 @@ class _StageEngine:
         if self.input_gradient:
             if self.fgin is None:
                 raise GoldenError(f"stage {st.index} has an input gradient but no gin format")
-            self.k_gin = self.fw.frac + self.fd.frac - self.fgin.frac
+            self.k_gin = st.mac_w_frac + self.fd.frac - self.fgin.frac
         fw, fp = self.fw.frac, self.fd.frac + self.fx.frac
         self.t_m = _shift_term(upd.momentum, fw, upd.frac_u, "momentum·u")
-        self.t_lr = _shift_term(upd.lr, fp, upd.frac_u, "lr·P")
+        # lr·P exact (a plan without the scaled error of §5.3, or a convolution's summed P)
+        self.t_lr = (0, 0) if upd.lr_delta else _shift_term(upd.lr, fp, upd.frac_u, "lr·P")
+        #: the scaled errors e = rhu(c·δ, k) of numerics §5.3: (c, k, shift of e·x into the sum)
+        self.e_lr = self._scaled(upd.lr, upd.lr_delta, upd.frac_u)
+        self.e_b = self._scaled(upd.sc_lr_b, upd.sc_lr_b_delta, upd.frac_v) if upd.sc else None
         self.t_lrwd = _shift_term(upd.lr_wd, fw, upd.frac_u, "lr_wd·w")
         self.k_u = upd.frac_u - fw
         self.sc = upd.sc
         if self.sc:
             self.t_a = _shift_term(upd.sc_a, fw, upd.frac_v, "sc_a·u'")
-            self.t_b = _shift_term(upd.sc_lr_b, fp, upd.frac_v, "sc_lr_b·P")
+            self.t_b = (
+                (0, 0) if upd.sc_lr_b_delta else _shift_term(upd.sc_lr_b, fp, upd.frac_v, "b·lr·P")
+            )
             self.t_bwd = _shift_term(upd.sc_lr_wd_b, fw, upd.frac_v, "sc_lr_wd_b·w")
             self.k_v = upd.frac_v - fw
         if self.k_u < 0 or (self.sc and self.k_v < 0):
@@ -301,6 +309,17 @@ class _StageEngine:
         #: max|value| before the clamp per tensor kind (real values), when profiling
         self.peaks: dict[str, float] | None = None
         self.updates = 0
+
+    def _scaled(self, c: Const, fe: QFormat | None, f_to: int) -> tuple[int, int, int] | None:
+        """(c, k, shift) of the scaled error ``e = rhu(c·δ, k)`` in format ``fe`` and its
+        ``e·x`` term's left shift into a sum of ``f_to`` fraction bits; None: exact ``c·P``."""
+        if fe is None:
+            return None
+        k = c.frac + self.fd.frac - fe.frac
+        shift = f_to - (fe.frac + self.fx.frac)
+        if k < 0 or shift < 0:
+            raise GoldenError(f"stage {self.spec.index}: scaled error {fe} does not fit the sum")
+        return c.value, k, shift
 
     @property
     def sat(self) -> int:
@@ -349,11 +368,20 @@ class _StageEngine:
             return self.w - self.H * self.u
         return self.w + self.H * (self.w - self.w_prev)
 
+    def w_hat_operand(self, predict: bool) -> torch.Tensor:
+        """The forward MAC's weight operand ``rhu(ŵ, k_wop)`` (numerics §3.2; ŵ itself when the
+        plan keeps it exact)."""
+        return rhu(self.w_hat(predict), self.k_wop)
+
+    def w_operand(self) -> torch.Tensor:
+        """The input-gradient MAC's weight operand ``rhu(w, k_wop)`` (numerics §5.2)."""
+        return rhu(self.w, self.k_wop)
+
     def forward(
         self, xb: torch.Tensor, predict: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """xb (..., N+1) with the bias input → (z, a, mask), each (..., M)."""
-        acc = xb @ self.w_hat(predict).T
+        acc = xb @ self.w_hat_operand(predict).T
         z = self._clamp(rhu(acc, self.k_fwd), self.fy, "y")
         mask = z > 0
         return z, self.activate(z, mask), mask
@@ -428,7 +456,8 @@ class _StageEngine:
     def input_grad(self, delta: torch.Tensor) -> torch.Tensor:
         """gin (N,) = sat(rhu(δ·W[:, :N], k_gin), gin) with the weights as they are now (the
         start of the tick; numerics §5.2), counted on ``gin``."""
-        return self._clamp(rhu(delta @ self.w[:, : self.N], self.k_gin), self.fgin, "gin")
+        acc = delta @ self.w_operand()[:, : self.N]
+        return self._clamp(rhu(acc, self.k_gin), self.fgin, "gin")
 
     #: whether the layer has a bias (a convolution may not: its bias column stays 0)
     has_bias = True
@@ -447,15 +476,26 @@ class _StageEngine:
         """The momentum (and SC) update of sample ``sid`` with δ (M,) and its stashed input
         (numerics §5.3–§5.5), one LFSR draw per lane per slot; drops nothing from the stash."""
         w, u = self.w, self.u
-        P = self.gradient(sid, delta)
+        P = (
+            self.gradient(sid, delta)
+            if self.e_lr is None or (self.sc and self.e_b is None)
+            else None
+        )
+
+        def lr_term(e: tuple[int, int, int] | None, exact: tuple[int, int]) -> torch.Tensor | None:
+            if e is None:  # c·P exact
+                return _mul_shift(P, exact)
+            c, k, shift = e  # (rhu(c·δ, k))·x, numerics §5.3
+            return _mul_shift(self.gradient(sid, rhu(delta * c, k)), (1, shift))
+
         add_u, add_w = self._randoms() if self.stochastic else (None, None)
         U = _sum_terms(
-            _mul_shift(u, self.t_m), _mul_shift(P, self.t_lr), _mul_shift(w, self.t_lrwd)
+            _mul_shift(u, self.t_m), lr_term(self.e_lr, self.t_lr), _mul_shift(w, self.t_lrwd)
         )
         u1 = self._clamp(self._round(U, self.k_u, add_u), self.fu, "u")
         if self.sc:
             V = _sum_terms(
-                _mul_shift(u1, self.t_a), _mul_shift(P, self.t_b), _mul_shift(w, self.t_bwd)
+                _mul_shift(u1, self.t_a), lr_term(self.e_b, self.t_b), _mul_shift(w, self.t_bwd)
             )
             w1 = self._clamp(w - self._round(V, self.k_v, add_w), self.fw, "w")
         else:

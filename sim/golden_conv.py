@@ -131,7 +131,7 @@ class ConvEngine(_StageEngine):
         """xb (..., N_in + 1) → (z (..., C_out·P), a (..., C_out·P′), (mask, argmax))."""
         lead = xb.shape[:-1]
         X = self.columns(xb.reshape(-1, xb.shape[-1]))
-        acc = torch.matmul(self.w_hat(predict), X)  # (n, C_out, P)
+        acc = torch.matmul(self.w_hat_operand(predict), X)  # (n, C_out, P)
         z = self._clamp(rhu(acc, self.k_fwd), self.fy, "y")
         mask = z > 0
         a = self.activate(z, mask)
@@ -174,7 +174,7 @@ class ConvEngine(_StageEngine):
     def input_grad(self, delta: torch.Tensor) -> torch.Tensor:
         """gin (N_in,): the transposed correlation of δ (C_out, P) with the current weights,
         exact, then sat(rhu(·, k_gin), gin) (numerics §9.2)."""
-        G = self.w[:, : self.N].T @ delta  # (T, P)
+        G = self.w_operand()[:, : self.N].T @ delta  # (T, P)
         acc = torch.zeros(self.N_in + 1, dtype=torch.int64)
         acc.index_add_(0, self.idx.reshape(-1), G.reshape(-1))
         return self._clamp(rhu(acc[: self.N_in], self.k_gin), self.fgin, "gin")

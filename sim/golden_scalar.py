@@ -173,6 +173,7 @@ def _conv_forward(sg: _Stage, w: Matrix, u: Matrix, w_prev: Matrix, x: list[int]
                     what = w[j][t] - upd.lwp_horizon * u[j][t]
                 elif train and upd.lwp_horizon:
                     what = w[j][t] + upd.lwp_horizon * (w[j][t] - w_prev[j][t])
+                what = rhu(what, st.weight_shift)  # the MAC operand (numerics §3.2)
                 if t == g.taps:
                     acc += what * bias_in
                     continue
@@ -180,7 +181,7 @@ def _conv_forward(sg: _Stage, w: Matrix, u: Matrix, w_prev: Matrix, x: list[int]
                 pos = _reads(g, o, kern[k])
                 if pos is not None:
                     acc += what * x[c * plane + _flat(pos, g.in_size)]
-            row.append(sg.count(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y))
+            row.append(sg.count(rhu(acc, st.mac_w_frac + f.x.frac - f.y.frac), f.y))
         z.append(row)
     mask = [[v > 0 for v in row] for row in z]
     act = [[_act(st, v) for v in row] for row in z]
@@ -248,10 +249,10 @@ def _conv_backward(sg: _Stage, w: Matrix, x: list[int], aux, gout: list[int]):
                 if pos is not None:
                     i = c * plane + _flat(pos, g.in_size)
                     grad[j][t] += d * x[i]
-                    gacc[i] += w[j][t] * d
+                    gacc[i] += rhu(w[j][t], st.weight_shift) * d
     gin = None
     if st.input_gradient:
-        k_gin = f.w.frac + f.d.frac - f.gin.frac
+        k_gin = st.mac_w_frac + f.d.frac - f.gin.frac
         gin = [sg.count(rhu(v, k_gin), f.gin) for v in gacc]
     return [v for row in delta for v in row], gin, grad
 
@@ -301,25 +302,32 @@ def _update(plan: Plan, sg: _Stage, w: Matrix, u: Matrix, xb, delta, grad) -> tu
                 if j >= sg.M:
                     continue  # padding lane: it drew, it does nothing else
                 P = delta[j] * xb[i] if grad is None else grad[j][i]
+                dj, xi = (delta[j], xb[i]) if grad is None else (0, 0)
 
                 def al(const, operand: int, ofrac: int, fto: int) -> int:
                     if const.value == 0:
                         return 0
                     return (const.value * operand) << (fto - const.frac - ofrac)
 
+                def lr_term(const, fe, fto: int, P: int = P, dj: int = dj, xi: int = xi) -> int:
+                    if fe is None:  # const·P exact
+                        return al(const, P, fp, fto)
+                    e = rhu(const.value * dj, const.frac + f.d.frac - fe.frac)  # §5.3
+                    return (e * xi) << (fto - fe.frac - f.x.frac)
+
                 def rnd(v: int, kk: int, r: int) -> int:
                     return rsr(v, kk, r, R) if stochastic else rne(v, kk)
 
                 U = (
                     al(c.momentum, u[j][i], fw, c.frac_u)
-                    + al(c.lr, P, fp, c.frac_u)
+                    + lr_term(c.lr, c.lr_delta, c.frac_u)
                     + al(c.lr_wd, w[j][i], fw, c.frac_u)
                 )
                 un = sg.count(rnd(U, c.frac_u - fw, r_u), f.u)
                 if c.sc:
                     V = (
                         al(c.sc_a, un, fw, c.frac_v)
-                        + al(c.sc_lr_b, P, fp, c.frac_v)
+                        + lr_term(c.sc_lr_b, c.sc_lr_b_delta, c.frac_v)
                         + al(c.sc_lr_wd_b, w[j][i], fw, c.frac_v)
                     )
                     wn = sg.count(w[j][i] - rnd(V, c.frac_v - fw, r_w), f.w)
@@ -414,8 +422,8 @@ def run_scalar(
                         what = w[j][c] - upd.lwp_horizon * u[j][c]
                     elif train and upd.lwp_horizon:
                         what = w[j][c] + upd.lwp_horizon * (w[j][c] - w_prev[j][c])
-                    acc += what * xb[c]
-                zj = sg.count(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y)
+                    acc += rhu(what, st.weight_shift) * xb[c]  # the MAC operand (§3.2)
+                zj = sg.count(rhu(acc, st.mac_w_frac + f.x.frac - f.y.frac), f.y)
                 mask.append(zj > 0)
                 out.append(_act(st, zj))
             stash.append((xb, out if st.activation in ("tanh", "sigmoid") else mask))
@@ -464,10 +472,11 @@ def run_scalar(
                 delta = _delta(sg, mask, g)
                 gin = None
                 if t in st.gin_losses:
-                    k_gin = st.formats.w.frac + st.formats.d.frac - st.formats.gin.frac
+                    k_gin = st.mac_w_frac + st.formats.d.frac - st.formats.gin.frac
+                    kw = st.weight_shift  # the MAC operand rhu(w, kw) (numerics §5.2)
                     gin = [
-                        sg.count(rhu(sum(w[j][c] * delta[j] for j in range(sg.M)), k_gin),
-                                 st.formats.gin)
+                        sg.count(rhu(sum(rhu(w[j][c], kw) * delta[j] for j in range(sg.M)),
+                                     k_gin), st.formats.gin)
                         for c in range(sg.N)
                     ]  # fmt: skip
             if t in st.gin_losses and gin is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pipetrain.compiler.build import OPERAND_BITS
 from pipetrain.compiler.fit import (
     FitError,
     PlanRequest,
@@ -54,6 +55,8 @@ def _compile(rec: dict, **kw):
             hidden=rec.get("hidden"),
             formats=kw.pop("formats", "default"),
             board=rec["board"],
+            # the arithmetic the build had: null = every product exact (before 18-bit operands)
+            operand_bits=rec.get("operand_bits", OPERAND_BITS),
             lanes=tuple(rec["lanes"]),
             writers=(),
             **kw,
@@ -110,8 +113,8 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # DSP blocks bind on the ULX3S (156 MULT18X18D); block RAM, SPRAM and DSPs on the
         # iCEBreaker, where one lane per stage with SPRAM weights is the only plan that fits
         ("mlp-digits", "ulx3s-85f", [16, 4], 137),
-        ("mlp-digits-deep", "ulx3s-85f", [8, 4, 4, 2], 271),
-        ("mlp-digits-wide", "ulx3s-85f", [9, 8, 1], 1039),
+        ("mlp-digits-deep", "ulx3s-85f", [11, 7, 7, 2], 202),
+        ("mlp-digits-wide", "ulx3s-85f", [13, 13, 1], 690),
         ("mlp-digits", "icebreaker", [1, 1], 4167),
     ],
 )
@@ -145,9 +148,10 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
         (), b.ram_family,
     )  # fmt: skip
     assert board_lanes(req, b) == (16, 4)
-    # 16 lanes × 7 blocks + 4 × 9 + the loss unit's 1 = 149 of 156; the next faster design
-    # (32,8 lanes for a 65-cycle pass ... or 22,5) needs more than 156
-    assert result.fit["multipliers"] == {"needed": 149, "available": 156}
+    # 18-bit operands (numerics §3.2, §5.3): 16 lanes × 5 blocks (ŵ·x, m·u: 2, lr·δ, e·x) + 4 ×
+    # 6 (+ w·δ) + the loss unit's 1 = 105 of 156; the next faster design (32 lanes for a
+    # 65-slot pass, 10 for stage 2: 32·5 + 10·6 + 1 = 221) needs more than 156
+    assert result.fit["multipliers"] == {"needed": 105, "available": 156}
 
 
 def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -> None:

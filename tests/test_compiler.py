@@ -309,20 +309,20 @@ def test_stage_memory_and_blocks():
     blocks.
     Stage 2 (N 32, M 10, L 1, 10 groups, D 1): w, u 330 × 24 = 7,920 each (one 512×36 block);
     stash 3 entries × ⌈32/4⌉ words × 4·16 bits = 1,536; mask 30 × 1; error buffer 20 × 16 =
-    320; gacc 32 × (24 + 16 + ⌈log2 10⌉ + 1 = 45) = 1,440 — all but w, u in LUT RAM. Σ 19,166
-    bits, 2 blocks.
+    320; gacc 32 × (18 + 16 + ⌈log2 10⌉ + 1 = 39: the 18-bit weight operand of the input-gradient
+    MAC, numerics §5.2) = 1,248 — all but w, u in LUT RAM. Σ 18,974 bits, 2 blocks.
     Loss unit: logits 10 × 16, exp ROM 512 × 16 = 8,192 (one block), exp values 10 × 16; the
-    result FIFO 2 × 49. Total 106,144 + 19,166 + 8,512 + 98 = 133,920 bits, 21 blocks.
+    result FIFO 2 × 49. Total 106,144 + 18,974 + 8,512 + 98 = 133,728 bits, 21 blocks.
     """
     plan = build_plan(_ir(), TrainConfig(), lanes=[4, 1])
     s1, s2 = plan.stages
     assert s1.memory_bits == 2 * 4 * 520 * 24 + 5 * 64 * 16 + 40 * 4 + 16 * 64 == 106144
     assert s1.memory_blocks == 8 + 8 + 2 == sum(m.blocks for m in s1.memories)
     assert s1.stash_bits == 5 * 64 * 16 + 40 * 4
-    assert s2.memory_bits == 2 * 330 * 24 + 24 * 64 + 30 + 20 * 16 + 32 * 45 == 19166
+    assert s2.memory_bits == 2 * 330 * 24 + 24 * 64 + 30 + 20 * 16 + 32 * 39 == 18974
     assert [m.name for m in s2.memories] == ["w", "u", "xstash", "mask", "gbuf", "gacc"]
     assert (s2.x_lanes, s2.x_words, s2.stash_entries, s2.x_word_bits) == (4, 8, 3, 64)
-    assert plan.memory_bits == 106144 + 19166 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 133920
+    assert plan.memory_bits == 106144 + 18974 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 133728
     assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks + 1 == 21
     assert s1.multipliers == 4 * multipliers_per_lane(False, False) == 12
 
@@ -342,10 +342,10 @@ def test_too_many_lanes_and_idle_lanes():
 
 def test_memory_budget():
     ir = _ir()
-    with pytest.raises(PlanError, match=r"needs 133920 memory bits .* budget is 100000 bits"):
+    with pytest.raises(PlanError, match=r"needs 133728 memory bits .* budget is 100000 bits"):
         build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=100_000)
-    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=133920).memory_bits == (
-        133920
+    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=133728).memory_bits == (
+        133728
     )
 
 

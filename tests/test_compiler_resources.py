@@ -39,8 +39,9 @@ def test_block_estimate_matches_the_ecp5_builds(model: str, lanes: tuple, measur
     # MULT18X18D used by the ULX3S builds (benchmarks/results.md, yowasp nextpnr); the estimate
     # leaves out the link's and weight-access address arithmetic: at most 3 blocks (≤ 4 %) low
     name, module, _ = load_model(model)
-    # default formats: w 24, x/d 16 bits, 18-bit constants, as the auto formats of the builds
-    plan = build_plan(trace(module, name), TrainConfig(), lanes=list(lanes))
+    # default formats: w 24, x/d 16 bits, 18-bit constants, as the auto formats of the builds;
+    # built before the 18-bit operands: every product exact (operand_bits=None)
+    plan = build_plan(trace(module, name), TrainConfig(), lanes=list(lanes), operand_bits=None)
     est = hard_multipliers(plan, 18)
     assert 0 <= measured - est <= 3 and (measured - est) / measured <= 0.04
     assert plan.multipliers < est  # `multipliers` counts each datapath multiplier once
@@ -48,3 +49,25 @@ def test_block_estimate_matches_the_ecp5_builds(model: str, lanes: tuple, measur
         assert est == 38 and plan.multipliers == 16
         # per stage: 7 blocks per lane without input gradient, 9 with; the loss unit 1
         assert [hard_multipliers(s) for s in plan.stages] == [28, 9]
+
+
+def test_18_bit_operands_take_one_block_per_product() -> None:
+    """With ``operand_bits`` 18 (the default, docs/numerics.md §3.2, §5.3) the forward, input-
+    gradient and learning-rate products are one MULT18X18D each; only m·u (an 18-bit constant ×
+    the 24-bit velocity, which keeps its width) takes two. mlp-digits at lanes 4,1: stage 1
+    5 blocks per lane (ŵ·x 18×16, m·u 18×24: 2, lr·δ 18×16, e·x 18×16), stage 2 6 (+ w·δ
+    18×16): 20 + 6 + the loss unit's 1 = 27 (38 with exact products)."""
+    name, module, _ = load_model("mlp-digits")
+    plan = build_plan(trace(module, name), TrainConfig(), lanes=[4, 1])
+    s1, s2 = plan.stages
+    assert [(p.name, p.a_bits, p.b_bits, p.blocks) for p in s2.products] == [
+        ("fwd", 18, 16, 1),
+        ("gin", 18, 16, 1),
+        ("momentum", 18, 24, 2),
+        ("lr_delta", 18, 16, 1),
+        ("lr_x", 18, 16, 1),
+    ]
+    assert [p.name for p in s1.products] == ["fwd", "momentum", "lr_delta", "lr_x"]
+    assert [hard_multipliers(s) for s in plan.stages] == [20, 6]
+    assert hard_multipliers(plan, 18) == 27
+    assert s1.weight_operand.bits == 18 and s1.update.lr_delta.bits == 18

@@ -162,7 +162,8 @@ def test_mse_loss_unit_hand_example():
 def wide_plan(schedule: str, mitigation: str, act: str = "relu"):
     """Very wide formats (x Q5.14, d Q3.16, w/u Q2.26 in 29 bits) and a fine exp LUT
     (step 2^−10, 30-bit entries and reciprocal), nearest-even rounding; ``act``: the hidden
-    activation (``tanh``: its LUT for y = Q5.14, step 2^−8)."""
+    activation (``tanh``: its LUT for y = Q5.14, step 2^−8); every product exact
+    (``operand_bits=None``: the 29-bit weights are not rounded to 18-bit MAC operands)."""
     S = 2
     fs = FormatSpec(
         x=(QFormat(20, 14),) * S,
@@ -175,7 +176,7 @@ def wide_plan(schedule: str, mitigation: str, act: str = "relu"):
         schedule=schedule, mitigation=mitigation, rounding="nearest_even", lr=0.02, momentum=0.9
     )
     ir = NetworkIR("mlp-digits", 64, (LayerIR("0", 64, 32, act), LayerIR("2", 32, 10)))
-    plan = build_plan(ir, cfg, fs)
+    plan = build_plan(ir, cfg, fs, operand_bits=None)
     fl, fe, fr = 10, 30, 30
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(24 << fl))
     loss = dataclasses.replace(plan.loss, exp_lut_frac=fl, exp_frac=fe, recip_frac=fr, exp_lut=lut)

@@ -44,14 +44,14 @@ def _fine_lut(lu):
 def wide_plan(**cfg):
     """Wide formats (x Q5.14, d Q3.16, w/u 29 bits with 26 fraction bits; the heads take the
     last stage's), a fine exp LUT in every loss unit, nearest-even rounding (as
-    tests/test_golden.py's wide plan)."""
+    tests/test_golden.py's wide plan; every product exact: ``operand_bits=None``)."""
     S = len(IR4.layers)
     x, d, w = QFormat(20, 14), QFormat(20, 16), QFormat(29, 26)
     fs = FormatSpec((x,) * S, x, (d,) * S, (w,) * S, (w,) * S)
     config = TrainConfig(
         **({"rounding": "nearest_even", "lr": 0.005, "momentum": 0.9, "seed": 3} | cfg)
     )
-    plan = build_plan(IR4, config, fs)
+    plan = build_plan(IR4, config, fs, operand_bits=None)
     plan = dataclasses.replace(
         plan,
         loss=_fine_lut(plan.loss),

@@ -1,7 +1,8 @@
 """The error buffer alone (Amaranth simulator): serial error writes with random gaps into one
 half while passes read the other; δ per lane = the activation derivative of the stored error
 (the golden model's ``rhu`` for the LeakyReLU slope), 0 in padding lanes and without a backward
-item (docs/numerics.md §5)."""
+item (docs/numerics.md §5); the scaled errors ``e = rhu(c·δ, k)`` of the learning-rate
+products (§5.3) of the update's δ, in the 18-bit formats the compiler picks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
+from pipetrain.compiler.build import scaled_error_format
 from pipetrain.compiler.plan import Const, QFormat, csd
 from pipetrain.hdl.activation import Activation
 from pipetrain.hdl.errbuf import ErrorBuffer
@@ -18,6 +20,20 @@ from pipetrain.sim import fixed
 
 FD = QFormat(16, 12)
 SLOPE = Const(6554, 16, 0.1)
+#: two learning-rate constants (18 significant bits, not shift-add) and their scaled errors
+LRS = [Const.normalised(r) for r in (0.002, 0.37)]
+SCALES = tuple(
+    (c.value, c.frac + FD.frac - fe.frac, fe.bits)
+    for c in LRS
+    for fe in [scaled_error_format(c, FD, 18)]
+)
+
+
+def _scaled(d: int) -> list[int]:
+    """e = rhu(c·δ, k) per scale; each inside its 18 bits (no clamp, numerics §5.3)."""
+    out = [fixed.rhu(c * d, k) for c, k, _ in SCALES]
+    assert all(-(1 << 17) <= e < 1 << 17 for e in out)
+    return out
 
 
 def SHIFT_ADD(value: int) -> bool:  # noqa: N802 - the plan's rule, as Plan.shift_add has it
@@ -43,7 +59,9 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
     rng = random.Random(M * 10 + L)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
     activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2, SHIFT_ADD)
-    dut = ErrorBuffer(pipe, lanes=L, out_features=M, d_format=FD, activation=activation)
+    dut = ErrorBuffer(
+        pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES
+    )
     errors = [[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)] for _ in range(4)]
     results = []
 
@@ -76,7 +94,12 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
                     masks[pipe[1][0]] = rng.randrange(1 << L)
                     ctx.set(dut.mask.bits, masks[pipe[1][0]])
                 if pipe[2] is not None:
-                    seen.append((pipe[2], [ctx.get(dut.delta.delta[lane]) for lane in range(L)]))
+                    own = [ctx.get(dut.delta.delta[lane]) for lane in range(L)]
+                    es = [
+                        [ctx.get(getattr(dut, f"scaled{n}").delta[q]) for n in range(2)]
+                        for q in range(L)
+                    ]
+                    seen.append((pipe[2], own, es))
 
             await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.3, bwd=bwd, cycle=cycle)
             while todo:  # the rest of the next sample's errors after the pass
@@ -93,7 +116,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
     assert len(results) == 3
     for t, bwd, masks, seen in results:
         assert len(seen) == G * (N + 1)
-        for (n, _i, g), deltas in seen:
+        for (n, _i, g), deltas, es in seen:
             for lane, d in enumerate(deltas):
                 j = g * L + lane
                 if not bwd or j >= M:
@@ -101,6 +124,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
                 else:
                     positive = bool((masks[n] >> lane) & 1)
                     assert d == _derivative(act, positive, errors[t][j]), (t, j)
+                assert es[lane] == _scaled(d), (t, j)
 
 
 def test_unknown_activation_raises_naming_stage_and_choices():
@@ -131,8 +155,9 @@ def test_sum_rule_delta_total_clamps_once_per_row_and_delta_stash_keeps_it():
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
     act = Activation("relu")
     dut = ErrorBuffer(
-        pipe, lanes=L, out_features=M, d_format=FD, activation=act, addends=2, early=True
-    )
+        pipe, lanes=L, out_features=M, d_format=FD, activation=act, addends=2, early=True,
+        scales=SCALES,
+    )  # fmt: skip
     errors = [rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)]
     adds = [[[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(L)] for _ in range(G)]
             for _ in range(2)]  # fmt: skip
@@ -162,7 +187,11 @@ def test_sum_rule_delta_total_clamps_once_per_row_and_delta_stash_keeps_it():
                 if p[2] is not None:
                     own = [ctx.get(dut.delta.delta[q]) for q in range(L)]
                     tot = [ctx.get(dut.total.delta[q]) for q in range(L)]
-                    seen.append(("s2", p[2], own, tot))
+                    es = [
+                        [ctx.get(getattr(dut, f"scaled{n}").delta[q]) for n in range(2)]
+                        for q in range(L)
+                    ]
+                    seen.append(("s2", p[2], own, tot, es))
                 pulses.append(ctx.get(dut.saturated))
 
             await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.3, bwd=bwd, cycle=cycle)
@@ -195,6 +224,7 @@ def test_sum_rule_delta_total_clamps_once_per_row_and_delta_stash_keeps_it():
                 assert rec[2][lane] == d
                 want = min(max(total, FD.min_int), FD.max_int) if live else 0
                 assert rec[3][lane] == want, (bwd, j)
+                assert rec[4][lane] == _scaled(want), (bwd, j)  # e of the update's δ: the sum
         assert sum(bin(p).count("1") for p in pulses) == (clamps if bwd else 0)
 
     # the δ memory: entry 1 (row groups 3..5) written, entry 0 read in the same pass

@@ -60,10 +60,10 @@ def test_forward_lanes_equal_the_reference(case, s):
         lanes=L,
         live_last=M - (G - 1) * L,
         acc_bits=st.acc_fwd_bits,
-        w_format=f.w,
+        w_format=st.mac_w_format,
         x_format=f.x,
         y_format=f.y,
-        what_bits=st.what_bits,
+        what_bits=st.w_hat_operand_bits,
         x_operand_bits=st.x_operand_bits,
         activation=activation_of(st, plan.shift_add),
     )
@@ -78,7 +78,7 @@ def test_forward_lanes_equal_the_reference(case, s):
                 s2 = pipe_[2]
                 if s2 is not None:
                     n, i, _ = s2
-                    wh = [_value(rng, st.what_bits) for _ in range(L)]
+                    wh = [_value(rng, st.w_hat_operand_bits) for _ in range(L)]
                     x = (1 << f.x.frac) if i == N else _value(rng, f.x.bits)
                     ops[n] = (wh, x)
                     for k in range(L):
@@ -115,7 +115,7 @@ def test_forward_lanes_equal_the_reference(case, s):
                 acc = sum(
                     ops[g * (N + 1) + i][0][k] * ops[g * (N + 1) + i][1] for i in range(N + 1)
                 )
-                z, c = fixed.sat_int(fixed.rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y)
+                z, c = fixed.sat_int(fixed.rhu(acc, st.mac_w_frac + f.x.frac - f.y.frac), f.y)
                 assert a[k] == _act(st, z), (g, k)
                 assert (mask >> k) & 1 == (z > 0), (g, k)
                 if g * L + k < M:
@@ -137,10 +137,10 @@ def test_input_gradient_equals_the_reference(case, s):
         pipe,
         lanes=L,
         acc_bits=st.acc_bwd_bits,
-        w_format=f.w,
+        w_format=st.mac_w_format,
         d_format=f.d,
         gin_format=f.gin,
-        what_bits=st.what_bits,
+        what_bits=st.w_hat_operand_bits,
     )
     rng = random.Random(s * 31 + len(case))
     log = []
@@ -152,7 +152,7 @@ def test_input_gradient_equals_the_reference(case, s):
             def cycle(pipe_, ops=ops, outs=outs, flags=flags):
                 s2 = pipe_[2]
                 if s2 is not None:
-                    w = [_value(rng, f.w.bits) for _ in range(L)]
+                    w = [_value(rng, st.w_operand_bits) for _ in range(L)]
                     d = [_value(rng, f.d.bits) for _ in range(L)]
                     ops[s2[0]] = (w, d)
                     for k in range(L):
@@ -182,7 +182,7 @@ def test_input_gradient_equals_the_reference(case, s):
                 for g in range(G)
                 for k in range(L)
             )
-            v, c = fixed.sat_int(fixed.rhu(acc, f.w.frac + f.d.frac - f.gin.frac), f.gin)
+            v, c = fixed.sat_int(fixed.rhu(acc, st.mac_w_frac + f.d.frac - f.gin.frac), f.gin)
             assert gin == v, i
             exp += c
         assert nflags == exp

@@ -1,6 +1,8 @@
 """The update unit alone (Amaranth simulator), slot by slot against an exact integer reference
 built from the golden model's operators (:mod:`pipetrain.sim.fixed`, :mod:`pipetrain.sim.lfsr`;
-docs/numerics.md §1, §3, §6): ŵ (LWP), u′ and w′ (momentum, weight decay, Spike Compensation),
+docs/numerics.md §1, §3, §5.3, §6): ŵ (LWP) and the MACs' rounded weight operands, the
+scaled errors e = rhu(c·δ, k) of the learning-rate products, u′ and w′ (momentum, weight
+decay, Spike Compensation),
 stochastic rounding with each lane's LFSR draw or round-half-to-even, the saturation flags of
 live lanes — with random gaps between slots, random operands (some at the format limits) and
 inference / forward-only passes in between (no draws, no write-back)."""
@@ -14,7 +16,7 @@ import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.hdl.streams import SlotPipelineSignature
-from pipetrain.hdl.update import LFSRConfig, UpdateUnit
+from pipetrain.hdl.update import LFSRConfig, UpdateUnit, scaled_error_ports, scaled_errors
 from pipetrain.sim import fixed
 from pipetrain.sim import lfsr as golden_lfsr
 from tiny_net import tiny
@@ -37,16 +39,24 @@ def reference_update(plan, st, w, u, d, x, draw):
 
     P = d * x
     fp = f.d.frac + f.x.frac
+
+    def lr_term(c, fe, fto):  # c·P exact, or (rhu(c·δ, k))·x (numerics §5.3)
+        if fe is None:
+            return _term(c, P, fp, fto)
+        e = fixed.rhu(c.value * d, c.frac + f.d.frac - fe.frac)
+        assert fe.min_int <= e <= fe.max_int  # the format holds every e unclamped
+        return fixed.align(e * x, fe.frac + f.x.frac, fto)
+
     U = (
         _term(up.momentum, u, f.w.frac, up.frac_u)
-        + _term(up.lr, P, fp, up.frac_u)
+        + lr_term(up.lr, up.lr_delta, up.frac_u)
         + _term(up.lr_wd, w, f.w.frac, up.frac_u)
     )
     u1, cu = fixed.sat_int(rnd(U, up.frac_u - f.w.frac, draw & mask), f.u)
     if up.sc:
         V = (
             _term(up.sc_a, u1, f.w.frac, up.frac_v)
-            + _term(up.sc_lr_b, P, fp, up.frac_v)
+            + lr_term(up.sc_lr_b, up.sc_lr_b_delta, up.frac_v)
             + _term(up.sc_lr_wd_b, w, f.w.frac, up.frac_v)
         )
         w1, cw = fixed.sat_int(w - rnd(V, up.frac_v - f.w.frac, (draw >> R) & mask), f.w)
@@ -97,7 +107,9 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         rounding=plan.rounding,
         lfsr=lfsr,
         shift_add=plan.shift_add,
+        weight_operand=st.weight_operand,
     )
+    scaled = list(zip(scaled_error_ports(st), scaled_errors(st), strict=True))
     w_form = up.lwp_horizon > 0 and up.lwp_form == "w"
     assert w_form == (case.get("lwp_form") == "w")
     rng = random.Random(zlib.crc32(repr((case, s)).encode()))
@@ -127,6 +139,8 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                     ops[n] += [d, x]
                     for k in range(L):
                         ctx.set(dut.delta.delta[k], d[k])
+                        for port, (c, kk, _) in scaled:  # the error buffer's e at S2
+                            ctx.set(getattr(dut, port).delta[k], fixed.rhu(c * d[k], kk))
                     ctx.set(dut.operands.x_bwd, x)
                     w_s2[n] = [
                         (ctx.get(dut.weights.w_hat[k]), ctx.get(dut.weights.w[k])) for k in range(L)
@@ -176,7 +190,8 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                 if fwd_train and up.lwp_horizon:  # numerics §3 step 1, exact
                     step = w[k] - wp[k] if w_form else -u[k]
                     what = w[k] + up.lwp_horizon * step
-                assert w_s2[n][k] == (what, w[k]), (n, k)
+                kw = st.weight_shift  # the MAC operands (numerics §3.2, §5.2)
+                assert w_s2[n][k] == (fixed.rhu(what, kw), fixed.rhu(w[k], kw)), (n, k)
             if not bwd:
                 continue
             lanes, got, got_prev = wb[n]

@@ -245,7 +245,7 @@ def test_mlp_digits_memory_totals() -> None:
         ("stage2", "xstash"): (1, 24, 64, "lutram", 0),
         ("stage2", "mask"): (1, 30, 1, "lutram", 0),
         ("stage2", "gbuf"): (1, 20, 16, "lutram", 0),
-        ("stage2", "gacc"): (1, 32, 45, "lutram", 0),
+        ("stage2", "gacc"): (1, 32, 39, "lutram", 0),  # 18-bit w operand (numerics §5.2)
         ("loss", "zbuf"): (1, 10, 16, "lutram", 0),
         ("loss", "lut"): (1, 512, 16, "bram", 1),
         ("loss", "ebuf"): (1, 10, 16, "lutram", 0),
@@ -253,8 +253,8 @@ def test_mlp_digits_memory_totals() -> None:
     }
     s1, s2 = plan.stages
     assert s1.memory_bits == 2 * 49920 + 5120 + 160 + 1024 == 106144
-    assert s2.memory_bits == 2 * 7920 + 1536 + 30 + 320 + 1440 == 19166
-    assert plan.memory_bits == 106144 + 19166 + 8512 + 98 == 133920
+    assert s2.memory_bits == 2 * 7920 + 1536 + 30 + 320 + 1248 == 18974
+    assert plan.memory_bits == 106144 + 18974 + 8512 + 98 == 133728
     assert plan.memory_blocks == memory_blocks(plan) == 21
 
 
