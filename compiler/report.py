@@ -256,6 +256,34 @@ def memory_table(plan: Plan) -> str:
     return markdown_table(headers + ("blocks", "bits"), rows, left=("owner", "ports"))
 
 
+def multiplier_table(plan: Plan) -> str:
+    """Return every multiplier of each stage lane as built (``Stage.products``: what it
+    multiplies, its operand widths in bits, 18 × 18 DSP blocks per lane and for the stage's
+    lanes); stages of plans from before the list are left out."""
+    rows = [
+        (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, st.lanes, p.blocks * st.lanes)
+        for st in plan.stages
+        for p in st.products or ()
+    ]
+    headers = ("stage", "product", "operand bits", "blocks/lane", "lanes", "blocks")
+    return markdown_table(headers, rows, left=("product",))
+
+
+def _operand_lines(plan: Plan) -> list[str]:
+    """One line per stage with a rounded multiplier operand (docs/numerics.md §3.2, §5.3)."""
+    out = []
+    for st in plan.stages:
+        parts = []
+        if st.weight_operand is not None:
+            parts.append(f"ŵ and w as {st.weight_operand} (rhu by {st.weight_shift} bits)")
+        for name, fe in (("lr·δ", st.update.lr_delta), ("b·lr·δ", st.update.sc_lr_b_delta)):
+            if fe is not None:
+                parts.append(f"{name} as {fe}")
+        if parts:
+            out.append(f"- stage {st.index}: " + "; ".join(parts))
+    return out
+
+
 def format_table(plan: Plan) -> str:
     """Return every stage tensor's format, its largest value and the calibrated max|value|
     (with the ratio format max / observed, the headroom; '–' where not calibrated)."""
@@ -361,6 +389,17 @@ def render_report(
             )
         )
     lines += ["", f"## Memories ({memory_table_title(plan)})", "", memory_table(plan)]
+    if any(st.products for st in plan.stages):
+        lines += ["", "## Multipliers (18 × 18 DSP blocks, docs/numerics.md §3.2, §5.3)", ""]
+        if plan.operand_bits:
+            lines += [
+                f"Variable operands are rounded to {plan.operand_bits} bits "
+                "(one block per product); master weights and velocities keep their width.",
+                "",
+                *_operand_lines(plan),
+                "",
+            ]
+        lines += [multiplier_table(plan)]
     lines += ["", "## Formats", "", format_table(plan), ""]
     lu_rows = [
         (name, lu.kind, lu.classes, str(lu.z), str(lu.d), lu.cycles)

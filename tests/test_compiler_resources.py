@@ -7,6 +7,7 @@ from pipetrain.compiler.build import build_plan, hard_multipliers, multiplier_bl
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.frontend import trace
 from pipetrain.compiler.models import load_model
+from pipetrain.compiler.report import render_report
 
 
 @pytest.mark.parametrize(
@@ -71,3 +72,11 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     assert [hard_multipliers(s) for s in plan.stages] == [20, 6]
     assert hard_multipliers(plan, 18) == 27
     assert s1.weight_operand.bits == 18 and s1.update.lr_delta.bits == 18
+    # report.md lists them, and the rounded operand formats (docs/numerics.md §3.2, §5.3)
+    text = render_report(plan)
+    assert "## Multipliers (18 × 18 DSP blocks" in text
+    assert "|     2 | gin      | 18 × 16      |           1 |     1 |      1 |" in text
+    assert f"- stage 1: ŵ and w as {s1.weight_operand} (rhu by {s1.weight_shift} bits)" in text
+    # exact plans (operand_bits None) say nothing of rounding, and list two-block products
+    exact = render_report(build_plan(trace(module, name), TrainConfig(), operand_bits=None))
+    assert "rounded to" not in exact and "| fwd      | 24 × 16      |           2 |" in exact
