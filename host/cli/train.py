@@ -27,9 +27,10 @@ value), so a board built with ``pipetrain build MODEL`` accepts any number of ep
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
 "stage_saturations", "head_online_accuracy", "tensor_saturations", "tensor_saturations_source",
-"input_saturations", "epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
-"sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1] (``float_test_accuracy``: the
-device's weights loaded into the original module, evaluated by PyTorch in float;
+"input_saturations", "epochs", "settings", "board", "schedule", "mitigation", "plan_hash",
+"formats_source", "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1]
+(``float_test_accuracy``: the device's weights loaded into the original module, evaluated by
+PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
 samples the host streamed (``samples`` is the same number), ``device_samples`` the target's
 ``samples_trained`` counter (they must agree); ``samples_per_s`` is the training throughput;
@@ -41,7 +42,12 @@ counts link frames sent again (null for ``golden`` and ``reference``, which have
 otherwise): per auxiliary head L_1 … L_{K−1}, the fraction of the training stream its loss unit
 predicted right (the device's ``head_correct`` counters, read after training);
 ``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
-table. The printed summary shows only the lines that apply to the target.
+table. ``settings`` says how the run was made: every
+:class:`~pipetrain.compiler.config.TrainConfig` field as the plan was built from it (model file
+and options merged; ``strategy``, ``blocks``, ``distance``, ``rule``, ``head_stages``, ``lr``,
+``momentum`` and ``weight_decay`` at ``batch_ref``, ``seed``, ``schedule``, ``mitigation``,
+``lwp_form``, ``loss``, ``rounding``) with ``epochs`` this run's. The printed summary shows
+only the lines that apply to the target.
 
 Checkpoints (docs/protocol.md §7): ``--checkpoint FILE`` flushes every ``--checkpoint-every N``
 samples (default one epoch) and saves the run's state there atomically; ``--resume FILE``
@@ -263,6 +269,9 @@ def run_training(
         ),
         **per_tensor,
         "epochs": epochs,
+        # how the run was made: the resolved TrainConfig the plan was built from, this run's
+        # epochs (an interlocking run that equals global reads strategy global, as trained)
+        "settings": result.config.to_dict() | {"epochs": epochs},
         "board": board,
         "schedule": result.plan.schedule,
         "mitigation": result.plan.mitigation,
