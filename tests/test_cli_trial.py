@@ -33,3 +33,37 @@ def test_train_json_says_how_the_run_was_made(npz40):
     # the keys that were there keep their values
     assert (rep["epochs"], rep["schedule"], rep["mitigation"]) == (1, "pb", "sc")
     assert rep["train_samples"] == 80 and len(rep["head_online_accuracy"]) == 1
+
+
+def test_compile_takes_on_chip_data_as_build_does(tmp_path):
+    """``compile --on-chip-data N --board B`` fits the plan with the set counted, exactly as
+    ``build`` does (the same ``compile_design(onchip_samples=N)``); the option is build's own
+    definition (same help); without ``--board`` it is a one-line error, nothing written."""
+    from pipetrain.host.cli.build import build_cmd
+    from pipetrain.host.cli.compile import compile_cmd
+    from pipetrain.host.flow import compile_design
+
+    opts = ("--board", "ulx3s-85f", "--formats", "default", "--lanes", "4,1")
+    res = run("compile", "mlp-digits", *opts, "--on-chip-data", "1437", "--out",
+              str(tmp_path / "a"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    kw = {"board": "ulx3s-85f", "formats": "default", "lanes": [4, 1], "writers": ()}
+    assert rep["fit"] == compile_design("mlp-digits", onchip_samples=1437, **kw).fit
+    assert rep["onchip_samples"] == 1437
+    # the set's block RAMs: 132 with it, 24 without (ECP5 DP16KD, the link's included)
+    assert rep["fit"]["bram_blocks"]["needed"] == 132
+    assert compile_design("mlp-digits", **kw).fit["bram_blocks"]["needed"] == 24
+    assert "with an on-chip training set of 1437 samples (needed/available)" in res.stderr
+    helps = [
+        next(p.help for p in cmd.params if p.name == "onchip_samples")
+        for cmd in (compile_cmd, build_cmd)
+    ]
+    assert helps[0] == helps[1] and "its memories count in the fit" in helps[0]
+    res = run("compile", "mlp-digits", "--on-chip-data", "10", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: --on-chip-data 10 counts an on-chip training set in a board's fit: add --board "
+        "NAME (the board you build with --on-chip-data), or drop --on-chip-data"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
