@@ -7,6 +7,7 @@ the golden / reference targets (no RTL)."""
 
 from __future__ import annotations
 
+import pytest
 from test_train_cli import npz40, report_of, run
 
 __all__ = ["npz40"]  # a fixture (80 train / 40 test samples of 40 features, 4 classes)
@@ -17,13 +18,19 @@ LOCAL = ("--hidden", "8", "--target", "golden", "--formats", "default", "--strat
          "--blocks", "1")  # fmt: skip
 
 
-def test_train_json_says_how_the_run_was_made(npz40):
+@pytest.fixture(scope="module")
+def local_run(npz40):
+    """``train mlp`` with local learning on the golden target, one epoch, ``--json -``."""
     res = run(
         "train", "mlp", "--data", npz40, *LOCAL, "--lr", "0.02", "--momentum", "0.5",
         "--seed", "3", "--epochs", "1", "--mitigation", "sc", "--json", "-",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    rep = report_of(res)
+    return res
+
+
+def test_train_json_says_how_the_run_was_made(local_run):
+    rep = report_of(local_run)
     assert rep["settings"] == {
         "schedule": "pb", "lr": 0.02, "momentum": 0.5, "weight_decay": 0.0, "batch_ref": 1,
         "mitigation": "sc", "lwp_form": "v", "strategy": "local", "distance": 1,
@@ -67,3 +74,28 @@ def test_compile_takes_on_chip_data_as_build_does(tmp_path):
         "NAME (the board you build with --on-chip-data), or drop --on-chip-data"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_interlocking_output_marks_heads_explains_d_and_names_losses_l1_to_lk(local_run, tmp_path):
+    """The saturation table marks the head stage, says under it what ``d`` counts, and names
+    the loss units L1 (the head's) and L2 (the true loss) — as the head accuracy line and
+    report.md do (its loss-unit table and memory owners; no ``L_K``, no ``head_loss1``)."""
+    err = local_run.stderr.splitlines()
+    first = err.index("saturations per tensor (golden):")
+    names = [ln[2:13].rstrip() for ln in err[first + 2 : first + 7]]
+    assert names == ["1", "2", "3 (head 1)", "loss L1", "loss L2"]
+    assert err[first + 7] == (
+        "  d: δ clamps of a loss unit (docs/numerics.md §4.6), or of a stage's δ sum (§5.6)"
+    )
+    assert any(ln.startswith("head accuracy during training (the heads' loss units): L1 ")
+               for ln in err)  # fmt: skip
+    rep = report_of(local_run)
+    assert [r.get("head") for r in rep["tensor_saturations"][:3]] == [None, None, 1]
+    res = run("compile", "mlp-digits", "--formats", "default", "--strategy", "local",
+              "--blocks", "1", "--out", str(tmp_path))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report.md").read_text()
+    assert "| L2 (main)   | cross_entropy |" in md and "| L1 (head 1) | cross_entropy |" in md
+    owners = {ln.split("|")[1].strip() for ln in md.splitlines() if "| loss L" in ln}
+    assert owners == {"loss L1", "loss L2"}
+    assert "head_loss" not in md and "L_K" not in md

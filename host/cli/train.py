@@ -299,7 +299,8 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
 
     Returns ``{"tensor_saturations": [{"stage": "1", "y", "gin", "u", "w", "total"}, …,
     {"stage": "loss", "d", "total"}] or None (with auxiliary heads one ``loss L<t>`` row per
-    loss unit, the true loss first), "tensor_saturations_source": "golden" |
+    loss unit, the true loss first, and a head stage's row has ``"head": k``, the block whose
+    head it is, loss L_k), "tensor_saturations_source": "golden" |
     "golden shadow" | None, "input_saturations": input values clamped by the host's
     quantisation, summed over streamed samples (golden target only, else None)}``; each
     ``total`` is the stage's entry of ``stage_saturations`` below 2^32.
@@ -316,7 +317,9 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
     losses = ["loss"] if K == 1 else [f"loss L{K}", *(f"loss L{t}" for t in range(1, K))]
     for k, counts in enumerate(g.tensor_saturations, start=1):
         name = str(k) if k <= g.S else losses[k - g.S - 1]
-        rows.append({"stage": name, **counts, "total": sum(counts.values())})
+        spec = g.stages[k - 1].spec if k <= g.S else None
+        head = {"head": spec.block} if spec is not None and spec.role == "head" else {}
+        rows.append({"stage": name, **head, **counts, "total": sum(counts.values())})
     own = g is dev.trainer
     return {
         "tensor_saturations": rows,
@@ -326,8 +329,10 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
 
 
 def saturation_table(report: dict[str, Any]) -> list[str]:
-    """The summary's per-tensor saturation table (lines) of ``report["tensor_saturations"]``;
-    empty when the report has none (``reference``, a link target without a shadow)."""
+    """The summary's per-tensor saturation table (lines) of ``report["tensor_saturations"]``:
+    stages in plan order (a head stage marked ``(head k)``), then the loss units L1 … LK, a line
+    saying what the ``d`` column counts, and the host's input clamps; empty when the report has
+    none (``reference``, a link target without a shadow)."""
     rows = report.get("tensor_saturations")
     if not rows:
         return []
@@ -342,11 +347,13 @@ def saturation_table(report: dict[str, Any]) -> list[str]:
         (r for r in rows if str(r["stage"]).startswith("loss")),
         key=lambda r: int(str(r["stage"])[6:] or 0),
     )
-    width = max(len("stage"), *(len(str(r["stage"])) for r in rows)) + 1
+    names = {id(r): str(r["stage"]) + (f" (head {r['head']})" if "head" in r else "") for r in rows}
+    width = max(len("stage"), *map(len, names.values())) + 1
     out = [head, f"  {'stage':<{width}}" + "".join(f"{c:>9}" for c in cols) + f"{'total':>10}"]
     for r in (*stages, *losses):
         cells = "".join(f"{r[c]:>9}" if c in r else f"{'-':>9}" for c in cols)
-        out.append(f"  {r['stage']:<{width}}{cells}{r['total']:>10}")
+        out.append(f"  {names[id(r)]:<{width}}{cells}{r['total']:>10}")
+    out.append("  d: δ clamps of a loss unit (docs/numerics.md §4.6), or of a stage's δ sum (§5.6)")
     if report.get("input_saturations") is not None:
         out.append(f"  input x (host quantisation): {report['input_saturations']}")
     return out
