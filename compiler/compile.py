@@ -27,7 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
-from .config import TrainConfig, check_strategy_options, global_if_same
+from .config import TrainConfig, check_strategy_options, global_if_same, local_if_distance_zero
 from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
     Ranges,
@@ -192,6 +192,9 @@ def compile_result(
         config, same = global_if_same(config, len(ir.layers), overrides)
         if same:
             warnings.warn(same, stacklevel=2)
+        config, local = local_if_distance_zero(config)
+        if local:
+            warnings.warn(local, stacklevel=2)
         if check is not None:
             check(ir)
         if isinstance(format_overrides, (list, tuple)):
@@ -265,7 +268,10 @@ def compile_model(
     ``model_spec``: a built-in name (``mlp-digits``), a ``.py`` file defining ``model`` (and
     optionally ``config``), or an ``nn.Module``. ``config``: the training settings (default: the
     model file's ``config``, else :class:`TrainConfig` defaults); ``config_overrides`` (a dict of
-    TrainConfig fields, ``None`` values ignored) are applied on top.
+    TrainConfig fields, ``None`` values ignored) are applied on top. Interlocking learning
+    that is global (:func:`~pipetrain.compiler.config.global_if_same`) or local (distance 0,
+    :func:`~pipetrain.compiler.config.local_if_distance_zero`) is compiled as that strategy,
+    with a line in the result's ``warnings``.
 
     Options: ``formats`` (``"auto"``: formats from the ranges that ``calibrate(model, ir,
     config)`` returns, :func:`~pipetrain.compiler.formats.formats_from_ranges`; ``"static"``:

@@ -99,3 +99,32 @@ def test_interlocking_output_marks_heads_explains_d_and_names_losses_l1_to_lk(lo
     owners = {ln.split("|")[1].strip() for ln in md.splitlines() if "| loss L" in ln}
     assert owners == {"loss L1", "loss L2"}
     assert "head_loss" not in md and "L_K" not in md
+
+
+def test_distance_zero_interlocking_is_local_with_a_warning(tmp_path):
+    """d = 0 is documented as local learning (docs/architecture.md §2.4): interlocking with
+    it compiles to the local plan (same hash) under either rule, and the warning says so and
+    names --strategy local; the CLI prints it once."""
+    from pipetrain.host.flow import compile_design
+
+    def compiled(**cfg):
+        return compile_design(
+            "mlp-digits-deep", formats="default", config_overrides={"blocks": (1, 2), **cfg},
+            writers=(),
+        )  # fmt: skip
+
+    local = compiled(strategy="local")
+    warning = (
+        "--distance 0 with --strategy interlocking is local learning (block k is updated by "
+        "its own loss L_k alone): training it as --strategy local, the same plan; say "
+        "--strategy local, or give --distance 1 or more for interlocking learning"
+    )
+    for rule in ("only", "sum"):
+        res = compiled(strategy="interlocking", distance=0, rule=rule)
+        assert res.plan.hash == local.plan.hash and res.config.strategy == "local"
+        assert res.warnings == [warning] and local.warnings == []
+    args = ["--strategy", "interlocking", "--blocks", "1,2", "--distance", "0"]
+    res = run("compile", "mlp-digits-deep", "--formats", "default", *args, "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("warning: ") == 1 and f"warning: {warning}" in res.stderr
+    assert "strategy local" in res.stdout.splitlines()[0]
