@@ -25,7 +25,7 @@ from ..compiler.config import TrainConfig
 from ..compiler.fit import FitError
 from ..compiler.formats import Ranges
 from ..compiler.ir import NetworkIR
-from ..compiler.models import build_mlp
+from ..compiler.models import DATA_MLP, build_mlp
 from ..compiler.targets import Board, get_board
 from ..data import Dataset, load_data
 from ..hdl.link_onchip import onchip_memory_bits
@@ -136,7 +136,7 @@ def compile_design(
     for an unknown board, :class:`~pipetrain.data.DataError` for bad data and
     :class:`PlanError` for ``hidden`` given with a model other than ``mlp``.
     """
-    if hidden is not None and model != "mlp":
+    if hidden is not None and model != DATA_MLP:
         raise PlanError(
             f"--hidden {hidden} sizes only the data-sized model 'mlp' (hidden= in the API); "
             "this model has its own layers: drop --hidden, or use MODEL mlp"
@@ -144,16 +144,16 @@ def compile_design(
     defaulted = data is None
     data = DEFAULT_DATA if data is None else data
     auto = isinstance(formats, str) and formats == "auto"
-    needs_data = model == "mlp" or auto
+    needs_data = model == DATA_MLP or auto
     ds = (data if isinstance(data, Dataset) else load_data(data)) if needs_data else None
     calibrate = None
     if ds is not None and auto:
         calibrate = (DefaultDataCalibrator if defaulted else Calibrator)(ds, calib_samples)
-    if model == "mlp":
+    if model == DATA_MLP:
         assert ds is not None
         seed = (options.get("config_overrides") or {}).get("seed", options.get("seed"))
         model = data_mlp(ds, hidden or DEFAULT_HIDDEN, int(seed or 0))
-        options.setdefault("name", "mlp")
+        options.setdefault("name", DATA_MLP)
     if isinstance(board, str):
         board = get_board(board)
     try:

@@ -128,3 +128,18 @@ def test_distance_zero_interlocking_is_local_with_a_warning(tmp_path):
     assert res.exit_code == 0, res.output
     assert res.stderr.count("warning: ") == 1 and f"warning: {warning}" in res.stderr
     assert "strategy local" in res.stdout.splitlines()[0]
+
+
+def test_unknown_model_lists_every_built_in_mlp_included():
+    from pipetrain.compiler.compile import compile_result
+    from pipetrain.compiler.models import BUILTIN_MODELS, ModelError
+
+    res = run("compile", "no-such-model")
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        f"Error: unknown model 'no-such-model': give a built-in name ({', '.join(BUILTIN_MODELS)}"
+        ", or mlp, sized from the data) or a path to a Python file that defines `model`"
+    )
+    # the compiler alone has no data to size it: it says where mlp is built
+    with pytest.raises(ModelError, match=r"^model 'mlp' is sized from the data: compile it wi"):
+        compile_result("mlp", formats="default", writers=())
