@@ -183,7 +183,8 @@ class Checkpoint:
         if self.position >= epochs * samples:
             raise CheckpointError(
                 f"the checkpoint is at sample {self.position} of the run, which has "
-                f"{epochs * samples} ({epochs} epochs): nothing is left to train; raise --epochs"
+                f"{epochs * samples} ({epochs} epoch{'s' if epochs != 1 else ''}): nothing is "
+                "left to train; raise --epochs"
             )
 
     def memory_tensors(self, plan: Plan) -> dict[str, dict[str, torch.Tensor]]:

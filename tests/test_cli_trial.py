@@ -143,3 +143,30 @@ def test_unknown_model_lists_every_built_in_mlp_included():
     # the compiler alone has no data to size it: it says where mlp is built
     with pytest.raises(ModelError, match=r"^model 'mlp' is sized from the data: compile it wi"):
         compile_result("mlp", formats="default", writers=())
+
+
+def test_resume_says_where_it_continues_and_counts_epochs_right(npz40, tmp_path):
+    from pipetrain.host.checkpoint import Checkpoint
+    from pipetrain.host.cli.train import resume_point
+
+    ck = tmp_path / "ck.json"
+    args = ("train", "mlp", "--data", npz40, "--hidden", "8", "--target", "golden",
+            "--formats", "default")  # fmt: skip
+    res = run(*args, "--epochs", "1", "--checkpoint", str(ck))
+    assert res.exit_code == 0, res.output
+    res = run(*args, "--epochs", "1", "--resume", str(ck))
+    assert res.exit_code == 2 and res.output.strip() == (
+        "Error: the checkpoint is at sample 80 of the run, which has 80 (1 epoch): nothing is "
+        "left to train; raise --epochs"
+    )
+    res = run(*args, "--epochs", "3", "--resume", str(ck))
+    assert res.exit_code == 0, res.output
+    where = f"{ck} at epoch 2 of 3 (sample 0 of 80 in it; from sample 80 of the run)"
+    lines = res.output.splitlines()
+    assert f"resuming {where}" in lines and f"resumed: {where}" in lines
+    assert lines.index(f"resuming {where}") < lines.index(f"resumed: {where}")
+    loaded = Checkpoint.load(ck)
+    loaded.position = 150  # mid-epoch: epoch 2 of the run's 80-sample epochs, 70 samples in
+    assert resume_point("f.json", loaded, 3) == (
+        "f.json at epoch 2 of 3 (sample 70 of 80 in it; from sample 150 of the run)"
+    )

@@ -54,7 +54,9 @@ samples (default one epoch) and saves the run's state there atomically; ``--resu
 continues that run bit for bit (same model, data and options; the epochs default to the
 checkpoint's, a larger ``--epochs`` extends the run). With a resume the report covers the whole
 run (``train_samples``, ``online_accuracy``) and adds ``resumed_at`` (the run's sample it
-continued from); ``checkpoint`` names the file written.
+continued from); ``checkpoint`` names the file written. A resumed run prints where it
+continues (``resuming FILE at epoch k of E …``, :func:`resume_point`) before it trains, and in
+the summary.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_TARGET",
     "TrainCheckError",
+    "resume_point",
     "run_training",
     "saturation_table",
     "tensor_saturations",
@@ -359,6 +362,17 @@ def saturation_table(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def resume_point(path: str, ck: Checkpoint, epochs: int) -> str:
+    """Where a resumed run continues: ``FILE at epoch k of E (sample s of n in it; from sample
+    p of the run)`` for a checkpoint at run sample p = (k − 1)·n + s of a run of E epochs of n
+    samples (positions in samples, docs/protocol.md §7)."""
+    k, s = divmod(ck.position, max(ck.samples, 1))
+    return (
+        f"{path} at epoch {k + 1} of {epochs} (sample {s} of {ck.samples} in it; from sample "
+        f"{ck.position} of the run)"
+    )
+
+
 def _file_epochs(model: str) -> int | None:
     """``config["epochs"]`` of a model file, if it sets one."""
     if not model.endswith(".py"):
@@ -486,6 +500,8 @@ def train_cmd(
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    if ck is not None and ck.position < epochs * ck.samples:  # else check() says why not
+        info(f"resuming {resume_point(str(resume), ck, epochs)}", json_out)
     try:
         report, _ = run_training(
             result,
@@ -536,8 +552,8 @@ def train_cmd(
     lines += [f"  mismatch: {m}" for m in report["mismatches"]]
     if save:
         lines.append(f"saved: {save}")
-    if resume:
-        lines.append(f"resumed: {resume} from sample {report['resumed_at']} of the run")
+    if resume and ck is not None:
+        lines.append(f"resumed: {resume_point(resume, ck, epochs)}")
     if checkpoint:
         lines.append(f"checkpoint: {checkpoint}")
     info("\n".join(lines), json_out)
