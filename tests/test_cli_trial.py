@@ -170,3 +170,88 @@ def test_resume_says_where_it_continues_and_counts_epochs_right(npz40, tmp_path)
     assert resume_point("f.json", loaded, 3) == (
         "f.json at epoch 2 of 3 (sample 70 of 80 in it; from sample 150 of the run)"
     )
+
+
+def _local_plan():
+    """The tiny 6 → 5 → 3 net of tests/test_host_device.py with a head after stage 1."""
+    from pipetrain.compiler.build import build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from test_host_device import IR
+
+    cfg = TrainConfig(strategy="local", blocks=(1,), momentum=0.9, lr=0.05, seed=3)
+    return build_plan(IR, cfg, lanes=[2, 1, 1]), cfg
+
+
+def test_golden_snapshot_keeps_the_heads_correct_counters():
+    """Snapshot mid-run (60 of 120 samples, heads on), restore into a fresh model, continue:
+    the heads' counters equal the uninterrupted run's, as every other counter does."""
+    from pipetrain.sim.golden import GoldenError, GoldenModel
+    from test_host_device import make_data, make_model
+
+    plan, cfg = _local_plan()
+    x, y = make_data(120, 0)
+    a = GoldenModel(plan, make_model(), cfg)
+    a.train(x[:60], y[:60])
+    snap = a.snapshot()
+    assert snap["head_correct"] == a.head_correct and sum(a.head_correct) > 0
+    b = GoldenModel(plan, make_model(), cfg)
+    b.restore(snap)
+    b.train(x[60:], y[60:])
+    a.train(x[60:], y[60:])
+    whole = GoldenModel(plan, make_model(), cfg)
+    whole.train(x[:60], y[:60])
+    whole.flush()  # where the snapshot flushed
+    whole.train(x[60:], y[60:])
+    assert b.head_correct == a.head_correct == whole.head_correct
+    assert b.head_correct[0] > snap["head_correct"][0]  # counted on from the snapshot
+    assert b.stage_saturations == whole.stage_saturations
+    assert b.weights_hash() == whole.weights_hash()
+    del snap["head_correct"]  # a snapshot from before the heads' counters were saved
+    with pytest.raises(GoldenError, match="0 head_correct counters; the plan has 1 heads"):
+        GoldenModel(plan, make_model(), cfg).restore(snap)
+
+
+def _heads_backend():
+    """tests/test_host_device.py's GoldenBackend (the golden model behind the link device
+    model) with the heads' counters after the saturation counters (docs/protocol.md §4)."""
+    from test_host_device import GoldenBackend
+
+    class HeadsBackend(GoldenBackend):
+        def counters(self):
+            g = self.g
+            return g.samples_applied, g.ticks, [*g.stage_saturations, *g.head_correct]
+
+    return HeadsBackend
+
+
+def test_link_resume_with_heads_counts_the_whole_run(tmp_path, monkeypatch):
+    """A link run with a head, interrupted after a checkpoint and resumed on a fresh device:
+    ``head_correct`` covers the whole run (the checkpoint's counts added on the host, the
+    golden shadow's restored) and equals the golden target's uninterrupted run."""
+    from pipetrain.host import open as open_device
+    from pipetrain.host.checkpoint import Checkpoint
+    from pipetrain.sim.golden import GoldenModel
+    from test_checkpoint import Crash, crash_after
+    from test_host_device import make_data, make_model, serve_device
+
+    monkeypatch.setattr("test_host_device.GoldenBackend", _heads_backend())
+    plan, cfg = _local_plan()
+    x, y = make_data(40, 0)
+    with open_device(plan, "golden", cfg, model=make_model()) as dev:
+        dev.train(x, y, epochs=3, checkpoint_every=15)
+        want = dev.counters()["head_correct"]
+    path = tmp_path / "ck.json"
+    with serve_device(plan, GoldenModel(plan, make_model(), cfg)) as url:
+        with open_device(plan, url, cfg, model=make_model(), shadow=True) as dev:
+            crash_after(dev.client, "send_samples", 5)  # 4 segments of 15 done
+            with pytest.raises(Crash):
+                dev.train(x, y, epochs=3, checkpoint=path, checkpoint_every=15)
+    ck = Checkpoint.load(path)
+    assert ck.position == 60 and len(ck.counters["head_correct"]) == 1
+    with serve_device(plan, GoldenModel(plan, make_model(), cfg)) as url:
+        with open_device(plan, url, cfg, model=make_model(), shadow=True) as dev:
+            dev.train(x, y, epochs=3, resume=ck)
+            v = dev.verify()
+            assert v.bit_exact, v.mismatches
+            assert dev.counters()["head_correct"] == want
+            assert want[0] > ck.counters["head_correct"][0] > 0
