@@ -169,6 +169,7 @@ def compile_result(
     seed: int | None = None,
     notes: Sequence[str] = (),
     check: Callable[[NetworkIR], None] | None = None,
+    sample_shape: tuple[int, ...] | None = None,
 ) -> CompileResult:
     """Compile ``model_spec`` and return the :class:`CompileResult`; see :func:`compile_model`."""
     overrides = dict(config_overrides or {})
@@ -188,7 +189,7 @@ def compile_result(
     caught: list[str] = []
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        ir = trace(model, name, config.loss)
+        ir = trace(model, name, config.loss, sample_shape)
         config, same = global_if_same(config, len(ir.layers), overrides)
         if same:
             warnings.warn(same, stacklevel=2)
@@ -290,7 +291,10 @@ def compile_model(
     (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
     notes of the report, e.g. which data calibrated the formats), ``check`` (called with the
     traced :class:`~pipetrain.compiler.ir.NetworkIR` before calibration and fitting: a hardware
-    command refuses a network its HDL does not build before any work, raising its own error).
+    command refuses a network its HDL does not build before any work, raising its own error),
+    ``sample_shape`` (one sample's shape in the caller's data, ``Dataset.shape``: a
+    convolution network without ``model.input_shape`` takes it where it fits,
+    :func:`~pipetrain.compiler.frontend.trace`).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing

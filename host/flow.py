@@ -111,8 +111,10 @@ def compile_design(
     ``nn.Module``) into a :class:`~pipetrain.compiler.compile.CompileResult`.
 
     ``data``: ``digits``, a ``.npz`` path or a :class:`~pipetrain.data.Dataset`; it calibrates
-    the ``auto`` formats (``calib_samples`` samples, default the whole training run) and sizes
-    ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`). Without ``data``
+    the ``auto`` formats (``calib_samples`` samples, default the whole training run), sizes
+    ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`) and gives a convolution
+    network without ``model.input_shape`` its input shape (one sample's shape, where it fits
+    the first convolution; :func:`~pipetrain.compiler.frontend.trace`). Without ``data``
     (None) the default data set :data:`DEFAULT_DATA` (digits) sizes ``mlp`` and calibrates a
     network it fits (the built-ins and any 64-input model with ≥ 10 outputs; a note says so);
     any other network compiles uncalibrated with static formats (:class:`DefaultDataCalibrator`,
@@ -144,8 +146,10 @@ def compile_design(
     defaulted = data is None
     data = DEFAULT_DATA if data is None else data
     auto = isinstance(formats, str) and formats == "auto"
-    needs_data = model == DATA_MLP or auto
+    needs_data = model == DATA_MLP or auto or not defaulted  # given data: its sample shape
     ds = (data if isinstance(data, Dataset) else load_data(data)) if needs_data else None
+    if ds is not None and not defaulted:  # a CNN without model.input_shape takes the data's
+        options.setdefault("sample_shape", ds.shape)
     calibrate = None
     if ds is not None and auto:
         calibrate = (DefaultDataCalibrator if defaulted else Calibrator)(ds, calib_samples)

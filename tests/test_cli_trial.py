@@ -255,3 +255,48 @@ def test_link_resume_with_heads_counts_the_whole_run(tmp_path, monkeypatch):
             assert v.bit_exact, v.mismatches
             assert dev.counters()["head_correct"] == want
             assert want[0] > ck.counters["head_correct"][0] > 0
+
+
+#: A Conv1d model file without ``input_shape``: MaxPool1d(3) over L positions gives the
+#: Linear its 4·5 = 20 values for L = 15, 16 or 17; the front end's guess is 15 (no window cut).
+POOL3_CNN = (
+    "from torch import nn\n"
+    "model = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool1d(3),\n"
+    "                      nn.Flatten(), nn.Linear(20, 2))\n"
+)
+
+
+def test_a_cnn_takes_its_input_shape_from_the_data(tmp_path):
+    """With data of (n, 1, 16) samples the front end takes L = 16 from it instead of guessing
+    15; flat (n, 16) samples give a Conv1d the same (C, F / C); without data the guess stays;
+    data that the network cannot take names the data's shape in the error."""
+    import numpy as np
+    from conv_nets import bump_data
+
+    model = tmp_path / "pool3.py"
+    model.write_text(POOL3_CNN)
+    seq, flat, long = tmp_path / "seq.npz", tmp_path / "flat.npz", tmp_path / "long.npz"
+    bump_data(seq, n_train=32, n_test=8, length=16)
+    arrays = dict(np.load(seq))
+    np.savez(flat, **{k: v.reshape(len(v), -1) if k.startswith("x") else v
+                      for k, v in arrays.items()})  # fmt: skip
+    bump_data(long, n_train=32, n_test=8, length=20)
+
+    def in_size(*args: str) -> list[int]:
+        res = run("compile", str(model), "--formats", "default", "--out", str(tmp_path / "o"),
+                  "--json", "-", *args)  # fmt: skip
+        assert res.exit_code == 0, res.output
+        return report_of(res)["stages"][0]["conv"]["in_size"]
+
+    assert in_size() == [15]  # no data: the smallest size with no pooling window cut
+    assert in_size("--data", str(seq)) == [16] == in_size("--data", str(flat))
+    res = run("train", str(model), "--data", str(seq), "--target", "golden", "--formats",
+              "default", "--epochs", "1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "32 samples" in res.output.splitlines()[0]
+    res = run("compile", str(model), "--data", str(long), "--formats", "default")
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: module '4' (Linear) expects 20 inputs but the convolution '0' gives 4×6 = 24 "
+        "values per sample (input shape (1, 20), the data's samples): make it nn.Linear(24, 2)"
+    )
