@@ -54,7 +54,7 @@ from ..protocol.wire import MAX_RUN_EPOCHS, EpochSummary, Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel, onchip_order
 from ..sim.golden_conv import conv_slot
-from ..sim.trainer import Trainer, accuracy
+from ..sim.trainer import Trainer, accuracy, progress_bar
 from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
 from .client import LinkClient, LinkError, OnChipError, quantise_inputs
 from .flow import compile_design
@@ -265,7 +265,7 @@ class Device:
         return bool(show)
 
     def _bar(self, total: int, progress: bool | None) -> tqdm:
-        return tqdm(
+        return progress_bar(
             total=total,
             disable=not self._show(total, progress),
             unit="sample",

@@ -300,3 +300,42 @@ def test_a_cnn_takes_its_input_shape_from_the_data(tmp_path):
         "Error: module '4' (Linear) expects 20 inputs but the convolution '0' gives 4×6 = 24 "
         "values per sample (input shape (1, 20), the data's samples): make it nn.Linear(24, 2)"
     )
+
+
+def test_experiment_progress_bar_fits_80_columns(capsys, monkeypatch):
+    """The bar goes to stderr, here no terminal and no $COLUMNS (as through ``| tee``): it
+    keeps to 80 columns, its long postfix (depth, method, lr, seed) trimmed — every redraw."""
+    import torch
+    from pipetrain.data import Dataset
+    from pipetrain.sim.experiment import run_experiment
+    from pipetrain.sim.trainer import bar_columns
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(8, 4, generator=g), torch.arange(8) % 2
+    data = Dataset("tiny", x, y, x, y)
+    run_experiment(data, [1], ["pb+sc+lwp"], 12, 1, [0.000123], width=4, progress=True)
+    draws = [d for d in capsys.readouterr().err.replace("\n", "\r").split("\r") if d.strip()]
+    assert len(draws) >= 12 and all(d.startswith("experiment:") for d in draws)
+    assert max(len(d) for d in draws) <= 80, max(draws, key=len)
+    assert bar_columns() == 80
+    monkeypatch.setenv("COLUMNS", "60")
+    assert bar_columns() == 60  # an exported terminal width wins over the default
+
+
+def test_sim_refuses_an_interlocking_conv_stage_in_one_clear_sentence():
+    """What is not built (a conv stage's several backward streams), what is (one: global or
+    local learning) and what runs this plan instead, in one line."""
+    from test_conv_flows import _refused
+
+    if not _refused("cnn-digits", strategy="interlocking", blocks=(1, 2), distance=1):
+        pytest.skip("the HDL builds interlocking conv stages now: no refusal to test")
+    res = run("sim", "cnn-digits", "--samples", "3", "--strategy", "interlocking", "--blocks",
+              "1,2", "--distance", "1")  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines()[-1] == (
+        "Error: stage 2 (conv2d): 2 backward streams (interlocking learning) are not built for "
+        "a convolution stage, only one: use --strategy global or local; or train it with "
+        "`pipetrain train MODEL --target golden` (or reference), which runs it in process "
+        "(pipetrain sim runs the RTL only)"
+    )
