@@ -339,3 +339,14 @@ def test_sim_refuses_an_interlocking_conv_stage_in_one_clear_sentence():
         "`pipetrain train MODEL --target golden` (or reference), which runs it in process "
         "(pipetrain sim runs the RTL only)"
     )
+
+
+def test_format_help_explains_negative_integer_bits():
+    """``--format`` documents Qi.f with a negative i (README says the same): Q-1.16 is 16 bits
+    whose largest value is 2^-1 − 2^-16, below 0.5."""
+    from pipetrain.compiler.formats import parse_qformat
+
+    res = run("compile", "--help")
+    assert "may be negative: Q-1.16 is 16 bits below 0.5" in " ".join(res.output.split())
+    q = parse_qformat("Q-1.16")
+    assert (q.bits, q.frac, q.max_value) == (16, 16, 2**-1 - 2**-16)

@@ -112,7 +112,8 @@ def plan_format_options(func: Callable) -> Callable:
             multiple=True,
             metavar="KEY=Qi.f",
             help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
-            "repeatable.",
+            "Qi.f = i integer bits besides the sign (may be negative: Q-1.16 is 16 bits below "
+            "0.5) and f fraction bits; repeatable.",
         ),
         click.option(
             "--calib-samples",
