@@ -109,9 +109,8 @@ def test_distance_zero_interlocking_is_local_with_a_warning(tmp_path):
 
     def compiled(**cfg):
         return compile_design(
-            "mlp-digits-deep", formats="default", config_overrides={"blocks": (1, 2), **cfg},
-            writers=(),
-        )  # fmt: skip
+            "mlp-digits", formats="default", config_overrides={"blocks": (1,), **cfg}, writers=()
+        )
 
     local = compiled(strategy="local")
     warning = (
@@ -123,8 +122,8 @@ def test_distance_zero_interlocking_is_local_with_a_warning(tmp_path):
         res = compiled(strategy="interlocking", distance=0, rule=rule)
         assert res.plan.hash == local.plan.hash and res.config.strategy == "local"
         assert res.warnings == [warning] and local.warnings == []
-    args = ["--strategy", "interlocking", "--blocks", "1,2", "--distance", "0"]
-    res = run("compile", "mlp-digits-deep", "--formats", "default", *args, "--out", str(tmp_path))
+    args = ["--strategy", "interlocking", "--blocks", "1", "--distance", "0"]
+    res = run("compile", "mlp-digits", "--formats", "default", *args, "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
     assert res.stderr.count("warning: ") == 1 and f"warning: {warning}" in res.stderr
     assert "strategy local" in res.stdout.splitlines()[0]
@@ -270,8 +269,11 @@ def test_a_cnn_takes_its_input_shape_from_the_data(tmp_path):
     """With data of (n, 1, 16) samples the front end takes L = 16 from it instead of guessing
     15; flat (n, 16) samples give a Conv1d the same (C, F / C); without data the guess stays;
     data that the network cannot take names the data's shape in the error."""
+    from pathlib import Path
+
     import numpy as np
     from conv_nets import bump_data
+    from pipetrain.host.flow import compile_design
 
     model = tmp_path / "pool3.py"
     model.write_text(POOL3_CNN)
@@ -282,14 +284,12 @@ def test_a_cnn_takes_its_input_shape_from_the_data(tmp_path):
                       for k, v in arrays.items()})  # fmt: skip
     bump_data(long, n_train=32, n_test=8, length=20)
 
-    def in_size(*args: str) -> list[int]:
-        res = run("compile", str(model), "--formats", "default", "--out", str(tmp_path / "o"),
-                  "--json", "-", *args)  # fmt: skip
-        assert res.exit_code == 0, res.output
-        return report_of(res)["stages"][0]["conv"]["in_size"]
+    def in_size(data: Path | None = None) -> tuple[int, ...]:
+        res = compile_design(str(model), data=data and str(data), formats="default", writers=())
+        return res.plan.stages[0].conv.in_size
 
-    assert in_size() == [15]  # no data: the smallest size with no pooling window cut
-    assert in_size("--data", str(seq)) == [16] == in_size("--data", str(flat))
+    assert in_size() == (15,)  # no data: the smallest size with no pooling window cut
+    assert in_size(seq) == (16,) == in_size(flat)
     res = run("train", str(model), "--data", str(seq), "--target", "golden", "--formats",
               "default", "--epochs", "1")  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -325,17 +325,22 @@ def test_experiment_progress_bar_fits_80_columns(capsys, monkeypatch):
 
 def test_sim_refuses_an_interlocking_conv_stage_in_one_clear_sentence():
     """What is not built (a conv stage's several backward streams), what is (one: global or
-    local learning) and what runs this plan instead, in one line."""
-    from test_conv_flows import _refused
+    local learning) and what runs this plan instead, in one sentence: the line ``pipetrain
+    sim`` prints after ``Error:`` (its CLI path: tests/test_conv_refusals.py)."""
+    from pipetrain.hdl.support import HDLSupportError, require_hdl
+    from pipetrain.host.flow import compile_design
 
-    if not _refused("cnn-digits", strategy="interlocking", blocks=(1, 2), distance=1):
+    cfg = {"strategy": "interlocking", "blocks": (1, 2), "distance": 1}
+    plan = compile_design("cnn-digits", formats="default", config_overrides=cfg, writers=()).plan
+    try:
+        require_hdl(plan, "sim")
+    except HDLSupportError as exc:
+        message = str(exc)
+    else:
         pytest.skip("the HDL builds interlocking conv stages now: no refusal to test")
-    res = run("sim", "cnn-digits", "--samples", "3", "--strategy", "interlocking", "--blocks",
-              "1,2", "--distance", "1")  # fmt: skip
-    assert res.exit_code == 2
-    assert res.output.strip().splitlines()[-1] == (
-        "Error: stage 2 (conv2d): 2 backward streams (interlocking learning) are not built for "
-        "a convolution stage, only one: use --strategy global or local; or train it with "
+    assert message == (
+        "stage 2 (conv2d): 2 backward streams (interlocking learning) are not built for a "
+        "convolution stage, only one: use --strategy global or local; or train it with "
         "`pipetrain train MODEL --target golden` (or reference), which runs it in process "
         "(pipetrain sim runs the RTL only)"
     )
