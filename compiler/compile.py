@@ -27,7 +27,7 @@ from pathlib import Path
 from torch import nn
 
 from .build import CONST_MANTISSA_BITS, FormatSpec, PlanError
-from .config import TrainConfig, check_strategy_options, global_if_same, local_if_distance_zero
+from .config import TrainConfig, check_strategy_options, global_if_same
 from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
     Ranges,
@@ -193,9 +193,6 @@ def compile_result(
         config, same = global_if_same(config, len(ir.layers), overrides)
         if same:
             warnings.warn(same, stacklevel=2)
-        config, local = local_if_distance_zero(config)
-        if local:
-            warnings.warn(local, stacklevel=2)
         if check is not None:
             check(ir)
         if isinstance(format_overrides, (list, tuple)):

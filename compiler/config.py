@@ -230,9 +230,15 @@ def global_if_same(
     the block boundaries are checked against it first (1..S − 1, increasing), so a bad
     ``--blocks`` is refused whether or not the strategy collapses.
 
+    Interlocking with distance 0 is local learning instead: it returns
+    :func:`local_if_distance_zero`'s config and warning, whatever the options' source.
+
     Raises :class:`ConfigError` for bad block boundaries. Source: *derived*
     (docs/architecture.md §2.4; Gomez et al. 2022 §3: d = K − 1 is global).
     """
+    local, note = local_if_distance_zero(config)
+    if note is not None:
+        return local, note
     if not any(k in given for k in ("strategy", *_STRATEGY_OPTIONS)):
         return config, None
     K, d, rule = len(config.blocks) + 1, config.distance, config.rule.value
