@@ -170,6 +170,7 @@ def compile_result(
     seed: int | None = None,
     notes: Sequence[str] = (),
     check: Callable[[NetworkIR], None] | None = None,
+    sample_shape: tuple[int, ...] | None = None,
 ) -> CompileResult:
     """Compile ``model_spec`` and return the :class:`CompileResult`; see :func:`compile_model`."""
     overrides = dict(config_overrides or {})
@@ -189,7 +190,7 @@ def compile_result(
     caught: list[str] = []
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
-        ir = trace(model, name, config.loss)
+        ir = trace(model, name, config.loss, sample_shape)
         config, same = global_if_same(config, len(ir.layers), overrides)
         if same:
             warnings.warn(same, stacklevel=2)
@@ -267,7 +268,10 @@ def compile_model(
     ``model_spec``: a built-in name (``mlp-digits``), a ``.py`` file defining ``model`` (and
     optionally ``config``), or an ``nn.Module``. ``config``: the training settings (default: the
     model file's ``config``, else :class:`TrainConfig` defaults); ``config_overrides`` (a dict of
-    TrainConfig fields, ``None`` values ignored) are applied on top.
+    TrainConfig fields, ``None`` values ignored) are applied on top. Interlocking learning
+    that is global (:func:`~pipetrain.compiler.config.global_if_same`) or local (distance 0,
+    :func:`~pipetrain.compiler.config.local_if_distance_zero`) is compiled as that strategy,
+    with a line in the result's ``warnings``.
 
     Options: ``formats`` (``"auto"``: formats from the ranges that ``calibrate(model, ir,
     config)`` returns, :func:`~pipetrain.compiler.formats.formats_from_ranges`; ``"static"``:
@@ -287,7 +291,10 @@ def compile_model(
     (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
     notes of the report, e.g. which data calibrated the formats), ``check`` (called with the
     traced :class:`~pipetrain.compiler.ir.NetworkIR` before calibration and fitting: a hardware
-    command refuses a network its HDL does not build before any work, raising its own error).
+    command refuses a network its HDL does not build before any work, raising its own error),
+    ``sample_shape`` (one sample's shape in the caller's data, ``Dataset.shape``: a
+    convolution network without ``model.input_shape`` takes it where it fits,
+    :func:`~pipetrain.compiler.frontend.trace`).
 
     ``out_dir`` receives ``plan.json`` and ``report.md`` (plus later writers' files). They are
     written into a temporary sibling folder that replaces ``out_dir`` at the end; an existing

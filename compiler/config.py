@@ -17,6 +17,7 @@ __all__ = [
     "strategy_overrides",
     "check_strategy_options",
     "global_if_same",
+    "local_if_distance_zero",
 ]
 
 #: Accepted values (CLI choices), from the enums.
@@ -229,9 +230,15 @@ def global_if_same(
     the block boundaries are checked against it first (1..S − 1, increasing), so a bad
     ``--blocks`` is refused whether or not the strategy collapses.
 
+    Interlocking with distance 0 is local learning instead: it returns
+    :func:`local_if_distance_zero`'s config and warning, whatever the options' source.
+
     Raises :class:`ConfigError` for bad block boundaries. Source: *derived*
     (docs/architecture.md §2.4; Gomez et al. 2022 §3: d = K − 1 is global).
     """
+    local, note = local_if_distance_zero(config)
+    if note is not None:
+        return local, note
     if not any(k in given for k in ("strategy", *_STRATEGY_OPTIONS)):
         return config, None
     K, d, rule = len(config.blocks) + 1, config.distance, config.rule.value
@@ -253,3 +260,20 @@ def global_if_same(
     )
     plain = config.replace(strategy="global", blocks=(), distance=1, rule="only", head_stages=1)
     return plain, note
+
+
+def local_if_distance_zero(config: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """Return ``config`` as ``local`` learning, with a warning line, when it is interlocking
+    with distance d = 0: block k is then updated by its own loss L_k alone under either rule
+    (``only``: L_min(k+0, K); ``sum``: L_k … L_min(k+0, K)), which is local learning, and the
+    plan is the local one but for its strategy label. Otherwise ``(config, None)``. The
+    distance 0 is documented as local (docs/architecture.md §2.4), so this is a warning, not
+    an error. Source: *derived* (:func:`~.schedule.update_losses`; Gomez et al. 2022 §3)."""
+    if config.strategy != Strategy.INTERLOCKING or config.distance != 0:
+        return config, None
+    note = (
+        "--distance 0 with --strategy interlocking is local learning (block k is updated by "
+        "its own loss L_k alone): training it as --strategy local, the same plan; say "
+        "--strategy local, or give --distance 1 or more for interlocking learning"
+    )
+    return config.replace(strategy="local", distance=1, rule="only"), note

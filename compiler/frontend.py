@@ -303,8 +303,11 @@ def _nodes_in(value: Any) -> list[fx.Node]:
 class _Chain:
     """The walk over the traced graph: the chain's current value and what is known of it."""
 
-    def __init__(self, model: nn.Module, first: fx.Node) -> None:
+    def __init__(
+        self, model: nn.Module, first: fx.Node, data_shape: tuple[int, ...] | None = None
+    ) -> None:
         self.model = model
+        self.data_shape = data_shape  # the data's sample shape (trace's sample_shape)
         self.head: set[fx.Node] = {first}  # nodes holding the current value (in-place aliases)
         self.seen: set[fx.Node] = {first}  # every value the chain held (batch dimension first)
         self.sizes: dict[fx.Node, int | None] = {}  # x.size(d) / x.shape[d] → d; x.size() → None
@@ -542,6 +545,8 @@ class _Chain:
         linear = next((ly for ly in self.layers if ly["conv"] is None), None)
         shape = self.shape_hint or getattr(self.model, "input_shape", None)
         where = "model.input_shape" if shape is not None and not self.shape_hint else "the input"
+        if shape is None and (shape := self._data_input(first, dims)) is not None:
+            where = "the data's sample shape"
         if shape is not None:
             shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
             if len(shape) != dims + 1 or any(
@@ -561,6 +566,9 @@ class _Chain:
                 )
         else:
             shape = self._solve_input(name, convs, linear, dims)
+        given = f"input shape {tuple(shape)}" + (
+            ", the data's samples" if where == "the data's sample shape" else ""
+        )
         size = tuple(shape[1:])
         for ly in convs:
             c = ly["conv"]
@@ -571,8 +579,8 @@ class _Chain:
                 )  # fmt: skip
             except ValueError as exc:
                 raise CompileError(
-                    f"module {ly['name']!r}: {exc} (input shape {tuple(shape)}): give the model "
-                    "larger inputs, or less pooling"
+                    f"module {ly['name']!r}: {exc} ({given}): give the model larger inputs, or "
+                    "less pooling"
                 ) from None
             ly["geometry"], ly["in"], ly["out"] = g, g.in_values, g.out_values
             size = g.pooled_size
@@ -582,10 +590,26 @@ class _Chain:
             raise CompileError(
                 f"module {linear['name']!r} (Linear) expects {linear['in']} inputs but the "
                 f"convolution {last['name']!r} gives {g.out_channels}×"
-                f"{'×'.join(map(str, g.pooled_size))} = {last['out']} values per sample (input "
-                f"shape {tuple(shape)}): make it nn.Linear({last['out']}, {linear['out']})"
+                f"{'×'.join(map(str, g.pooled_size))} = {last['out']} values per sample "
+                f"({given}): make it nn.Linear({last['out']}, {linear['out']})"
             )
         return tuple(shape)
+
+    def _data_input(self, first: dict, dims: int) -> tuple[int, ...] | None:
+        """The input sample's shape the data gives a convolution network without
+        ``model.input_shape`` (rather than the size search's guess): the data's sample shape
+        when it is (C, L) / (C, H, W) with the first convolution's C channels, or for a Conv1d
+        a flat sample of F values as (C, F / C) — the only (C, L) of F values (samples stream
+        flat in C order). None otherwise (no data, another rank or channel count, a flat
+        sample for a Conv2d): the search runs. Source: *derived*."""
+        shape, channels = self.data_shape, first["in_channels"]
+        if not shape:
+            return None
+        if len(shape) == dims + 1 and shape[0] == channels:
+            return tuple(shape)
+        if len(shape) == 1 and dims == 1 and shape[0] % channels == 0:
+            return (channels, shape[0] // channels)
+        return None
 
     def _solve_input(
         self, name: str, convs: list[dict], linear: dict | None, dims: int
@@ -824,7 +848,12 @@ def _check_output(graph: fx.Graph, model: nn.Module, name: str) -> fx.Node:
     )
 
 
-def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR:
+def trace(
+    model: nn.Module,
+    name: str,
+    loss: str = "cross_entropy",
+    sample_shape: tuple[int, ...] | None = None,
+) -> NetworkIR:
     """Trace ``model`` with torch.fx and return its :class:`NetworkIR`.
 
     Accepted graphs: one input (batch, features…), then a chain of ``nn.Linear`` layers (with
@@ -850,6 +879,13 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
     values), a number first (``x.view(1, -1)``: literal 1 included — in PyTorch it would merge
     a batch into one row), ``flatten`` with ``start_dim=0`` (``torch.flatten(x)``,
     ``x.flatten()``). A Linear must get a 2-D (batch, features) tensor.
+
+    **A convolution network's input shape** (docs/architecture.md §1.5), in this order:
+    ``model.input_shape``; a reshape's sample shape before the first convolution;
+    ``sample_shape``, the data's (a :class:`~pipetrain.data.Dataset`'s ``shape``, given by the
+    compile flow when the caller gave data), where it fits the first convolution (its rank and
+    channels; a flat sample for a Conv1d as (C, F / C)); else the smallest input size that
+    gives the first Linear its ``in_features`` (searched up to :data:`INPUT_SEARCH_LIMIT`).
 
     Raises :class:`CompileError` (one line, naming the module path or source line and a fix)
     for a non-Module ``model``; a graph fx cannot trace (data-dependent control flow, a
@@ -883,7 +919,7 @@ def trace(model: nn.Module, name: str, loss: str = "cross_entropy") -> NetworkIR
             "hardware streams one input tensor (batch, features): give forward one argument"
         )
     ret = _check_output(graph, model, name)
-    chain = _Chain(model, placeholders[0])
+    chain = _Chain(model, placeholders[0], sample_shape)
     for node in graph.nodes:
         if node.op in ("placeholder", "output") or chain.size_query(node):
             continue

@@ -15,6 +15,7 @@ from ..errors import UserError
 
 __all__ = [
     "BUILTIN_MODELS",
+    "DATA_MLP",
     "ModelError",
     "build_mlp",
     "load_model",
@@ -99,6 +100,10 @@ BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
     "cnn1d-digits": build_cnn1d_digits,
 }
 
+#: The built-in sized from the data (features → hidden → classes): the host's compile flow
+#: builds it (``pipetrain.host.flow.data_mlp``), since the compiler does not load data.
+DATA_MLP = "mlp"
+
 
 def _describe(exc: BaseException, path: Path) -> str:
     """``Type: message (line N)`` of an exception raised by the user's file ``path``, in one
@@ -126,7 +131,8 @@ def load_model(
     define ``config`` (a dict of :class:`~pipetrain.compiler.config.TrainConfig` fields).
     Initialisation is seeded with ``seed`` so runs are reproducible.
 
-    Raises :class:`ModelError` for an unknown name, a missing file, a file that raises (or
+    Raises :class:`ModelError` for an unknown name (or :data:`DATA_MLP`, which the host's
+    compile flow builds from the data), a missing file, a file that raises (or
     calls ``sys.exit``) when run, a ``model`` callable that raises, or a file without an
     ``nn.Module`` ``model``; the message names the file and the exception.
     """
@@ -135,11 +141,17 @@ def load_model(
     torch.manual_seed(seed)
     if spec in BUILTIN_MODELS:
         return spec, BUILTIN_MODELS[spec](), None
+    if spec == DATA_MLP:
+        raise ModelError(
+            f"model {DATA_MLP!r} is sized from the data: compile it with "
+            "pipetrain.host.flow.compile_design (data=...) or pipetrain.host.open, which build "
+            "it, or pass the nn.Module"
+        )
     path = Path(spec)
     if path.suffix != ".py":
         raise ModelError(
-            f"unknown model {spec!r}: give a built-in name ({', '.join(BUILTIN_MODELS)}) "
-            "or a path to a Python file that defines `model`"
+            f"unknown model {spec!r}: give a built-in name ({', '.join(BUILTIN_MODELS)}, or "
+            f"{DATA_MLP}, sized from the data) or a path to a Python file that defines `model`"
         )
     if not path.is_file():
         raise ModelError(f"model file {spec!r} does not exist")

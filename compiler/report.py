@@ -233,13 +233,27 @@ def memory_table_title(plan: Plan) -> str:
     return f"as the HDL builds them; blocks: {_block_kib(plan)} Kib block RAMs, SPRAMs"
 
 
+def _owner(plan: Plan, owner: str) -> str:
+    """A memory owner of :meth:`Plan.all_memories` as :func:`memory_table` shows it: a loss
+    unit by its loss, as the Delays lines, the training summary and its saturation table name
+    them — L1 … LK, the true loss LK (K = heads + 1), the heads' L1 … L(K−1): ``loss`` →
+    ``loss L<K>``, ``head_loss<k>`` → ``loss L<k>``; the stages and ``top`` as they are (the
+    JSON keeps the HDL's submodule names)."""
+    if owner == "loss":
+        return f"loss L{len(plan.head_losses) + 1}"
+    if owner.startswith("head_loss"):
+        return f"loss L{owner[len('head_loss') :]}"
+    return owner
+
+
 def memory_table(plan: Plan) -> str:
     """Return every memory of the design (:meth:`Plan.all_memories`) with its owner, kind,
     banks, words × width (bits), read/write ports, block mode and blocks (block RAMs of the
-    plan's RAM family for ``bram``, SPRAMs for ``spram``, none for LUT RAM / flip-flops)."""
+    plan's RAM family for ``bram``, SPRAMs for ``spram``, none for LUT RAM / flip-flops); a loss
+    unit's owner is its loss, ``loss L<t>`` (:func:`_owner`)."""
     rows = [
         (
-            owner,
+            _owner(plan, owner),
             m.name,
             m.kind,
             m.banks,
@@ -403,7 +417,7 @@ def render_report(
     lines += ["", "## Formats", "", format_table(plan), ""]
     lu_rows = [
         (name, lu.kind, lu.classes, str(lu.z), str(lu.d), lu.cycles)
-        for name, lu in [("L_K (main)", plan.loss)]
+        for name, lu in [(f"L{len(plan.head_losses) + 1} (main)", plan.loss)]
         + [(f"L{k} (head {k})", lu) for k, lu in enumerate(plan.head_losses, start=1)]
     ]
     lines += [

@@ -93,7 +93,7 @@ def check_conv_stage(stage: Stage) -> None:
     if len(streams) > 1:
         raise NotImplementedError(
             f"{where}: {len(streams)} backward streams (interlocking learning) are not built for "
-            "a convolution stage; use --strategy local or global"
+            "a convolution stage, only one: use --strategy global or local"
         )
     if stage.slot_cycles != 1:
         raise NotImplementedError(f"{where}: single-port (SPRAM) weights are not built for a "

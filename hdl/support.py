@@ -19,13 +19,15 @@ class HDLSupportError(UserError, NotImplementedError):
 
 
 #: What each hardware command can do instead when the HDL does not build a plan (``use`` of
-#: :func:`require_hdl`): the in-process trainers run every plan (docs/numerics.md §9).
+#: :func:`require_hdl`, which appends it as ``…; or <this>`` to the reason): the in-process
+#: trainers run every plan (docs/numerics.md §9).
 INSTEAD = {
     "train": "use --target golden or reference (they run it in process)",
-    "sim": "pipetrain sim runs the RTL only: train it with `pipetrain train MODEL --target "
-    "golden` (or reference)",
-    "build": "a bitstream needs the HDL: train it with `pipetrain train MODEL --target golden` "
-    "(or reference), or `pipetrain compile MODEL` for its plan and report",
+    "sim": "train it with `pipetrain train MODEL --target golden` (or reference), which runs it "
+    "in process (pipetrain sim runs the RTL only)",
+    "build": "train it with `pipetrain train MODEL --target golden` (or reference), which runs "
+    "it in process, or see its plan and report with `pipetrain compile MODEL` (a bitstream "
+    "needs the HDL)",
 }
 
 

@@ -11,7 +11,8 @@ holds (docs/protocol.md §7):
   run streamed so far), a digest of the training data;
 * the device state: per stage ``w``, ``u`` (and ``w_prev`` for LWP ``w`` form) as the raw
   fixed-point words, the lanes' LFSR states and the number of updates that produced them, the
-  network counters ``samples_trained``, ``ticks``, ``saturations``;
+  network counters ``samples_trained``, ``ticks``, ``saturations`` (and the heads'
+  ``head_correct``);
 * the golden model's own snapshot (:meth:`~pipetrain.sim.golden.GoldenModel.snapshot`) for the
   ``golden`` target, or the golden shadow's for a link target run with ``shadow=True``;
 * the result records of the run so far (for the run's online accuracy).
@@ -95,7 +96,8 @@ class Checkpoint:
     memories: per stage ``{"w", "u"[, "w_prev"]}``: M lists of N+1 raw ints.
     lfsr: per stage the lanes' LFSR states (None: nearest-even rounding).
     lfsr_updates: weight updates since the seeds that gave ``lfsr``.
-    counters: the network counters ``samples_trained``, ``ticks``, ``saturations`` (S+1).
+    counters: the network counters ``samples_trained``, ``ticks``, ``saturations`` (S+1), and
+        with auxiliary heads ``head_correct`` (one per head).
     golden: the golden model's snapshot (golden target; a link target's golden shadow), or None.
     results: ``(pred, loss_raw, train)`` of every training sample of the run so far.
     """
@@ -183,7 +185,8 @@ class Checkpoint:
         if self.position >= epochs * samples:
             raise CheckpointError(
                 f"the checkpoint is at sample {self.position} of the run, which has "
-                f"{epochs * samples} ({epochs} epochs): nothing is left to train; raise --epochs"
+                f"{epochs * samples} ({epochs} epoch{'s' if epochs != 1 else ''}): nothing is "
+                "left to train; raise --epochs"
             )
 
     def memory_tensors(self, plan: Plan) -> dict[str, dict[str, torch.Tensor]]:

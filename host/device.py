@@ -54,7 +54,7 @@ from ..protocol.wire import MAX_RUN_EPOCHS, EpochSummary, Result, loss_value
 from ..sim.fixed import quantise
 from ..sim.golden import GoldenModel, onchip_order
 from ..sim.golden_conv import conv_slot
-from ..sim.trainer import Trainer, accuracy
+from ..sim.trainer import Trainer, accuracy, progress_bar
 from .checkpoint import Checkpoint, CheckpointError, data_digest, lfsr_states
 from .client import LinkClient, LinkError, OnChipError, quantise_inputs
 from .flow import compile_design
@@ -265,7 +265,7 @@ class Device:
         return bool(show)
 
     def _bar(self, total: int, progress: bool | None) -> tqdm:
-        return tqdm(
+        return progress_bar(
             total=total,
             disable=not self._show(total, progress),
             unit="sample",
@@ -652,6 +652,8 @@ class Device:
                 "ticks": self.trainer.ticks,
                 "saturations": self.trainer.stage_saturations,
             }
+            if self.trainer.K > 1:
+                counters["head_correct"] = self.trainer.head_correct
             lfsr, updates, golden = snap["lfsr"], snap["samples_applied"], snap
         else:
             mem = self.client.read_weights()
@@ -659,6 +661,8 @@ class Device:
             raw = self.client.counters()
             c = self.counters()
             counters = {k: c[k] for k in ("samples_trained", "ticks", "saturations")}
+            if c.get("head_correct"):  # auxiliary heads: their correct predictions
+                counters["head_correct"] = c["head_correct"]
             updates = None if self._lfsr_base is None else self._lfsr_base + raw.samples_trained
             lfsr = [None] * S if updates is None else lfsr_states(self.plan, updates)
             golden = None
@@ -859,9 +863,9 @@ class Device:
             if b is not None:  # restored from a checkpoint: the run's counters before it
                 c["samples_trained"] += b["samples_trained"]
                 c["ticks"] += b["ticks"]
-                c["saturations"] = [
-                    u + v for u, v in zip(c["saturations"], b["saturations"], strict=True)
-                ]
+                for key in ("saturations", "head_correct"):  # per stage / per head
+                    if key in b:
+                        c[key] = [u + v for u, v in zip(c[key], b[key], strict=True)]
             return c
         t = self.trainer
         if isinstance(t, GoldenModel):

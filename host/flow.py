@@ -25,7 +25,7 @@ from ..compiler.config import TrainConfig
 from ..compiler.fit import FitError
 from ..compiler.formats import Ranges
 from ..compiler.ir import NetworkIR
-from ..compiler.models import build_mlp
+from ..compiler.models import DATA_MLP, build_mlp
 from ..compiler.targets import Board, get_board
 from ..data import Dataset, load_data
 from ..hdl.link_onchip import onchip_memory_bits
@@ -111,8 +111,10 @@ def compile_design(
     ``nn.Module``) into a :class:`~pipetrain.compiler.compile.CompileResult`.
 
     ``data``: ``digits``, a ``.npz`` path or a :class:`~pipetrain.data.Dataset`; it calibrates
-    the ``auto`` formats (``calib_samples`` samples, default the whole training run) and sizes
-    ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`). Without ``data``
+    the ``auto`` formats (``calib_samples`` samples, default the whole training run), sizes
+    ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`) and gives a convolution
+    network without ``model.input_shape`` its input shape (one sample's shape, where it fits
+    the first convolution; :func:`~pipetrain.compiler.frontend.trace`). Without ``data``
     (None) the default data set :data:`DEFAULT_DATA` (digits) sizes ``mlp`` and calibrates a
     network it fits (the built-ins and any 64-input model with ≥ 10 outputs; a note says so);
     any other network compiles uncalibrated with static formats (:class:`DefaultDataCalibrator`,
@@ -136,7 +138,7 @@ def compile_design(
     for an unknown board, :class:`~pipetrain.data.DataError` for bad data and
     :class:`PlanError` for ``hidden`` given with a model other than ``mlp``.
     """
-    if hidden is not None and model != "mlp":
+    if hidden is not None and model != DATA_MLP:
         raise PlanError(
             f"--hidden {hidden} sizes only the data-sized model 'mlp' (hidden= in the API); "
             "this model has its own layers: drop --hidden, or use MODEL mlp"
@@ -144,16 +146,18 @@ def compile_design(
     defaulted = data is None
     data = DEFAULT_DATA if data is None else data
     auto = isinstance(formats, str) and formats == "auto"
-    needs_data = model == "mlp" or auto
+    needs_data = model == DATA_MLP or auto or not defaulted  # given data: its sample shape
     ds = (data if isinstance(data, Dataset) else load_data(data)) if needs_data else None
+    if ds is not None and not defaulted:  # a CNN without model.input_shape takes the data's
+        options.setdefault("sample_shape", ds.shape)
     calibrate = None
     if ds is not None and auto:
         calibrate = (DefaultDataCalibrator if defaulted else Calibrator)(ds, calib_samples)
-    if model == "mlp":
+    if model == DATA_MLP:
         assert ds is not None
         seed = (options.get("config_overrides") or {}).get("seed", options.get("seed"))
         model = data_mlp(ds, hidden or DEFAULT_HIDDEN, int(seed or 0))
-        options.setdefault("name", "mlp")
+        options.setdefault("name", DATA_MLP)
     if isinstance(board, str):
         board = get_board(board)
     try:

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..compiler.config import ConfigError, TrainConfig
 from ..compiler.models import build_mlp
 from ..data import Dataset
 from .reference import ReferenceTrainer
+from .trainer import progress_bar
 
 __all__ = [
     "METHODS",
@@ -99,7 +99,7 @@ def run_experiment(
             raise ConfigError(f"unknown method {m!r}; choose from: {', '.join(METHODS)}")
     rows = []
     total = len(depths) * len(methods) * len(lrs) * seeds
-    bar = tqdm(total=total, disable=not progress, unit="run", desc="experiment")
+    bar = progress_bar(total=total, disable=not progress, unit="run", desc="experiment")
     for depth in depths:
         sizes = [data.features] + [width] * (depth - 1) + [data.classes]
         for method in methods:

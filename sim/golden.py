@@ -1115,9 +1115,10 @@ class GoldenModel:
         ``memories`` (per stage name ``w``, ``u``[, ``w_prev``]: lists of M rows of N+1 ints),
         ``lfsr`` (per stage the lanes' states, None with nearest-even rounding),
         ``saturations`` (:attr:`tensor_saturations`, unclamped), ``samples_trained``,
-        ``samples_applied``, ``clock``, ``seq_ticks``, ``next_id``, ``epochs_trained``.
-        :meth:`restore` takes it back; a model restored from it continues bit for bit like this
-        one (checkpoints, docs/protocol.md §7)."""
+        ``samples_applied``, ``clock``, ``seq_ticks``, ``next_id``, ``epochs_trained``,
+        ``head_correct`` (the heads' correct-prediction counters, unclamped; empty for
+        ``global``). :meth:`restore` takes it back; a model restored from it continues bit for
+        bit like this one (checkpoints, docs/protocol.md §7)."""
         self.flush()
         return {
             "memories": {
@@ -1131,12 +1132,15 @@ class GoldenModel:
             "seq_ticks": self._seq_ticks,
             "next_id": self._next_id,
             "epochs_trained": self.epochs_trained,
+            "head_correct": list(self._head_hits),
         }
 
     def restore(self, snap: dict[str, Any]) -> None:
         """Set the training state from a :meth:`snapshot` of a model of the same plan (memories,
-        LFSR states, counters, clock, sample numbers); the pipeline is flushed first. Raises
-        :class:`GoldenError` for a snapshot of another shape."""
+        LFSR states, counters — the heads' ``head_correct`` included —, clock, sample
+        numbers); the pipeline is flushed first. Raises :class:`GoldenError` for a snapshot of
+        another shape, or one with heads but without their counters (written before
+        snapshots held them)."""
         self.flush()
         try:
             mem = {
@@ -1158,6 +1162,14 @@ class GoldenModel:
             self._clock, self._seq_ticks = int(snap["clock"]), int(snap["seq_ticks"])
             self._next_id = int(snap["next_id"])
             self.epochs_trained = int(snap["epochs_trained"])
+            hits = [int(v) for v in snap.get("head_correct", ())]
+            if len(hits) != self.K - 1:
+                raise GoldenError(
+                    f"snapshot with {len(hits)} head_correct counters; the plan has "
+                    f"{self.K - 1} heads (a snapshot from before they were saved cannot "
+                    "continue their counts: rerun from the start)"
+                )
+            self._head_hits = hits
         except (KeyError, TypeError, ValueError) as exc:
             raise GoldenError(f"not a golden-model snapshot: {exc}") from exc
         self._last_entry = None

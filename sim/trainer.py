@@ -9,14 +9,45 @@ function on the training path, so the same seed gives the same sample sequence o
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import os
+import sys
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from tqdm import tqdm
 
 from ..data import epoch_order
 
-__all__ = ["Trainer", "stream_epochs", "accuracy"]
+__all__ = ["Trainer", "stream_epochs", "accuracy", "bar_columns", "progress_bar"]
+
+#: Width (columns) of a progress bar whose stream is no terminal and ``COLUMNS`` is unset.
+DEFAULT_COLUMNS = 80
+
+
+def bar_columns(stream: Any = None) -> int:
+    """Columns a progress bar on ``stream`` (default ``sys.stderr``) may fill: the width of the
+    terminal the stream is, else ``$COLUMNS``, else :data:`DEFAULT_COLUMNS` — so a bar piped
+    through ``tee`` or into a log stays within an 80-column terminal (tqdm would not trim it,
+    knowing no width). Source: *derived*."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):  # not a terminal, or no file descriptor
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = int(os.environ.get("COLUMNS", ""))
+        except ValueError:
+            columns = 0
+    return columns if columns > 0 else DEFAULT_COLUMNS
+
+
+def progress_bar(**options: Any) -> tqdm:
+    """A tqdm bar on stderr that fits its line: ``options`` are tqdm's (``total``,
+    ``disable``, ``unit``, ``desc``, …), ``ncols`` defaults to :func:`bar_columns` (tqdm
+    trims the bar, its counts and its postfix to it)."""
+    options.setdefault("ncols", bar_columns(options.get("file")))
+    return tqdm(**options)
 
 
 @runtime_checkable
@@ -98,7 +129,7 @@ def stream_epochs(
         raise ValueError(f"epochs must be ≥ 1, got {epochs}")
     n = len(x)
     first = getattr(trainer, "epochs_trained", 0)
-    bar = tqdm(total=n * epochs, disable=not progress, unit="sample", leave=False)
+    bar = progress_bar(total=n * epochs, disable=not progress, unit="sample", leave=False)
     labels = y.tolist()
     for e in range(epochs):
         for i in epoch_order(n, seed, first + e).tolist():

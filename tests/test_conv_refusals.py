@@ -20,7 +20,7 @@ INTERLOCKING = ["--strategy", "interlocking", "--blocks", "1,2", "--distance", "
         (["train", "cnn-digits", "--target", "sim", "--formats", "default"], "--target golden or"),
         (
             ["build", "cnn-digits", "--board", "ulx3s-85f", "--formats", "default"],
-            "a bitstream needs the HDL: train it with `pipetrain train MODEL --target golden`",
+            "or see its plan and report with `pipetrain compile MODEL` (a bitstream needs the HDL)",
         ),
         (["sim", "cnn-digits", "--samples", "3"], "pipetrain sim runs the RTL only"),
     ],

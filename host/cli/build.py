@@ -31,6 +31,7 @@ from .options import (
     config_overrides,
     data_option,
     hidden_option,
+    onchip_data_option,
     plan_format_options,
     train_config_options,
 )
@@ -56,15 +57,7 @@ def _board_option(func: Any) -> Any:
 @click.option("--loopback", is_flag=True, help="Build the UART loopback design instead (no MODEL).")
 @click.option("--force", is_flag=True, help="Rebuild even if the cached build is current.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Give up after SECONDS.")
-@click.option(
-    "--on-chip-data",
-    "onchip_samples",
-    type=click.IntRange(0, 65535),
-    default=0,
-    show_default=True,
-    help="Build an on-chip training set of N samples into the link (train --on-chip-data); "
-    "its memories count in the fit (0: none).",
-)
+@onchip_data_option
 @data_option
 @hidden_option
 @plan_format_options

@@ -5,8 +5,11 @@ Prints the per-stage table (layer, shape, delay, stash, lanes, cycles per tick, 
 formats) and writes ``DIR/plan.json``, ``DIR/report.md`` and ``DIR/<name>.v`` (``--out DIR``,
 default ``build/<name>``, or ``build/<name>-<board>`` with ``--board``). ``--board NAME`` fits
 the plan to the board (:mod:`pipetrain.compiler.fit`: the plan ``build --board`` puts in the
-bitstream) and prints the board's needed vs available resources. ``--json FILE`` gets
-:func:`pipetrain.compiler.report.plan_summary` (plus ``board`` and ``fit``).
+bitstream) and prints the board's needed vs available resources; ``--on-chip-data N`` (with
+``--board``) counts an on-chip training set of N samples in that fit, as ``build
+--on-chip-data N`` does, so the lanes chosen leave room for it. ``--json FILE`` gets
+:func:`pipetrain.compiler.report.plan_summary` (plus ``board``, ``fit`` and
+``onchip_samples``).
 
 Formats: calibrated on ``--data`` (``digits`` or a ``FILE.npz``); without it a model that the
 default data set, digits, fits (the built-ins, ``mlp`` sized from it, any 64-input model with
@@ -35,6 +38,7 @@ from .options import (
     config_overrides,
     data_option,
     hidden_option,
+    onchip_data_option,
     parse_memory,
     plan_format_options,
     train_config_options,
@@ -67,6 +71,7 @@ __all__ = ["compile_cmd"]
     default=None,
     help="Fit the plan to this board, as `pipetrain build --board` does.",
 )
+@onchip_data_option
 @train_config_options
 @json_option
 @user_errors
@@ -84,11 +89,17 @@ def compile_cmd(
     memory_budget: str | None,
     clock_mhz: float | None,
     board_name: str | None,
+    onchip_samples: int,
     json_out: str | None,
     **options: Any,
 ) -> None:
     """Compile MODEL (built-in name or .py file) into a plan and print the per-stage table."""
     overrides = config_overrides(options)
+    if onchip_samples and board_name is None:
+        raise PlanError(
+            f"--on-chip-data {onchip_samples} counts an on-chip training set in a board's fit: "
+            "add --board NAME (the board you build with --on-chip-data), or drop --on-chip-data"
+        )
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
     budget = parse_memory(memory_budget) if memory_budget is not None else 0
     board = get_board(board_name) if board_name is not None else None
@@ -121,6 +132,7 @@ def compile_cmd(
         max_multipliers=max_multipliers,
         memory_budget_bits=budget,
         clock_hz=clock_mhz * 1e6,
+        onchip_samples=onchip_samples,
     )
     plan = result.plan
     fit = result.fit
@@ -134,7 +146,11 @@ def compile_cmd(
         + stage_table(plan)
         + "\n"
         + totals_text(plan)
-        + (_fit_text(board.name, fit) if board is not None and fit is not None else "")
+        + (
+            _fit_text(board.name, fit, onchip_samples)
+            if board is not None and fit is not None
+            else ""
+        )
         + f"\nwrote {', '.join(result.files)} to {result.out_dir}",
         json_out,
     )
@@ -149,6 +165,7 @@ def compile_cmd(
             "notes": list(result.formats.notes),
             "board": board_name,
             "fit": fit,
+            "onchip_samples": onchip_samples,
         },
     )
 
@@ -165,9 +182,11 @@ _FIT_LABELS = {
 }
 
 
-def _fit_text(board: str, fit: dict[str, dict[str, int]]) -> str:
-    """One line per board resource: ``needed / available``."""
+def _fit_text(board: str, fit: dict[str, dict[str, int]], onchip_samples: int = 0) -> str:
+    """One line per board resource: ``needed / available`` (with the on-chip training set of
+    ``onchip_samples`` samples counted, when there is one)."""
     rows = ", ".join(
         f"{_FIT_LABELS.get(k, k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items()
     )
-    return f"\nfitted to {board} (needed/available): {rows}"
+    onchip = f", with an on-chip training set of {onchip_samples} samples" if onchip_samples else ""
+    return f"\nfitted to {board}{onchip} (needed/available): {rows}"

@@ -23,6 +23,7 @@ __all__ = [
     "simulator_option",
     "data_option",
     "hidden_option",
+    "onchip_data_option",
     "config_overrides",
     "parse_memory",
 ]
@@ -111,7 +112,8 @@ def plan_format_options(func: Callable) -> Callable:
             multiple=True,
             metavar="KEY=Qi.f",
             help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
-            "repeatable.",
+            "Qi.f = i integer bits besides the sign (may be negative: Q-1.16 is 16 bits below "
+            "0.5) and f fraction bits; repeatable.",
         ),
         click.option(
             "--calib-samples",
@@ -196,6 +198,23 @@ def hidden_option(func: Callable) -> Callable:
             "Hidden layer sizes of model 'mlp' (sized from the data), e.g. 64,32 "
             f"[default: {DEFAULT_HIDDEN}]; only with MODEL mlp."
         ),
+    )(func)
+
+
+def onchip_data_option(func: Callable) -> Callable:
+    """Add ``--on-chip-data N`` (samples, 0..65535, default 0: none), shared by ``build`` and
+    ``compile``: the board design holds an on-chip training set of N samples (docs/protocol.md
+    §2 STORE/RUN), whose memories count in the board's fit
+    (:func:`pipetrain.host.flow.compile_design`'s ``onchip_samples``). Its value reaches the
+    command as ``onchip_samples``."""
+    return click.option(
+        "--on-chip-data",
+        "onchip_samples",
+        type=click.IntRange(0, 65535),
+        default=0,
+        show_default=True,
+        help="Build an on-chip training set of N samples into the link (train --on-chip-data); "
+        "its memories count in the fit (0: none).",
     )(func)
 
 

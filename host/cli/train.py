@@ -27,9 +27,10 @@ value), so a board built with ``pipetrain build MODEL`` accepts any number of ep
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
 "stage_saturations", "head_online_accuracy", "tensor_saturations", "tensor_saturations_source",
-"input_saturations", "epochs", "board", "schedule", "mitigation", "plan_hash", "formats_source",
-"sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1] (``float_test_accuracy``: the
-device's weights loaded into the original module, evaluated by PyTorch in float;
+"input_saturations", "epochs", "settings", "board", "schedule", "mitigation", "plan_hash",
+"formats_source", "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1]
+(``float_test_accuracy``: the device's weights loaded into the original module, evaluated by
+PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
 samples the host streamed (``samples`` is the same number), ``device_samples`` the target's
 ``samples_trained`` counter (they must agree); ``samples_per_s`` is the training throughput;
@@ -41,14 +42,21 @@ counts link frames sent again (null for ``golden`` and ``reference``, which have
 otherwise): per auxiliary head L_1 … L_{K−1}, the fraction of the training stream its loss unit
 predicted right (the device's ``head_correct`` counters, read after training);
 ``tensor_saturations`` splits them by tensor (:func:`tensor_saturations`), also printed as a
-table. The printed summary shows only the lines that apply to the target.
+table. ``settings`` says how the run was made: every
+:class:`~pipetrain.compiler.config.TrainConfig` field as the plan was built from it (model file
+and options merged; ``strategy``, ``blocks``, ``distance``, ``rule``, ``head_stages``, ``lr``,
+``momentum`` and ``weight_decay`` at ``batch_ref``, ``seed``, ``schedule``, ``mitigation``,
+``lwp_form``, ``loss``, ``rounding``) with ``epochs`` this run's. The printed summary shows
+only the lines that apply to the target.
 
 Checkpoints (docs/protocol.md §7): ``--checkpoint FILE`` flushes every ``--checkpoint-every N``
 samples (default one epoch) and saves the run's state there atomically; ``--resume FILE``
 continues that run bit for bit (same model, data and options; the epochs default to the
 checkpoint's, a larger ``--epochs`` extends the run). With a resume the report covers the whole
 run (``train_samples``, ``online_accuracy``) and adds ``resumed_at`` (the run's sample it
-continued from); ``checkpoint`` names the file written.
+continued from); ``checkpoint`` names the file written. A resumed run prints where it
+continues (``resuming FILE at epoch k of E …``, :func:`resume_point`) before it trains, and in
+the summary.
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_TARGET",
     "TrainCheckError",
+    "resume_point",
     "run_training",
     "saturation_table",
     "tensor_saturations",
@@ -263,6 +272,9 @@ def run_training(
         ),
         **per_tensor,
         "epochs": epochs,
+        # how the run was made: the resolved TrainConfig the plan was built from, this run's
+        # epochs (an interlocking run that equals global reads strategy global, as trained)
+        "settings": result.config.to_dict() | {"epochs": epochs},
         "board": board,
         "schedule": result.plan.schedule,
         "mitigation": result.plan.mitigation,
@@ -290,7 +302,8 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
 
     Returns ``{"tensor_saturations": [{"stage": "1", "y", "gin", "u", "w", "total"}, …,
     {"stage": "loss", "d", "total"}] or None (with auxiliary heads one ``loss L<t>`` row per
-    loss unit, the true loss first), "tensor_saturations_source": "golden" |
+    loss unit, the true loss first, and a head stage's row has ``"head": k``, the block whose
+    head it is, loss L_k), "tensor_saturations_source": "golden" |
     "golden shadow" | None, "input_saturations": input values clamped by the host's
     quantisation, summed over streamed samples (golden target only, else None)}``; each
     ``total`` is the stage's entry of ``stage_saturations`` below 2^32.
@@ -307,7 +320,9 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
     losses = ["loss"] if K == 1 else [f"loss L{K}", *(f"loss L{t}" for t in range(1, K))]
     for k, counts in enumerate(g.tensor_saturations, start=1):
         name = str(k) if k <= g.S else losses[k - g.S - 1]
-        rows.append({"stage": name, **counts, "total": sum(counts.values())})
+        spec = g.stages[k - 1].spec if k <= g.S else None
+        head = {"head": spec.block} if spec is not None and spec.role == "head" else {}
+        rows.append({"stage": name, **head, **counts, "total": sum(counts.values())})
     own = g is dev.trainer
     return {
         "tensor_saturations": rows,
@@ -317,8 +332,10 @@ def tensor_saturations(dev: Device) -> dict[str, Any]:
 
 
 def saturation_table(report: dict[str, Any]) -> list[str]:
-    """The summary's per-tensor saturation table (lines) of ``report["tensor_saturations"]``;
-    empty when the report has none (``reference``, a link target without a shadow)."""
+    """The summary's per-tensor saturation table (lines) of ``report["tensor_saturations"]``:
+    stages in plan order (a head stage marked ``(head k)``), then the loss units L1 … LK, a line
+    saying what the ``d`` column counts, and the host's input clamps; empty when the report has
+    none (``reference``, a link target without a shadow)."""
     rows = report.get("tensor_saturations")
     if not rows:
         return []
@@ -333,14 +350,27 @@ def saturation_table(report: dict[str, Any]) -> list[str]:
         (r for r in rows if str(r["stage"]).startswith("loss")),
         key=lambda r: int(str(r["stage"])[6:] or 0),
     )
-    width = max(len("stage"), *(len(str(r["stage"])) for r in rows)) + 1
+    names = {id(r): str(r["stage"]) + (f" (head {r['head']})" if "head" in r else "") for r in rows}
+    width = max(len("stage"), *map(len, names.values())) + 1
     out = [head, f"  {'stage':<{width}}" + "".join(f"{c:>9}" for c in cols) + f"{'total':>10}"]
     for r in (*stages, *losses):
         cells = "".join(f"{r[c]:>9}" if c in r else f"{'-':>9}" for c in cols)
-        out.append(f"  {r['stage']:<{width}}{cells}{r['total']:>10}")
+        out.append(f"  {names[id(r)]:<{width}}{cells}{r['total']:>10}")
+    out.append("  d: δ clamps of a loss unit (docs/numerics.md §4.6), or of a stage's δ sum (§5.6)")
     if report.get("input_saturations") is not None:
         out.append(f"  input x (host quantisation): {report['input_saturations']}")
     return out
+
+
+def resume_point(path: str, ck: Checkpoint, epochs: int) -> str:
+    """Where a resumed run continues: ``FILE at epoch k of E (sample s of n in it; from sample
+    p of the run)`` for a checkpoint at run sample p = (k − 1)·n + s of a run of E epochs of n
+    samples (positions in samples, docs/protocol.md §7)."""
+    k, s = divmod(ck.position, max(ck.samples, 1))
+    return (
+        f"{path} at epoch {k + 1} of {epochs} (sample {s} of {ck.samples} in it; from sample "
+        f"{ck.position} of the run)"
+    )
 
 
 def _file_epochs(model: str) -> int | None:
@@ -470,6 +500,8 @@ def train_cmd(
     )
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    if ck is not None and ck.position < epochs * ck.samples:  # else check() says why not
+        info(f"resuming {resume_point(str(resume), ck, epochs)}", json_out)
     try:
         report, _ = run_training(
             result,
@@ -520,8 +552,8 @@ def train_cmd(
     lines += [f"  mismatch: {m}" for m in report["mismatches"]]
     if save:
         lines.append(f"saved: {save}")
-    if resume:
-        lines.append(f"resumed: {resume} from sample {report['resumed_at']} of the run")
+    if resume and ck is not None:
+        lines.append(f"resumed: {resume_point(resume, ck, epochs)}")
     if checkpoint:
         lines.append(f"checkpoint: {checkpoint}")
     info("\n".join(lines), json_out)

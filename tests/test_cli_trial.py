@@ -1,0 +1,357 @@
+"""The fresh-user trial's leftovers, each pinned to its exact new behaviour: what ``train
+--json`` says about the run, ``compile --on-chip-data``, the interlocking output (head stages,
+the ``d`` column, one loss naming L1 … LK), ``--distance 0``, the unknown-model list, resume
+messages, the golden model's head counters in a snapshot, a CNN's input shape taken from the
+data, the experiment's progress bar width, the conv refusal sentence. All on small nets and
+the golden / reference targets (no RTL)."""
+
+from __future__ import annotations
+
+import pytest
+from test_train_cli import npz40, report_of, run
+
+__all__ = ["npz40"]  # a fixture (80 train / 40 test samples of 40 features, 4 classes)
+
+
+#: A local-learning run of the data-sized mlp (40 → 8 → 4, a head after stage 1): one epoch.
+LOCAL = ("--hidden", "8", "--target", "golden", "--formats", "default", "--strategy", "local",
+         "--blocks", "1")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def local_run(npz40):
+    """``train mlp`` with local learning on the golden target, one epoch, ``--json -``."""
+    res = run(
+        "train", "mlp", "--data", npz40, *LOCAL, "--lr", "0.02", "--momentum", "0.5",
+        "--seed", "3", "--epochs", "1", "--mitigation", "sc", "--json", "-",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_train_json_says_how_the_run_was_made(local_run):
+    rep = report_of(local_run)
+    assert rep["settings"] == {
+        "schedule": "pb", "lr": 0.02, "momentum": 0.5, "weight_decay": 0.0, "batch_ref": 1,
+        "mitigation": "sc", "lwp_form": "v", "strategy": "local", "distance": 1,
+        "rule": "only", "blocks": [1], "head_stages": 1, "loss": "cross_entropy",
+        "rounding": "stochastic", "seed": 3, "epochs": 1,
+    }  # fmt: skip
+    # the keys that were there keep their values
+    assert (rep["epochs"], rep["schedule"], rep["mitigation"]) == (1, "pb", "sc")
+    assert rep["train_samples"] == 80 and len(rep["head_online_accuracy"]) == 1
+
+
+def test_compile_takes_on_chip_data_as_build_does(tmp_path):
+    """``compile --on-chip-data N --board B`` fits the plan with the set counted, exactly as
+    ``build`` does (the same ``compile_design(onchip_samples=N)``); the option is build's own
+    definition (same help); without ``--board`` it is a one-line error, nothing written."""
+    from pipetrain.host.cli.build import build_cmd
+    from pipetrain.host.cli.compile import compile_cmd
+    from pipetrain.host.flow import compile_design
+
+    opts = ("--board", "ulx3s-85f", "--formats", "default", "--lanes", "4,1")
+    res = run("compile", "mlp-digits", *opts, "--on-chip-data", "1437", "--out",
+              str(tmp_path / "a"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    kw = {"board": "ulx3s-85f", "formats": "default", "lanes": [4, 1], "writers": ()}
+    assert rep["fit"] == compile_design("mlp-digits", onchip_samples=1437, **kw).fit
+    assert rep["onchip_samples"] == 1437
+    # the set's block RAMs: 132 with it, 24 without (ECP5 DP16KD, the link's included)
+    assert rep["fit"]["bram_blocks"]["needed"] == 132
+    assert compile_design("mlp-digits", **kw).fit["bram_blocks"]["needed"] == 24
+    assert "with an on-chip training set of 1437 samples (needed/available)" in res.stderr
+    helps = [
+        next(p.help for p in cmd.params if p.name == "onchip_samples")
+        for cmd in (compile_cmd, build_cmd)
+    ]
+    assert helps[0] == helps[1] and "its memories count in the fit" in helps[0]
+    res = run("compile", "mlp-digits", "--on-chip-data", "10", "--out", str(tmp_path / "b"))
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: --on-chip-data 10 counts an on-chip training set in a board's fit: add --board "
+        "NAME (the board you build with --on-chip-data), or drop --on-chip-data"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_interlocking_output_marks_heads_explains_d_and_names_losses_l1_to_lk(local_run, tmp_path):
+    """The saturation table marks the head stage, says under it what ``d`` counts, and names
+    the loss units L1 (the head's) and L2 (the true loss) — as the head accuracy line and
+    report.md do (its loss-unit table and memory owners; no ``L_K``, no ``head_loss1``)."""
+    err = local_run.stderr.splitlines()
+    first = err.index("saturations per tensor (golden):")
+    names = [ln[2:13].rstrip() for ln in err[first + 2 : first + 7]]
+    assert names == ["1", "2", "3 (head 1)", "loss L1", "loss L2"]
+    assert err[first + 7] == (
+        "  d: δ clamps of a loss unit (docs/numerics.md §4.6), or of a stage's δ sum (§5.6)"
+    )
+    assert any(ln.startswith("head accuracy during training (the heads' loss units): L1 ")
+               for ln in err)  # fmt: skip
+    rep = report_of(local_run)
+    assert [r.get("head") for r in rep["tensor_saturations"][:3]] == [None, None, 1]
+    res = run("compile", "mlp-digits", "--formats", "default", "--strategy", "local",
+              "--blocks", "1", "--out", str(tmp_path))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "report.md").read_text()
+    assert "| L2 (main)   | cross_entropy |" in md and "| L1 (head 1) | cross_entropy |" in md
+    owners = {ln.split("|")[1].strip() for ln in md.splitlines() if "| loss L" in ln}
+    assert owners == {"loss L1", "loss L2"}
+    assert "head_loss" not in md and "L_K" not in md
+
+
+def test_distance_zero_interlocking_is_local_with_a_warning(tmp_path):
+    """d = 0 is documented as local learning (docs/architecture.md §2.4): interlocking with
+    it compiles to the local plan (same hash) under either rule, and the warning says so and
+    names --strategy local; the CLI prints it once."""
+    from pipetrain.host.flow import compile_design
+
+    def compiled(**cfg):
+        return compile_design(
+            "mlp-digits", formats="default", config_overrides={"blocks": (1,), **cfg}, writers=()
+        )
+
+    local = compiled(strategy="local")
+    warning = (
+        "--distance 0 with --strategy interlocking is local learning (block k is updated by "
+        "its own loss L_k alone): training it as --strategy local, the same plan; say "
+        "--strategy local, or give --distance 1 or more for interlocking learning"
+    )
+    for rule in ("only", "sum"):
+        res = compiled(strategy="interlocking", distance=0, rule=rule)
+        assert res.plan.hash == local.plan.hash and res.config.strategy == "local"
+        assert res.warnings == [warning] and local.warnings == []
+    args = ["--strategy", "interlocking", "--blocks", "1", "--distance", "0"]
+    res = run("compile", "mlp-digits", "--formats", "default", *args, "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("warning: ") == 1 and f"warning: {warning}" in res.stderr
+    assert "strategy local" in res.stdout.splitlines()[0]
+
+
+def test_unknown_model_lists_every_built_in_mlp_included():
+    from pipetrain.compiler.compile import compile_result
+    from pipetrain.compiler.models import BUILTIN_MODELS, ModelError
+
+    res = run("compile", "no-such-model")
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        f"Error: unknown model 'no-such-model': give a built-in name ({', '.join(BUILTIN_MODELS)}"
+        ", or mlp, sized from the data) or a path to a Python file that defines `model`"
+    )
+    # the compiler alone has no data to size it: it says where mlp is built
+    with pytest.raises(ModelError, match=r"^model 'mlp' is sized from the data: compile it wi"):
+        compile_result("mlp", formats="default", writers=())
+
+
+def test_resume_says_where_it_continues_and_counts_epochs_right(npz40, tmp_path):
+    from pipetrain.host.checkpoint import Checkpoint
+    from pipetrain.host.cli.train import resume_point
+
+    ck = tmp_path / "ck.json"
+    args = ("train", "mlp", "--data", npz40, "--hidden", "8", "--target", "golden",
+            "--formats", "default")  # fmt: skip
+    res = run(*args, "--epochs", "1", "--checkpoint", str(ck))
+    assert res.exit_code == 0, res.output
+    res = run(*args, "--epochs", "1", "--resume", str(ck))
+    assert res.exit_code == 2 and res.output.strip() == (
+        "Error: the checkpoint is at sample 80 of the run, which has 80 (1 epoch): nothing is "
+        "left to train; raise --epochs"
+    )
+    res = run(*args, "--epochs", "3", "--resume", str(ck))
+    assert res.exit_code == 0, res.output
+    where = f"{ck} at epoch 2 of 3 (sample 0 of 80 in it; from sample 80 of the run)"
+    lines = res.output.splitlines()
+    assert f"resuming {where}" in lines and f"resumed: {where}" in lines
+    assert lines.index(f"resuming {where}") < lines.index(f"resumed: {where}")
+    loaded = Checkpoint.load(ck)
+    loaded.position = 150  # mid-epoch: epoch 2 of the run's 80-sample epochs, 70 samples in
+    assert resume_point("f.json", loaded, 3) == (
+        "f.json at epoch 2 of 3 (sample 70 of 80 in it; from sample 150 of the run)"
+    )
+
+
+def _local_plan():
+    """The tiny 6 → 5 → 3 net of tests/test_host_device.py with a head after stage 1."""
+    from pipetrain.compiler.build import build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from test_host_device import IR
+
+    cfg = TrainConfig(strategy="local", blocks=(1,), momentum=0.9, lr=0.05, seed=3)
+    return build_plan(IR, cfg, lanes=[2, 1, 1]), cfg
+
+
+def test_golden_snapshot_keeps_the_heads_correct_counters():
+    """Snapshot mid-run (60 of 120 samples, heads on), restore into a fresh model, continue:
+    the heads' counters equal the uninterrupted run's, as every other counter does."""
+    from pipetrain.sim.golden import GoldenError, GoldenModel
+    from test_host_device import make_data, make_model
+
+    plan, cfg = _local_plan()
+    x, y = make_data(120, 0)
+    a = GoldenModel(plan, make_model(), cfg)
+    a.train(x[:60], y[:60])
+    snap = a.snapshot()
+    assert snap["head_correct"] == a.head_correct and sum(a.head_correct) > 0
+    b = GoldenModel(plan, make_model(), cfg)
+    b.restore(snap)
+    b.train(x[60:], y[60:])
+    a.train(x[60:], y[60:])
+    whole = GoldenModel(plan, make_model(), cfg)
+    whole.train(x[:60], y[:60])
+    whole.flush()  # where the snapshot flushed
+    whole.train(x[60:], y[60:])
+    assert b.head_correct == a.head_correct == whole.head_correct
+    assert b.head_correct[0] > snap["head_correct"][0]  # counted on from the snapshot
+    assert b.stage_saturations == whole.stage_saturations
+    assert b.weights_hash() == whole.weights_hash()
+    del snap["head_correct"]  # a snapshot from before the heads' counters were saved
+    with pytest.raises(GoldenError, match="0 head_correct counters; the plan has 1 heads"):
+        GoldenModel(plan, make_model(), cfg).restore(snap)
+
+
+def _heads_backend():
+    """tests/test_host_device.py's GoldenBackend (the golden model behind the link device
+    model) with the heads' counters after the saturation counters (docs/protocol.md §4)."""
+    from test_host_device import GoldenBackend
+
+    class HeadsBackend(GoldenBackend):
+        def counters(self):
+            g = self.g
+            return g.samples_applied, g.ticks, [*g.stage_saturations, *g.head_correct]
+
+    return HeadsBackend
+
+
+def test_link_resume_with_heads_counts_the_whole_run(tmp_path, monkeypatch):
+    """A link run with a head, interrupted after a checkpoint and resumed on a fresh device:
+    ``head_correct`` covers the whole run (the checkpoint's counts added on the host, the
+    golden shadow's restored) and equals the golden target's uninterrupted run."""
+    from pipetrain.host import open as open_device
+    from pipetrain.host.checkpoint import Checkpoint
+    from pipetrain.sim.golden import GoldenModel
+    from test_checkpoint import Crash, crash_after
+    from test_host_device import make_data, make_model, serve_device
+
+    monkeypatch.setattr("test_host_device.GoldenBackend", _heads_backend())
+    plan, cfg = _local_plan()
+    x, y = make_data(40, 0)
+    with open_device(plan, "golden", cfg, model=make_model()) as dev:
+        dev.train(x, y, epochs=3, checkpoint_every=15)
+        want = dev.counters()["head_correct"]
+    path = tmp_path / "ck.json"
+    with serve_device(plan, GoldenModel(plan, make_model(), cfg)) as url:
+        with open_device(plan, url, cfg, model=make_model(), shadow=True) as dev:
+            crash_after(dev.client, "send_samples", 5)  # 4 segments of 15 done
+            with pytest.raises(Crash):
+                dev.train(x, y, epochs=3, checkpoint=path, checkpoint_every=15)
+    ck = Checkpoint.load(path)
+    assert ck.position == 60 and len(ck.counters["head_correct"]) == 1
+    with serve_device(plan, GoldenModel(plan, make_model(), cfg)) as url:
+        with open_device(plan, url, cfg, model=make_model(), shadow=True) as dev:
+            dev.train(x, y, epochs=3, resume=ck)
+            v = dev.verify()
+            assert v.bit_exact, v.mismatches
+            assert dev.counters()["head_correct"] == want
+            assert want[0] > ck.counters["head_correct"][0] > 0
+
+
+#: A Conv1d model file without ``input_shape``: MaxPool1d(3) over L positions gives the
+#: Linear its 4·5 = 20 values for L = 15, 16 or 17; the front end's guess is 15 (no window cut).
+POOL3_CNN = (
+    "from torch import nn\n"
+    "model = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool1d(3),\n"
+    "                      nn.Flatten(), nn.Linear(20, 2))\n"
+)
+
+
+def test_a_cnn_takes_its_input_shape_from_the_data(tmp_path):
+    """With data of (n, 1, 16) samples the front end takes L = 16 from it instead of guessing
+    15; flat (n, 16) samples give a Conv1d the same (C, F / C); without data the guess stays;
+    data that the network cannot take names the data's shape in the error."""
+    from pathlib import Path
+
+    import numpy as np
+    from conv_nets import bump_data
+    from pipetrain.host.flow import compile_design
+
+    model = tmp_path / "pool3.py"
+    model.write_text(POOL3_CNN)
+    seq, flat, long = tmp_path / "seq.npz", tmp_path / "flat.npz", tmp_path / "long.npz"
+    bump_data(seq, n_train=32, n_test=8, length=16)
+    arrays = dict(np.load(seq))
+    np.savez(flat, **{k: v.reshape(len(v), -1) if k.startswith("x") else v
+                      for k, v in arrays.items()})  # fmt: skip
+    bump_data(long, n_train=32, n_test=8, length=20)
+
+    def in_size(data: Path | None = None) -> tuple[int, ...]:
+        res = compile_design(str(model), data=data and str(data), formats="default", writers=())
+        return res.plan.stages[0].conv.in_size
+
+    assert in_size() == (15,)  # no data: the smallest size with no pooling window cut
+    assert in_size(seq) == (16,) == in_size(flat)
+    res = run("train", str(model), "--data", str(seq), "--target", "golden", "--formats",
+              "default", "--epochs", "1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "32 samples" in res.output.splitlines()[0]
+    res = run("compile", str(model), "--data", str(long), "--formats", "default")
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: module '4' (Linear) expects 20 inputs but the convolution '0' gives 4×6 = 24 "
+        "values per sample (input shape (1, 20), the data's samples): make it nn.Linear(24, 2)"
+    )
+
+
+def test_experiment_progress_bar_fits_80_columns(capsys, monkeypatch):
+    """The bar goes to stderr, here no terminal and no $COLUMNS (as through ``| tee``): it
+    keeps to 80 columns, its long postfix (depth, method, lr, seed) trimmed — every redraw."""
+    import torch
+    from pipetrain.data import Dataset
+    from pipetrain.sim.experiment import run_experiment
+    from pipetrain.sim.trainer import bar_columns
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(8, 4, generator=g), torch.arange(8) % 2
+    data = Dataset("tiny", x, y, x, y)
+    run_experiment(data, [1], ["pb+sc+lwp"], 12, 1, [0.000123], width=4, progress=True)
+    draws = [d for d in capsys.readouterr().err.replace("\n", "\r").split("\r") if d.strip()]
+    assert len(draws) >= 12 and all(d.startswith("experiment:") for d in draws)
+    assert max(len(d) for d in draws) <= 80, max(draws, key=len)
+    assert bar_columns() == 80
+    monkeypatch.setenv("COLUMNS", "60")
+    assert bar_columns() == 60  # an exported terminal width wins over the default
+
+
+def test_sim_refuses_an_interlocking_conv_stage_in_one_clear_sentence():
+    """What is not built (a conv stage's several backward streams), what is (one: global or
+    local learning) and what runs this plan instead, in one sentence: the line ``pipetrain
+    sim`` prints after ``Error:`` (its CLI path: tests/test_conv_refusals.py)."""
+    from pipetrain.hdl.support import HDLSupportError, require_hdl
+    from pipetrain.host.flow import compile_design
+
+    cfg = {"strategy": "interlocking", "blocks": (1, 2), "distance": 1}
+    plan = compile_design("cnn-digits", formats="default", config_overrides=cfg, writers=()).plan
+    try:
+        require_hdl(plan, "sim")
+    except HDLSupportError as exc:
+        message = str(exc)
+    else:
+        pytest.skip("the HDL builds interlocking conv stages now: no refusal to test")
+    assert message == (
+        "stage 2 (conv2d): 2 backward streams (interlocking learning) are not built for a "
+        "convolution stage, only one: use --strategy global or local; or train it with "
+        "`pipetrain train MODEL --target golden` (or reference), which runs it in process "
+        "(pipetrain sim runs the RTL only)"
+    )
+
+
+def test_format_help_explains_negative_integer_bits():
+    """``--format`` documents Qi.f with a negative i (README says the same): Q-1.16 is 16 bits
+    whose largest value is 2^-1 − 2^-16, below 0.5."""
+    from pipetrain.compiler.formats import parse_qformat
+
+    res = run("compile", "--help")
+    assert "may be negative: Q-1.16 is 16 bits below 0.5" in " ".join(res.output.split())
+    q = parse_qformat("Q-1.16")
+    assert (q.bits, q.frac, q.max_value) == (16, 16, 2**-1 - 2**-16)
