@@ -9,10 +9,11 @@ the activation gives ``a_j``, and the row group's ``L`` activations leave as one
 output ``y`` itself).
 
 **Input gradient** (:class:`InputGradient`, docs/numerics.md §5): in slot ``(g, i)`` the lanes'
-products ``w_ji·δ_j`` are summed across lanes (an adder chain); with several row groups the
+products ``w_ji·δ_j`` are summed across lanes (a balanced adder tree); with several row groups the
 partial sums of column ``i`` are accumulated in a small memory (``gacc``, read at S2, written at
 S3) and finalised in the last group: ``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac −
-gin.frac), gin)``, sent serially ``i = 0..N−1`` to the previous stage's error buffer.
+gin.frac), gin)`` (rounded and clamped at S4, from the sum registered at S3), sent serially
+``i = 0..N−1`` to the previous stage's error buffer.
 
 Products are registered without enables (S2 → S3): S3 reads them exactly one cycle after a valid
 S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
@@ -213,12 +214,17 @@ class InputGradient(wiring.Component):
         L, fw, fd, fg = self.L, self.fw, self.fd, self.fg
         sp = self.slots
         s2, s3 = slot_at(sp, 2), slot_at(sp, 3)
-        # S2: w·δ per lane; S3: sum across lanes (+ the partial sum of earlier row groups)
-        gsum = None
+        # S2: w·δ per lane; S3: sum across lanes, a balanced adder tree (⌈log2 L⌉ levels; the
+        # integers are exact, so the order is free) + the partial sum of earlier row groups
+        terms = []
         for lane in range(L):
             pg3 = Signal(signed(fw.bits + fd.bits), name=f"pg3_{lane}")
             m.d.sync += pg3.eq(self.weights.w[lane] * self.delta.delta[lane])
-            gsum = pg3 if gsum is None else gsum + pg3
+            terms.append(pg3)
+        while len(terms) > 1:
+            pairs = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)]
+            terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
+        gsum = terms[0]
         gnew = Signal(signed(self.acc_bits))
         col3 = s3.payload.col
         if G > 1:
@@ -235,16 +241,16 @@ class InputGradient(wiring.Component):
             ]
         else:
             m.d.comb += gnew.eq(gsum)
-        gv, gc = sat(wire(m, rhu(gnew, fw.frac + fd.frac - fg.frac), "ginr"), fg)
+        # S3 → S4: the sum registered; S4: gin = sat(rhu(Σ)) (the rounding out of S3's adders)
         gin_en4 = Signal()
-        gin_d4 = Signal(signed(fg.bits))
-        gin_s4 = Signal()
+        gsum4 = Signal(signed(self.acc_bits))
         m.d.sync += gin_en4.eq(s3.valid & sp.bwd & (s3.payload.group == G - 1) & (col3 != N))
         with m.If(s3.valid):
-            m.d.sync += [gin_d4.eq(gv), gin_s4.eq(gc)]
+            m.d.sync += gsum4.eq(gnew)
+        gv, gc = sat(wire(m, rhu(gsum4, fw.frac + fd.frac - fg.frac), "ginr"), fg)
         m.d.comb += [
             self.gin.valid.eq(gin_en4),
-            self.gin.payload.eq(gin_d4),
-            self.saturated.eq(gin_en4 & gin_s4),
+            self.gin.payload.eq(gv),
+            self.saturated.eq(gin_en4 & gc),
         ]
         return m

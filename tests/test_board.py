@@ -59,8 +59,9 @@ def test_unknown_board_lists_known_ones() -> None:
 def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
     plan = build_plan(MLP_DIGITS, TrainConfig())
     rows = check_fit(plan, BOARDS["ulx3s-85f"])
-    # 18×18 blocks: stage 1 (no input gradient) 7 per lane, stage 2 9, loss unit 1
-    assert rows["multipliers"] == {"needed": 7 + 9 + 1, "available": 156}
+    # 18×18 blocks with the 18-bit operands (numerics §3.2, §5.3): stage 1 (no input gradient)
+    # 5 per lane (ŵ·x, m·u 2, lr·δ, e·x), stage 2 6 (+ w·δ), loss unit 1
+    assert rows["multipliers"] == {"needed": 5 + 6 + 1, "available": 156}
     assert plan.multipliers == 7  # datapath multipliers, one each whatever their width
     assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
     # one lane per stage: w, u 2 080 × 24 → 4 blocks each (Yosys: as the ULX3S builds map
@@ -82,16 +83,16 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     # weights and velocities take 14 each (2 048 × 2: 12, the last 32 words 256 × 16: 2; the
     # rule measured on ECP5, docs/boards.md §3), its stash 320 × 16 with two read
     # ports 2 × 2, mask 160 × 1 and error buffer 64 × 16 1 each; stage 2's w, u 330 × 24 3
-    # each, stash 96 × 16 1 × 2, error buffer 1, gacc 32 × 45 3 (its 30-bit mask is
+    # each, stash 96 × 16 1 × 2, error buffer 1, gacc 32 × 39 3 (its 30-bit mask is
     # flip-flops); loss unit: logits 1, exp ROM 512 × 16 2, exp values 1 (the 18 Kib count: 17)
     assert ebr == 14 + 14 + 4 + 1 + 1 + 3 + 3 + 2 + 1 + 3 + 1 + 2 + 1 == 50
-    # the memory as built (133 920 bits, tests/test_plan_memories.py) is already more than the
+    # the memory as built (133 728 bits, tests/test_plan_memories.py) is already more than the
     # 120 Kib of EBR, so that is the message
     assert f"{plan.memory_bits} memory bits needed, 122880 available (block RAM)" in msg
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
-    # 16×16 SB_MAC16 with 18-bit constants: the 35×16 update product (lr·δ)·x takes 3 blocks,
-    # momentum × u 2, the 24×16 forward product 2
-    assert "23 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
+    # 16×16 SB_MAC16 with 18-bit constants and operands: each 18×16 product takes 2 blocks
+    # (ŵ·x, w·δ, lr·δ, e·x), momentum × u (18 × 24) 2
+    assert "21 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
     assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 50 - 2 * (14 + 3) == 16
