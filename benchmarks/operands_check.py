@@ -1,8 +1,8 @@
 """What do the 18-bit multiplier operands cost in accuracy? Golden-18 vs exact vs float.
 
 Usage: ``python benchmarks/operands_check.py [--models mlp-digits,...] [--seeds 0,1,2]
-[--streams K] [--json FILE]``; ``--load A.json,B.json`` prints (and with ``--json`` combines)
-earlier runs' rows, e.g. of one process per model.
+[--streams K] [--calib-epochs E] [--json FILE]``; ``--load A.json,B.json`` prints (and with
+``--json`` combines) earlier runs' rows, e.g. of one process per model.
 
 Issue 17 item 2 narrows the variable multiplies to one 18 × 18 block each (docs/numerics.md
 §3.2, §5.2, §5.3): the forward and input-gradient MACs read the weights rounded half up to an
@@ -120,16 +120,25 @@ def _gap(model: str, seed: int, a: list[float], b: list[float]) -> dict[str, Any
     }
 
 
-def check(model: str, seed: int, streams: int = 4, ds: Dataset | None = None) -> dict[str, Any]:
+def check(
+    model: str,
+    seed: int,
+    streams: int = 4,
+    ds: Dataset | None = None,
+    calib_epochs: int | None = None,
+) -> dict[str, Any]:
     """One built-in × seed: the three sides' test accuracies over ``streams`` runs each, their
     means, the :data:`GAPS` (pp) with standard errors, golden18's saturations per tensor (first
     stream) and both golden plans' total saturations (first stream), the plans' lanes,
     formats, weight operands and scaled-error formats, and the wall seconds. ``ds``: digits
-    (loaded when None)."""
+    (loaded when None). ``calib_epochs``: the ``auto`` formats are calibrated over that many
+    epochs (the compile's ``epochs``; None: the config's 1, as ``pipetrain train`` does —
+    training always runs :data:`DEFAULT_EPOCHS`)."""
     t0 = time.perf_counter()
     ds = load_digits() if ds is None else ds
     epochs = DEFAULT_EPOCHS
-    r18 = compile_design(model, data=ds, config_overrides={"seed": seed}, writers=())
+    cal = {} if calib_epochs is None else {"epochs": calib_epochs}
+    r18 = compile_design(model, data=ds, config_overrides={"seed": seed, **cal}, writers=())
     rex = exact_result(r18)
     t_compile = time.perf_counter() - t0
     sides: dict[str, list[float]] = {}
@@ -140,6 +149,7 @@ def check(model: str, seed: int, streams: int = 4, ds: Dataset | None = None) ->
         "model": model,
         "seed": seed,
         "epochs": epochs,
+        "calib_epochs": r18.config.epochs,
         "streams": streams,
         "operand_bits": r18.plan.operand_bits,
         "lanes": [s.lanes for s in r18.plan.stages],
@@ -230,6 +240,12 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=4, help="runs per seed and side")
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument(
+        "--calib-epochs",
+        type=int,
+        default=None,
+        help="calibrate the auto formats over this many epochs (default: 1, as train does)",
+    )
+    ap.add_argument(
         "--load",
         default=None,
         help="comma-separated --json files of earlier runs: print their table and summary "
@@ -248,7 +264,7 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            r = check(model, seed, args.streams, ds)
+            r = check(model, seed, args.streams, ds, args.calib_epochs)
             rows.append(r)
             print(
                 f"{model:16} seed {seed}: golden18 {r['golden18_mean']:.4f} exact "
