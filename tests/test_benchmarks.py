@@ -19,6 +19,7 @@ import board_cache  # noqa: E402
 import link_soak  # noqa: E402
 import measure  # noqa: E402
 import memory_scaling  # noqa: E402
+import operands_check  # noqa: E402
 import run as bench  # noqa: E402
 
 
@@ -503,3 +504,59 @@ def test_onchip_rate_record(monkeypatch):
         rec["board_samples_per_s"] is None
         and "does not fit icebreaker" in rec["board_samples_note"]
     )
+
+
+@pytest.mark.parametrize("mitigation", ["none", "sc+lwp"])
+def test_operands_check_exact_twin_differs_only_in_the_multiplies(mitigation: str) -> None:
+    import dataclasses
+
+    from pipetrain.compiler.build import OPERAND_BITS
+    from pipetrain.host.flow import compile_design
+
+    r = compile_design(
+        "mlp-digits-deep",
+        formats="default",
+        config_overrides={"seed": 1, "mitigation": mitigation},
+        writers=(),
+    )
+    e = operands_check.exact_result(r)
+    assert (r.plan.operand_bits, e.plan.operand_bits) == (OPERAND_BITS, None)
+    assert e.formats == r.formats and e.config == r.config and e.model is r.model
+    changed = {
+        f.name
+        for f in dataclasses.fields(r.plan)
+        if getattr(r.plan, f.name) != getattr(e.plan, f.name)
+    }
+    assert changed <= {"stages", "operand_bits", "memory_bits"}
+    for a, b in zip(r.plan.stages, e.plan.stages, strict=True):
+        # the formats, lanes, delays and LFSR seeds are the 18-bit plan's: only arithmetic moves
+        assert (a.formats, a.lanes, a.delay, a.lfsr_seeds) == (
+            b.formats,
+            b.lanes,
+            b.delay,
+            b.lfsr_seeds,
+        )
+        stage = {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)}
+        assert stage <= {
+            "weight_operand", "update", "products", "acc_fwd_bits", "acc_bwd_bits",
+            "memories", "memory_bits",
+        }  # fmt: skip
+        upd = {
+            f.name
+            for f in dataclasses.fields(a.update)
+            if getattr(a.update, f.name) != getattr(b.update, f.name)
+        }
+        assert upd <= {"lr_delta", "sc_lr_b_delta", "frac_u", "frac_v", "sum_bits"}
+        # a memory may change only where an accumulator width does (the gradient accumulator)
+        for ma, mb in zip(a.memories, b.memories, strict=True):
+            assert ma == mb or (ma.name == mb.name == "gacc" and mb.width > ma.width)
+        # the exact twin multiplies exactly; the 18-bit plan reads 18-bit weights (24-bit w:
+        # every stage narrows) and, where lr is no shift-add constant, an 18-bit scaled error
+        assert b.weight_operand is None and b.update.lr_delta is None
+        assert a.weight_operand is not None and a.weight_operand.bits == OPERAND_BITS
+        assert a.weight_operand.frac < a.formats.w.frac
+        assert a.update.lr_delta is not None and a.update.lr_delta.bits == OPERAND_BITS
+        assert (a.update.sc_lr_b_delta is not None) == (mitigation == "sc+lwp")
+        blocks = lambda s: sum(p.blocks for p in s.products)  # noqa: E731
+        assert blocks(a) < blocks(b)
+        assert max(max(p.a_bits, p.b_bits) for p in a.products if p.name in ("fwd", "gin")) <= 18
