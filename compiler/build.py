@@ -492,6 +492,7 @@ def _update_constants(
     const_bits: int = CONST_MANTISSA_BITS,
     p_sum_bits: int = 0,
     operand_bits: int | None = None,
+    conv: bool = False,
 ) -> UpdateConstants:
     lr, m, wd = cfg.lr1, cfg.momentum1, cfg.weight_decay
     sc = "sc" in cfg.mitigation
@@ -499,8 +500,9 @@ def _update_constants(
     mk = lambda r: Const.normalised(r, const_bits)  # noqa: E731
     c_m, c_lr, c_lrwd = mk(m), mk(lr), mk(lr * wd)
     c_a, c_b, c_bwd = mk(a), mk(b * lr), mk(b * lr * wd)
-    # a convolution's P is already summed over its output positions: its lr·P stays exact
-    linear = p_sum_bits == 0
+    # a convolution's P is already summed over its output positions (``conv``; ``p_sum_bits``
+    # is 0 for a single position): its lr·P stays exact
+    linear = not conv
     e_lr = scaled_error_format(c_lr, fmt_d, operand_bits) if linear else None
     e_b = scaled_error_format(c_b, fmt_d, operand_bits) if linear and sc else None
     fw = fmt_w.frac
@@ -1337,8 +1339,9 @@ def build_plan(
         observed = dict(fs.ranges.get(sl.index, {}))
         _check_formats(sl, f, observed)
         upd = _update_constants(
-            config, sl.delay, f.x, f.d, f.w, f.u, const_bits, p_sum_bits(sl.conv), operand_bits
-        )
+            config, sl.delay, f.x, f.d, f.w, f.u, const_bits, p_sum_bits(sl.conv), operand_bits,
+            sl.conv is not None,
+        )  # fmt: skip
         if upd.sum_bits > MAX_SUM_BITS:
             raise PlanError(
                 f"{where}: the update sum needs {upd.sum_bits} bits (> {MAX_SUM_BITS}); use "

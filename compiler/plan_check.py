@@ -420,8 +420,9 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     slope = Const.of(st.negative_slope.real, SLOPE_FRAC)
     _same_fields(f"{p}.negative_slope", st.negative_slope, slope, "Const.of(real, 16)")
     upd = _update_constants(
-        cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits, p_sum_bits(st.conv), plan.operand_bits
-    )
+        cfg, st.delay, f.x, f.d, f.w, f.u, plan.const_bits, p_sum_bits(st.conv), plan.operand_bits,
+        st.conv is not None,
+    )  # fmt: skip
     _same_fields(f"{p}.update", st.update, upd, "what build derives from train, delay, formats")
     what = forward_weight_bits(f.w, upd.lwp_horizon, f.u, upd.lwp_form)
     _same(f"{p}.what_bits", st.what_bits, what, "build.forward_weight_bits")

@@ -230,7 +230,10 @@ def test_require_hdl_refuses_a_conv_stage_the_hdl_does_not_build():
     require_hdl(plan, "sim")
     stages = list(plan.stages)
     stages[0] = dataclasses.replace(stages[0], slot_cycles=2)
-    with pytest.raises(HDLSupportError, match=r"stage 1 \(conv1d\): single-port .*or pipetrain"):
+    with pytest.raises(
+        HDLSupportError,
+        match=r"stage 1 \(conv1d\): single-port .*`pipetrain train MODEL --target golden`",
+    ):
         require_hdl(dataclasses.replace(plan, stages=tuple(stages)), "sim")
     last = nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU(), nn.MaxPool1d(2), nn.Flatten())
     last.input_shape = (1, 10)  # a convolution feeds the loss unit: 2 channels × 4 positions
