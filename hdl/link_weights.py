@@ -62,6 +62,9 @@ class WeightsCommand(wiring.Component):
         h = _Header(self.params)
         hi = Signal(range(WEIGHT_HEADER_BYTES))  # header byte
         bi = Signal(2)  # byte of the word
+        # a read's word, registered before its bytes are emitted: the response comes from a
+        # block RAM through the network's logic (timing: docs/boards.md §4.1)
+        word = Signal(32)
         m.d.comb += [
             wc.payload.write.eq(cmd.payload.write),
             wc.payload.stage.eq(h.stage),
@@ -106,17 +109,17 @@ class WeightsCommand(wiring.Component):
                 with m.Elif(wc.ready):
                     m.next = "RDATA"
 
-            with m.State("RDATA"):
-                # the word a byte per cycle while the response is held, then take it
+            with m.State("RDATA"):  # the response's word into a register, then taken
                 with m.If(wr.valid):
-                    m.d.comb += [
-                        self.emit.valid.eq(1),
-                        self.emit.payload.eq(wr.payload.data.as_unsigned().word_select(bi, 8)),
-                    ]
-                    m.d.sync += bi.eq(bi + 1)
-                    with m.If(bi == 3):
-                        m.d.comb += wr.ready.eq(1)
-                        word_done("COMMAND")
+                    m.d.comb += wr.ready.eq(1)
+                    m.d.sync += word.eq(wr.payload.data)
+                    m.next = "REMIT"
+
+            with m.State("REMIT"):  # the word a byte per cycle
+                m.d.comb += [self.emit.valid.eq(1), self.emit.payload.eq(word.word_select(bi, 8))]
+                m.d.sync += bi.eq(bi + 1)
+                with m.If(bi == 3):
+                    word_done("COMMAND")
 
             with m.State("WDATA"):
                 m.d.comb += args.ready.eq(1)
