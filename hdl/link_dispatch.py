@@ -25,7 +25,7 @@ high), so a reset device answers HELLO with tag 0.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
@@ -68,6 +68,14 @@ _STATUS_COUNTERS = ("frames_ok", "bad_crc", "bad_header", "rx_timeouts")
 assert [ENGINE_COUNTERS.index(n) - 2 for n in _STATUS_COUNTERS] == [s.value for s in FrameStatus]
 
 
+class _Write(NamedTuple):
+    """A write of the state memory in this cycle (committed by the port a cycle later)."""
+
+    addr: Signal
+    data: Signal
+    en: Signal
+
+
 class _StateMemory:
     """The dispatcher's byte memory (response buffer, counter offsets and values, HELLO bytes)
     and its operations: append to the response, increment a counter, copy bytes.
@@ -96,7 +104,12 @@ class _StateMemory:
         init = [0] * self.depth
         init[self.HB : self.HB + self.NC] = P.hello_payload(0, 0)[SESSION_BYTES : HELLO_BYTES - 8]
         m.submodules.mem = mem = Memory(shape=8, depth=self.depth, init=init)
-        self.wr, self.rd = mem.write_port(), mem.read_port()
+        port, self.rd = mem.write_port(), mem.read_port()
+        # writes go through a register stage (the read data drives no write port directly:
+        # timing, docs/boards.md §4.1); a byte is never read back the cycle after its write
+        # (every state reads other bytes first), so the delay changes no byte
+        self.wr = wr = _Write(Signal.like(port.addr), Signal(8), Signal())
+        m.d.sync += [port.addr.eq(wr.addr), port.data.eq(wr.data), port.en.eq(wr.en)]
         self.ra = Signal(range(self.depth), init=self.OB)
         self.ra_next = Signal.like(self.ra)
         m.d.comb += [self.ra_next.eq(self.ra), self.rd.addr.eq(self.ra_next)]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -185,22 +185,23 @@ class OnChipSet(wiring.Component):
         nargs = Signal(range(RUN_ARG_BYTES + 1))
         count, epochs, records = argsr[0:16], argsr[16:23], argsr[23]
         start, mask0 = argsr[24:40], argsr[40:56]
-        k = Signal(range(17))  # LFSR bits for `count`
+        # derived from the arguments a cycle after the last byte, checked the cycle after that
+        # (registered: docs/boards.md §4.1); `start`, `mask0` fit k bits iff they are ≤ 2^k − 1
         taps = Signal(K)
-        for w in range(K, 1, -1):  # k = max(2, ⌈log2 count⌉): the smallest w with count ≤ 2^w
+        period = Signal(K + 1)  # 2^k − 1, k = max(2, ⌈log2 count⌉)
+        for w in range(K, 1, -1):  # the smallest w with count ≤ 2^w
             with m.If(count <= (1 << w)):
-                m.d.comb += [k.eq(w), taps.eq(PERM_TAPS[w])]
-        period = Signal(K + 1)  # 2^k − 1
-        m.d.comb += period.eq((Const(1, K + 1) << k) - 1)
-        bad = (
+                m.d.sync += [taps.eq(PERM_TAPS[w]), period.eq((1 << w) - 1)]
+        bad = Signal()
+        m.d.sync += bad.eq(
             (count == 0)
             | (count > C)
             | (epochs == 0)
             | (epochs > MAX_RUN_EPOCHS)
             | (start == 0)
             | (mask0 == 0)
-            | ((start >> k) != 0)
-            | ((mask0 >> k) != 0)
+            | (start > period)
+            | (mask0 > period)
             | (records & ((epochs != 1) | (count > P.result_depth)))
         )
 
@@ -330,6 +331,8 @@ class OnChipSet(wiring.Component):
 
         # ---- control
         fwait = Signal(3)
+        flushing = Signal()  # registered: every sample was fed, the network drains
+        m.d.comb += self.flush.eq(flushing)
         fed_all = (gen_left == 0) & ~nxt_valid & (left == 0) & (taken == 0) & ~push
         with m.FSM(name="onchip"):
             with m.State("IDLE"):
@@ -344,7 +347,11 @@ class OnChipSet(wiring.Component):
                         nargs.eq(nargs + 1),
                     ]
                     with m.If(nargs == RUN_ARG_BYTES - 1):
-                        m.next = "CHECK"
+                        m.next = "DERIVE"
+            with m.State("DERIVE"):  # taps, period from the arguments
+                m.next = "VERIFY"
+            with m.State("VERIFY"):  # bad from the arguments and period
+                m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If(bad):
                     m.d.comb += [self.nak.eq(NakReason.BAD_ARG), self.cmd.ready.eq(1)]
@@ -364,17 +371,19 @@ class OnChipSet(wiring.Component):
                         res_epochs.eq(0),
                         cycles.eq(0),
                         fwait.eq(0),
+                        flushing.eq(0),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += [self.running.eq(1), self.records.eq(records)]
                 m.d.sync += cycles.eq(cycles + 1)
                 with m.If(fed_all):
-                    m.d.comb += self.flush.eq(1)
+                    m.d.sync += flushing.eq(1)
+                with m.If(flushing):
                     with m.If(fwait != 4):
                         m.d.sync += fwait.eq(fwait + 1)
                     with m.Elif(self.idle & (res_epochs == epochs) & (eleft == 0)):
-                        m.d.sync += cyc_left.eq(4)
+                        m.d.sync += [cyc_left.eq(4), flushing.eq(0)]
                         m.next = "CYCLES"
             with m.State("CYCLES"):
                 with m.If(cyc_left == 1):

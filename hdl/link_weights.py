@@ -62,9 +62,9 @@ class WeightsCommand(wiring.Component):
         h = _Header(self.params)
         hi = Signal(range(WEIGHT_HEADER_BYTES))  # header byte
         bi = Signal(2)  # byte of the word
-        # a read's word, registered before its bytes are emitted: the response comes from a
-        # block RAM through the network's logic (timing: docs/boards.md §4.1)
-        word = Signal(32)
+        # `cmd.ready` and `nak` come from registers (they steer the dispatcher's next state and
+        # its memory's read address; timing: docs/boards.md §4.1)
+        ok = Signal()  # the header passed its checks
         m.d.comb += [
             wc.payload.write.eq(cmd.payload.write),
             wc.payload.stage.eq(h.stage),
@@ -78,8 +78,7 @@ class WeightsCommand(wiring.Component):
             """One word was read or written: the next, or the command is done."""
             m.d.sync += [h.col.eq(h.col + 1), h.count.eq(h.count - 1)]
             with m.If(h.count == 1):
-                m.d.comb += cmd.ready.eq(1)
-                m.next = "HEADER"
+                m.next = "FINISH"
             with m.Else():
                 m.next = nxt
 
@@ -90,11 +89,15 @@ class WeightsCommand(wiring.Component):
                     m.d.sync += hi.eq(hi + 1)
                     with h.load(m, hi, args.payload.data):  # the last byte
                         m.d.sync += hi.eq(0)
-                        m.next = "CHECK"
+                        m.next = "VERIFY"
+
+            with m.State("VERIFY"):  # the header's checks into a register
+                m.d.sync += ok.eq(h.valid(cmd.payload.write, cmd.payload.length))
+                m.next = "CHECK"
 
             with m.State("CHECK"):
                 m.d.sync += bi.eq(0)
-                with m.If(~h.valid(cmd.payload.write, cmd.payload.length)):
+                with m.If(~ok):
                     m.d.comb += [cmd.ready.eq(1), self.nak.eq(NakReason.BAD_ARG)]
                     m.next = "HEADER"
                 with m.Elif(cmd.payload.write):
@@ -109,17 +112,17 @@ class WeightsCommand(wiring.Component):
                 with m.Elif(wc.ready):
                     m.next = "RDATA"
 
-            with m.State("RDATA"):  # the response's word into a register, then taken
+            with m.State("RDATA"):
+                # the word a byte per cycle while the response is held, then take it
                 with m.If(wr.valid):
-                    m.d.comb += wr.ready.eq(1)
-                    m.d.sync += word.eq(wr.payload.data)
-                    m.next = "REMIT"
-
-            with m.State("REMIT"):  # the word a byte per cycle
-                m.d.comb += [self.emit.valid.eq(1), self.emit.payload.eq(word.word_select(bi, 8))]
-                m.d.sync += bi.eq(bi + 1)
-                with m.If(bi == 3):
-                    word_done("COMMAND")
+                    m.d.comb += [
+                        self.emit.valid.eq(1),
+                        self.emit.payload.eq(wr.payload.data.as_unsigned().word_select(bi, 8)),
+                    ]
+                    m.d.sync += bi.eq(bi + 1)
+                    with m.If(bi == 3):
+                        m.d.comb += wr.ready.eq(1)
+                        word_done("COMMAND")
 
             with m.State("WDATA"):
                 m.d.comb += args.ready.eq(1)
@@ -127,6 +130,10 @@ class WeightsCommand(wiring.Component):
                     m.d.sync += bi.eq(bi + 1)
                     with m.If(bi == 3):
                         m.next = "COMMAND"
+
+            with m.State("FINISH"):  # the last word is done
+                m.d.comb += cmd.ready.eq(1)
+                m.next = "HEADER"
 
             with m.State("WRESPONSE"):
                 m.d.comb += wr.ready.eq(1)
