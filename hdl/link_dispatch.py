@@ -327,6 +327,7 @@ class LinkDispatcher(wiring.Component):
         reason = Signal(2)  # NakReason of a NAK
         outstanding = Signal(range(self.params.result_depth + 1))  # accepted − results_read
         fwait = Signal(3)
+        flush = Signal()  # net.flush in the next cycle
 
         def dropped() -> None:  # a bad frame was counted
             m.d.comb += self.frame.ready.eq(1)
@@ -385,7 +386,7 @@ class LinkDispatcher(wiring.Component):
             st.copy_state("ACK", 4)  # SAMPLES: `accepted`
 
             with m.State("FLUSH"):
-                m.d.comb += net.flush.eq(1)
+                m.d.comb += flush.eq(1)
                 # hold flush a few cycles before trusting `idle` (it may lag the last beat)
                 with m.If(fwait != 4):
                     m.d.sync += fwait.eq(fwait + 1)
@@ -403,7 +404,9 @@ class LinkDispatcher(wiring.Component):
                 self._send(m, st, rsp_type, last_seq)
 
         with m.If(weights.flush | (onchip.flush if onchip is not None else 0)):
-            m.d.comb += net.flush.eq(1)
+            m.d.comb += flush.eq(1)
+        # registered: the network's tick controller decodes it (timing: docs/boards.md §4.1)
+        m.d.sync += net.flush.eq(flush)
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         return m
 
