@@ -12,16 +12,16 @@ weight commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesC
 
 State memory (*derived*: area on the iCE40UP5K, one EBR): one byte memory holds the response
 buffer (0 .. tx_max−1), then two regions of counters, counter c at byte 4c (LE): the offsets
-latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by an 8-cycle
-read-modify-write: two cycles a byte, the read data registered first; writes go through a
-register too — timing, docs/boards.md §4.1). The value slots of the network counters are unused; the session tag (4
-bytes, written by SESSION) and the constant HELLO bytes sit there, ending right before
-``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``, ``results_read``);
-the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly all used).
-READ_COUNTERS forms ``value − offset`` a byte per cycle (a
-network counter is latched whole first: it may change while it is read). After reset the
-dispatcher zeroes the counters, offsets and the session tag (a few hundred cycles, ``busy``
-high), so a reset device answers HELLO with tag 0.
+latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by an
+8-cycle read-modify-write: two cycles a byte, the read data registered first; writes go through
+a register too — timing, docs/boards.md §4.1). The value slots of the network counters are
+unused; the session tag (4 bytes, written by SESSION) and the constant HELLO bytes sit there,
+ending right before ``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``,
+``results_read``); the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly
+all used). READ_COUNTERS forms ``value − offset`` a byte every two cycles (a network counter is
+latched whole first: it may change while it is read). After reset the dispatcher zeroes the
+counters, offsets and the session tag (a few hundred cycles, ``busy`` high), so a reset device
+answers HELLO with tag 0.
 """
 
 from __future__ import annotations
