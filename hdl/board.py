@@ -146,6 +146,10 @@ class BoardTop(Elaboratable):
     clock_hz: the network clock (Hz), default ``board.clock_hz``; on a platform it must be the
         oscillator or a frequency the PLL makes exactly (:func:`~pipetrain.hdl.pll.pick_pll`),
         else :class:`~pipetrain.compiler.targets.BoardError` at elaboration.
+    second_domain: (ECP5, on a platform, through the PLL) a second clock domain of that name
+        at ``clock_hz`` from the PLL's second output (:class:`~pipetrain.hdl.pll.PLLClock`
+        ``second``), for a core that runs a part there: the shell timing analysis
+        (``benchmarks/shell_timing.py``, docs/boards.md §4.1); None (default): none.
 
     Members (simulation only, when elaborated without a platform)
     -------
@@ -160,8 +164,10 @@ class BoardTop(Elaboratable):
         baud: int | None = None,
         fifo_depth: int = 64,
         clock_hz: float | None = None,
+        second_domain: str | None = None,
     ) -> None:
         self.board = board
+        self.second_domain = second_domain
         self.baud = int(baud or board.baud)
         self.clock_hz = float(board.clock_hz if clock_hz is None else clock_hz)
         self.divisor = uart_divisor(self.clock_hz, self.baud)
@@ -198,7 +204,9 @@ class BoardTop(Elaboratable):
                 # oscillator's (the platform constrains the pin)
                 m.domains.sync = ClockDomain("sync")
                 pin = platform.request(platform.default_clk, dir="-")
-                m.submodules.pll = PLLClock(setting, pin)
+                if self.second_domain is not None:
+                    m.domains += ClockDomain(self.second_domain)
+                m.submodules.pll = PLLClock(setting, pin, second=self.second_domain)
         core = (
             self._core()
             if callable(self._core) and not isinstance(self._core, wiring.Component)

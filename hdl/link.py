@@ -17,7 +17,8 @@ which is correct under any backpressure because every byte moves by a stream han
   :class:`~pipetrain.hdl.link_results.ReadResults` and
   :class:`~pipetrain.hdl.link_weights.WeightsCommand`) and keeps the response buffer, the
   counters and the HELLO bytes in one block RAM;
-* :class:`~pipetrain.hdl.link_tx.LinkTransmitter` — sync, type, seq, length, payload, CRC;
+* :class:`~pipetrain.hdl.link_tx.LinkTransmitter` — sync, type, seq, length, payload, CRC (the
+  payload through a one-byte register: the response buffer's block RAM drives no logic);
 * :class:`~pipetrain.hdl.link_crc.LinkCRC` — the CRC-32 (``amaranth.lib.crc``), shared by the
   receiver and the transmitter, which never run at once.
 
@@ -34,6 +35,7 @@ from typing import Any
 
 from amaranth import Module
 from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import Plan
@@ -121,7 +123,19 @@ class LinkEngine(wiring.Component):
         wiring.connect(m, rx.frame, dispatch.frame)
         wiring.connect(m, rx.args, dispatch.args)
         wiring.connect(m, dispatch.response, tx.response)
-        wiring.connect(m, dispatch.data, tx.data)
+        # the response bytes come from the dispatcher's block RAM: a one-byte register before
+        # the transmitter and its CRC (a byte every other cycle, far above the UART's rate;
+        # timing: docs/boards.md §4.1)
+        m.submodules.tx_data = q = SyncFIFOBuffered(width=9, depth=1)
+        d, t = dispatch.data, tx.data
+        m.d.comb += [
+            q.w_en.eq(d.valid),
+            q.w_data.eq(d.payload.as_value()),
+            d.ready.eq(q.w_rdy),
+            t.valid.eq(q.r_rdy),
+            t.payload.eq(q.r_data),
+            q.r_en.eq(t.ready),
+        ]
         wiring.connect(m, tx.tx, wiring.flipped(self.tx))
         wiring.connect(m, wiring.flipped(self.net), dispatch.net)
         wiring.connect(m, rx.crc, crc.rx)

@@ -12,20 +12,21 @@ weight commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesC
 
 State memory (*derived*: area on the iCE40UP5K, one EBR): one byte memory holds the response
 buffer (0 .. tx_max−1), then two regions of counters, counter c at byte 4c (LE): the offsets
-latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by a 4-cycle
-read-modify-write). The value slots of the network counters are unused; the session tag (4
-bytes, written by SESSION) and the constant HELLO bytes sit there, ending right before
-``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``, ``results_read``);
-the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly all used).
-READ_COUNTERS forms ``value − offset`` a byte per cycle (a
-network counter is latched whole first: it may change while it is read). After reset the
-dispatcher zeroes the counters, offsets and the session tag (a few hundred cycles, ``busy``
-high), so a reset device answers HELLO with tag 0.
+latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by an
+8-cycle read-modify-write: two cycles a byte, the read data registered first; writes go through
+a register too — timing, docs/boards.md §4.1). The value slots of the network counters are
+unused; the session tag (4 bytes, written by SESSION) and the constant HELLO bytes sit there,
+ending right before ``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``,
+``results_read``); the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly
+all used). READ_COUNTERS forms ``value − offset`` a byte every two cycles (a network counter is
+latched whole first: it may change while it is read). After reset the dispatcher zeroes the
+counters, offsets and the session tag (a few hundred cycles, ``busy`` high), so a reset device
+answers HELLO with tag 0.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
@@ -68,12 +69,21 @@ _STATUS_COUNTERS = ("frames_ok", "bad_crc", "bad_header", "rx_timeouts")
 assert [ENGINE_COUNTERS.index(n) - 2 for n in _STATUS_COUNTERS] == [s.value for s in FrameStatus]
 
 
+class _Write(NamedTuple):
+    """A write of the state memory in this cycle (committed by the port a cycle later)."""
+
+    addr: Signal
+    data: Signal
+    en: Signal
+
+
 class _StateMemory:
     """The dispatcher's byte memory (response buffer, counter offsets and values, HELLO bytes)
     and its operations: append to the response, increment a counter, copy bytes.
 
-    ``ra`` is the read address (``rd.data`` is always ``mem[ra]``; assign ``ra_next`` to move
-    it), ``wptr`` the response length so far, ``bi`` a byte index (of a counter's 4 bytes).
+    ``ra`` is the read address (``rd.data`` is always ``mem[ra]``, ``rdq`` the cycle after;
+    assign ``ra_next`` to move it), ``wptr`` the response length so far, ``bi`` a byte index
+    (of a counter's 4 bytes).
     """
 
     RET = ("DISPATCH", "IDLE", "DONE", "EXEC")  # where an increment returns to
@@ -96,7 +106,12 @@ class _StateMemory:
         init = [0] * self.depth
         init[self.HB : self.HB + self.NC] = P.hello_payload(0, 0)[SESSION_BYTES : HELLO_BYTES - 8]
         m.submodules.mem = mem = Memory(shape=8, depth=self.depth, init=init)
-        self.wr, self.rd = mem.write_port(), mem.read_port()
+        port, self.rd = mem.write_port(), mem.read_port()
+        # writes go through a register stage (the read data drives no write port directly:
+        # timing, docs/boards.md §4.1); a byte is never read back the cycle after its write
+        # (every state reads other bytes first), so the delay changes no byte
+        self.wr = wr = _Write(Signal.like(port.addr), Signal(8), Signal())
+        m.d.sync += [port.addr.eq(wr.addr), port.data.eq(wr.data), port.en.eq(wr.en)]
         self.ra = Signal(range(self.depth), init=self.OB)
         self.ra_next = Signal.like(self.ra)
         m.d.comb += [self.ra_next.eq(self.ra), self.rd.addr.eq(self.ra_next)]
@@ -104,14 +119,21 @@ class _StateMemory:
         self.wptr = Signal(range(P.tx_max + 1))
         self.bi = Signal(2)
         self.carry = Signal()  # of a counter increment; 0 for copies
-        self.sum = Signal(9)  # mem[ra] + carry (+ the addend's byte)
+        # the read data, registered: the states that compute on it (INC, the copies, the
+        # counter reads) take two cycles a byte, `ph` 0 (the memory shows mem[ra]) then 1 (``rdq``
+        # holds it: act, move on), so no arithmetic follows the block RAM's slow output
+        # (docs/boards.md §4.1)
+        self.rdq = Signal(8)
+        self.ph = Signal()
+        m.d.sync += self.rdq.eq(self.rd.data)
+        self.sum = Signal(9)  # mem[ra] (from rdq) + carry (+ the addend's byte)
         self.ret = Signal(range(len(self.RET)))
         # a 32-bit addend (RUN's sample count), shifted out a byte per INC cycle: zero otherwise
         self.addend = Signal(32) if P.onchip_samples else None
         if self.addend is None:
-            m.d.comb += self.sum.eq(self.rd.data + self.carry)
+            m.d.comb += self.sum.eq(self.rdq + self.carry)
         else:
-            m.d.comb += self.sum.eq(self.rd.data + self.carry + self.addend[:8])
+            m.d.comb += self.sum.eq(self.rdq + self.carry + self.addend[:8])
 
     def slot(self, region: int, c) -> Cat:
         """Address of byte 0 of counter ``c`` (int or Value) in region 0 (offsets) / 1 (values)."""
@@ -143,10 +165,17 @@ class _StateMemory:
             m.d.sync += self.addend.eq(addend)
         m.next = "INC"
 
+    def two_phase(self):
+        """In a two-cycle-a-byte state: ``ph`` toggles; the body runs in phase 1 (``rdq`` =
+        mem[ra]); phase 0 holds ``ra``. A state is entered and left with ``ph`` = 0."""
+        self.m.d.sync += self.ph.eq(~self.ph)
+        return self.m.If(self.ph)
+
     def increment_state(self, returns: dict) -> None:
-        """The INC state; ``returns[name]()`` runs in its last cycle when it returns to ``name``."""
+        """The INC state (8 cycles); ``returns[name]()`` runs in its last cycle when it returns
+        to ``name``."""
         m = self.m
-        with m.State("INC"):
+        with m.State("INC"), self.two_phase():
             m.d.comb += self.ra_next.eq(self.ra + 1)
             self.write(self.sum[:8])
             m.d.sync += [self.carry.eq(self.sum[8]), self.bi.eq(self.bi + 1)]
@@ -163,7 +192,7 @@ class _StateMemory:
         """State ``name``: append ``count`` bytes from ``ra`` on (set by the state before, with
         ``carry`` 0) to the response, then DONE."""
         m = self.m
-        with m.State(name):
+        with m.State(name), self.two_phase():
             self.emit(self.sum[:8])
             m.d.comb += self.ra_next.eq(self.ra + 1)
             with m.If(self.wptr == count - 1):
@@ -314,6 +343,7 @@ class LinkDispatcher(wiring.Component):
         reason = Signal(2)  # NakReason of a NAK
         outstanding = Signal(range(self.params.result_depth + 1))  # accepted − results_read
         fwait = Signal(3)
+        flush = Signal()  # net.flush in the next cycle
 
         def dropped() -> None:  # a bad frame was counted
             m.d.comb += self.frame.ready.eq(1)
@@ -372,7 +402,7 @@ class LinkDispatcher(wiring.Component):
             st.copy_state("ACK", 4)  # SAMPLES: `accepted`
 
             with m.State("FLUSH"):
-                m.d.comb += net.flush.eq(1)
+                m.d.comb += flush.eq(1)
                 # hold flush a few cycles before trusting `idle` (it may lag the last beat)
                 with m.If(fwait != 4):
                     m.d.sync += fwait.eq(fwait + 1)
@@ -390,7 +420,9 @@ class LinkDispatcher(wiring.Component):
                 self._send(m, st, rsp_type, last_seq)
 
         with m.If(weights.flush | (onchip.flush if onchip is not None else 0)):
-            m.d.comb += net.flush.eq(1)
+            m.d.comb += flush.eq(1)
+        # registered: the network's tick controller decodes it (timing: docs/boards.md §4.1)
+        m.d.sync += net.flush.eq(flush)
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         return m
 
@@ -554,21 +586,21 @@ class LinkDispatcher(wiring.Component):
                 m.d.comb += st.ra_next.eq(st.slot(1, c))
                 m.next = "C_LOADV"
 
-        with m.State("C_LOADV"):
-            shift_in(st.rd.data)
+        with m.State("C_LOADV"), st.two_phase():
+            shift_in(st.rdq)
             m.d.comb += st.ra_next.eq(st.ra + 1)
             m.d.sync += bi.eq(bi + 1)
             with m.If(bi == 3):
                 m.d.comb += st.ra_next.eq(st.slot(0, c))
                 m.next = "C_EMIT"
 
-        with m.State("C_EMIT"):
-            m.d.comb += [d.eq(sh[0:8] - st.rd.data - borrow), st.ra_next.eq(st.ra + 1)]
+        with m.State("C_EMIT"), st.two_phase():
+            m.d.comb += [d.eq(sh[0:8] - st.rdq - borrow), st.ra_next.eq(st.ra + 1)]
             with m.If(is_read):
                 st.emit(d[:8])
             with m.Else():
                 st.write(sh[0:8])
-            shift_in(st.rd.data)
+            shift_in(st.rdq)
             m.d.sync += [borrow.eq(d[8]), bi.eq(bi + 1)]
             with m.If(bi == 3):
                 with m.If(c == K - 1):

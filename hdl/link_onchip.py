@@ -2,22 +2,31 @@
 runner (docs/protocol.md §2, the order: docs/numerics.md §10).
 
 STORE writes records into two memories: ``data`` (``C·N`` words of X bits, sample ``i``'s
-feature ``f`` at word ``i·N + f``) and ``labels`` (``C`` words). RUN then trains E epochs on
-slots ``0..count−1`` without the host: a permutation generator (the k-bit Galois LFSR of
-:mod:`pipetrain.protocol.onchip`, one candidate per cycle, prefetching the next slot while the
-current sample's features stream out), a feeder (one feature per cycle from ``data`` onto
-``sample_in``, the label on the ``last`` beat), and a summary unit that takes every result,
-compares its prediction with the sample's label (a FIFO of the labels in flight) and adds its
-``loss``; at each epoch's last result it emits the epoch's 12-byte summary. After the last
-sample it raises ``flush`` until the network is idle and every result is in, then emits the
-cycles the run took. Source: docs/protocol.md §2 (*derived*: the order and the buffering).
+feature ``f`` at word ``i·N + f``, in banks of :func:`bank_words` words) and ``labels`` (``C``
+words). RUN then trains E epochs on slots ``0..count−1`` without the host: a permutation
+generator (the k-bit Galois LFSR of :mod:`pipetrain.protocol.onchip`, one candidate per cycle,
+prefetching the next slot while the current sample's features stream out), a feeder (one
+feature per cycle from ``data`` onto ``sample_in``, the label on every beat), and a summary
+unit that takes every result, compares its prediction with the sample's label (a FIFO of the
+labels in flight) and adds its ``loss``; at each epoch's last result it emits the epoch's
+12-byte summary. After the last sample it raises ``flush`` until the network is idle and every
+result is in, then emits the cycles the run took. Source: docs/protocol.md §2 (*derived*: the
+order and the buffering).
+
+Timing (*derived*, measured on the ULX3S: docs/boards.md §4.1): a block RAM's output is slow
+(ECP5 DP16KD: 5.8 ns clock to data out), so no logic but a 4-way multiplexer follows one before
+a register. STORE writes through a register stage (address, data, enable); RUN reads the
+banks every cycle, registers a 4-way choice of bank outputs, then the final choice, and the
+beats wait in a :data:`FEED_DEPTH`-entry FIFO whose output register drives ``sample_in``: a
+read is issued only while fewer than :data:`FEED_DEPTH` beats are issued and not yet taken, so
+the feed keeps one beat per cycle under any backpressure and never overflows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -29,13 +38,33 @@ from ..protocol.wire import MAX_RUN_EPOCHS, RUN_ARG_BYTES, SUMMARY_BYTES, LinkPa
 from .link_ports import command_signature
 from .streams import result_layout, sample_layout
 
-__all__ = ["OnChipSet", "onchip_memory_bits"]
+__all__ = ["FEED_DEPTH", "FEED_LATENCY", "OnChipSet", "bank_words", "onchip_memory_bits"]
+
+#: Beats the feeder buffers between the banks and ``sample_in`` (≥ FEED_LATENCY + 2 keeps one
+#: beat per cycle: a beat is issued, read, chosen twice and written into the FIFO, whose output
+#: register shows it a cycle later).
+FEED_DEPTH = 8
+#: Cycles from a read's issue to its beat entering the FIFO: the bank read, the 4-way choice,
+#: the final choice.
+FEED_LATENCY = 3
 
 
 def onchip_memory_bits(plan: Plan, samples: int) -> int:
     """Bits of the on-chip set's two memories for ``samples`` slots: ``samples·N·X`` (features)
     + ``samples·⌈log2 classes⌉`` (labels, at least 1 bit)."""
     return samples * (plan.in_features * plan.stages[0].formats.x.bits + _label_bits(plan))
+
+
+def bank_words(x_bits: int) -> int:
+    """Words of one ``data`` bank for X-bit features: the deepest ECP5 DP16KD aspect ratio at
+    least X bits wide (16384 × 1, 8192 × 2, 4096 × 4, 2048 × 9, 1024 × 18; 512 × 36 in its
+    pseudo-dual-port form), so a bank is one 18-Kib block and the read multiplexer has one input
+    per block. Source: Lattice ECP5 sysMEM usage guide (the DP16KD/PDPW16KD configurations;
+    *derived*: the bank size)."""
+    for width, words in ((1, 16384), (2, 8192), (4, 4096), (9, 2048), (18, 1024)):
+        if x_bits <= width:
+            return words
+    return 512
 
 
 def _label_bits(plan: Plan) -> int:
@@ -112,20 +141,31 @@ class OnChipSet(wiring.Component):
         LB = _label_bits(plan)
         depth = C * N
         aw = max(1, (depth - 1).bit_length())
-        m.submodules.data = data = Memory(shape=X, depth=depth, init=[])
+        W = min(bank_words(X), 1 << (depth - 1).bit_length())  # words per bank
+        bb = (W - 1).bit_length()  # the word's bits inside a bank
+        nb = -(-depth // W)  # banks; the last holds the rest
+        banks = []
+        for b in range(nb):
+            mem = Memory(shape=X, depth=min(W, depth - b * W), init=[])
+            m.submodules[f"data{b}" if nb > 1 else "data"] = mem
+            banks.append((mem.write_port(), mem.read_port()))
         m.submodules.labels = labels = Memory(shape=LB, depth=C, init=[])
-        dwr, drd = data.write_port(), data.read_port()
         lwr, lrd = labels.write_port(), labels.read_port()
 
-        # ---- STORE
+        # ---- STORE: each beat through a register stage into its bank
         st = self.store
         slot = Signal(range(C + 1))
         waddr = Signal(aw + 1)
+        w_en, w_addr, w_data = Signal(), Signal(aw + 1), Signal(X)
+        m.d.sync += [w_en.eq(st.valid), w_addr.eq(waddr), w_data.eq(st.payload.x)]
+        for b, (wr, _) in enumerate(banks):
+            m.d.comb += [
+                wr.addr.eq(w_addr[:bb]),
+                wr.data.eq(w_data),
+                wr.en.eq(w_en & (w_addr[bb:] == b) if nb > 1 else w_en),
+            ]
         m.d.comb += [
             st.ready.eq(1),
-            dwr.addr.eq(waddr),
-            dwr.data.eq(st.payload.x),
-            dwr.en.eq(st.valid),
             lwr.addr.eq(slot),
             lwr.data.eq(st.payload.label),
             lwr.en.eq(st.valid & st.payload.last),
@@ -145,22 +185,23 @@ class OnChipSet(wiring.Component):
         nargs = Signal(range(RUN_ARG_BYTES + 1))
         count, epochs, records = argsr[0:16], argsr[16:23], argsr[23]
         start, mask0 = argsr[24:40], argsr[40:56]
-        k = Signal(range(17))  # LFSR bits for `count`
+        # derived from the arguments a cycle after the last byte, checked the cycle after that
+        # (registered: docs/boards.md §4.1); `start`, `mask0` fit k bits iff they are ≤ 2^k − 1
         taps = Signal(K)
-        for w in range(K, 1, -1):  # k = max(2, ⌈log2 count⌉): the smallest w with count ≤ 2^w
+        period = Signal(K + 1)  # 2^k − 1, k = max(2, ⌈log2 count⌉)
+        for w in range(K, 1, -1):  # the smallest w with count ≤ 2^w
             with m.If(count <= (1 << w)):
-                m.d.comb += [k.eq(w), taps.eq(PERM_TAPS[w])]
-        period = Signal(K + 1)  # 2^k − 1
-        m.d.comb += period.eq((Const(1, K + 1) << k) - 1)
-        bad = (
+                m.d.sync += [taps.eq(PERM_TAPS[w]), period.eq((1 << w) - 1)]
+        bad = Signal()
+        m.d.sync += bad.eq(
             (count == 0)
             | (count > C)
             | (epochs == 0)
             | (epochs > MAX_RUN_EPOCHS)
             | (start == 0)
             | (mask0 == 0)
-            | ((start >> k) != 0)
-            | ((mask0 >> k) != 0)
+            | (start > period)
+            | (mask0 > period)
             | (records & ((epochs != 1) | (count > P.result_depth)))
         )
 
@@ -192,47 +233,61 @@ class OnChipSet(wiring.Component):
                         gen_left.eq(gen_left - 1),
                     ]
 
-        # ---- feeder: one feature per cycle from `data`
+        # ---- feeder: one feature per cycle from the banks, through the FIFO to `sample_in`
         si = self.sample_in
         m.submodules.inflight = lab_q = SyncFIFOBuffered(width=LB, depth=P.result_depth)
+        m.submodules.feed = feed = SyncFIFOBuffered(width=X + 1 + LB, depth=FEED_DEPTH)
         a = Signal(aw + 1)  # next word to read
-        left = Signal(range(N + 1))  # words of the sample still to read
-        out_valid, out_last = Signal(), Signal()
+        left = Signal(range(N + 1))  # words of the sample still to issue
+        taken = Signal(range(FEED_DEPTH + 1))  # beats issued, not yet taken from `sample_in`
         push = Signal()  # the label read last cycle enters the in-flight FIFO
-        load = Signal()
+        label = Signal(LB)  # the sample's label, from the cycle after `begin`
+        issue = Signal()
         begin = Signal()
+        pop = si.valid & si.ready
         m.d.comb += [
-            load.eq((left != 0) & (~out_valid | si.ready)),
-            drd.addr.eq(a),
-            drd.en.eq(load),
-            si.valid.eq(out_valid),
-            si.payload.x.eq(drd.data),
-            si.payload.label.eq(lrd.data),
-            si.payload.train.eq(1),
-            si.payload.last.eq(out_last),
-            lab_q.w_data.eq(lrd.data),
-            lab_q.w_en.eq(push),
-            begin.eq(
-                self.running
-                & nxt_valid
-                & (left == 0)
-                & ~push
-                & lab_q.w_rdy
-                & (~out_valid | (si.ready & out_last))
-            ),
+            issue.eq((left != 0) & (taken != FEED_DEPTH)),
+            begin.eq(self.running & nxt_valid & (left == 0) & ~push & lab_q.w_rdy),
             lrd.addr.eq(nxt),
             lrd.en.eq(begin),
+            lab_q.w_data.eq(lrd.data),
+            lab_q.w_en.eq(push),
         ]
-        m.d.sync += push.eq(begin)
-        with m.If(load):
-            m.d.sync += [
-                a.eq(a + 1),
-                left.eq(left - 1),
-                out_valid.eq(1),
-                out_last.eq(left == 1),
-            ]
-        with m.Elif(si.ready):
-            m.d.sync += out_valid.eq(0)
+        m.d.sync += [push.eq(begin), taken.eq(taken + issue - pop)]
+        with m.If(push):
+            m.d.sync += label.eq(lrd.data)
+        # the pipeline: issue (address `a`) → bank outputs → 4-way choice → final choice
+        v = [Signal(name=f"feed_v{i}") for i in range(FEED_LATENCY)]
+        tag = [Signal(1 + LB, name=f"feed_tag{i}") for i in range(FEED_LATENCY)]  # last, label
+        sel = [Signal(max(1, aw + 1 - bb), name=f"feed_bank{i}") for i in range(2)]
+        m.d.sync += [
+            v[0].eq(issue),
+            tag[0].eq(Cat(left == 1, Mux(push, lrd.data, label))),
+            sel[0].eq(a[bb:]),
+            sel[1].eq(sel[0] >> 2),
+        ]
+        m.d.sync += [v[i + 1].eq(v[i]) for i in range(FEED_LATENCY - 1)]
+        m.d.sync += [tag[i + 1].eq(tag[i]) for i in range(FEED_LATENCY - 1)]
+        outs = [rd.data for _, rd in banks]
+        m.d.comb += [rd.addr.eq(a[:bb]) for _, rd in banks]
+        groups = [Signal(X, name=f"feed_group{g}") for g in range(-(-nb // 4))]
+        for g, reg in enumerate(groups):
+            four = outs[4 * g : 4 * g + 4]
+            m.d.sync += reg.eq(Array(four)[sel[0][:2]] if len(four) > 1 else four[0])
+        x = Signal(X)
+        m.d.sync += x.eq(Array(groups)[sel[1]] if len(groups) > 1 else groups[0])
+        m.d.comb += [
+            feed.w_en.eq(v[-1]),
+            feed.w_data.eq(Cat(x, tag[-1])),
+            si.valid.eq(feed.r_rdy),
+            feed.r_en.eq(si.ready),
+            si.payload.x.eq(feed.r_data[:X]),
+            si.payload.last.eq(feed.r_data[X]),
+            si.payload.label.eq(feed.r_data[X + 1 :]),
+            si.payload.train.eq(1),
+        ]
+        with m.If(issue):
+            m.d.sync += [a.eq(a + 1), left.eq(left - 1)]
         with m.If(begin):
             m.d.sync += [
                 a.eq(_const_mul(nxt, N, aw + 1)),
@@ -276,7 +331,9 @@ class OnChipSet(wiring.Component):
 
         # ---- control
         fwait = Signal(3)
-        fed_all = (gen_left == 0) & ~nxt_valid & (left == 0) & ~out_valid & ~push
+        flushing = Signal()  # registered: every sample was fed, the network drains
+        m.d.comb += self.flush.eq(flushing)
+        fed_all = (gen_left == 0) & ~nxt_valid & (left == 0) & (taken == 0) & ~push
         with m.FSM(name="onchip"):
             with m.State("IDLE"):
                 with m.If(self.cmd.valid):
@@ -290,7 +347,11 @@ class OnChipSet(wiring.Component):
                         nargs.eq(nargs + 1),
                     ]
                     with m.If(nargs == RUN_ARG_BYTES - 1):
-                        m.next = "CHECK"
+                        m.next = "DERIVE"
+            with m.State("DERIVE"):  # taps, period from the arguments
+                m.next = "VERIFY"
+            with m.State("VERIFY"):  # bad from the arguments and period
+                m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If(bad):
                     m.d.comb += [self.nak.eq(NakReason.BAD_ARG), self.cmd.ready.eq(1)]
@@ -310,17 +371,19 @@ class OnChipSet(wiring.Component):
                         res_epochs.eq(0),
                         cycles.eq(0),
                         fwait.eq(0),
+                        flushing.eq(0),
                     ]
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += [self.running.eq(1), self.records.eq(records)]
                 m.d.sync += cycles.eq(cycles + 1)
                 with m.If(fed_all):
-                    m.d.comb += self.flush.eq(1)
+                    m.d.sync += flushing.eq(1)
+                with m.If(flushing):
                     with m.If(fwait != 4):
                         m.d.sync += fwait.eq(fwait + 1)
                     with m.Elif(self.idle & (res_epochs == epochs) & (eleft == 0)):
-                        m.d.sync += cyc_left.eq(4)
+                        m.d.sync += [cyc_left.eq(4), flushing.eq(0)]
                         m.next = "CYCLES"
             with m.State("CYCLES"):
                 with m.If(cyc_left == 1):

@@ -11,6 +11,7 @@ from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -46,8 +47,12 @@ class ResultBuffer(wiring.Component):
     i: ``In(stream.Signature(result_layout()))`` results from the network (``result_out``);
         a result is taken ``RESULT_BYTES`` cycles after it is offered, when a slot is free.
     o: ``Out(stream.Signature(byte_layout()))`` the oldest result's 11 bytes in
-        ``Result.to_bytes`` order, ``last`` on the 11th; taking the last byte frees the slot.
-    level: ``Out(range(depth + 1))`` whole results buffered.
+        ``Result.to_bytes`` order, ``last`` on the 11th, through a one-byte output register (a
+        byte every other cycle; the memory's output drives no logic: docs/boards.md §4.1); the
+        slot is free once its last byte is in that register.
+    level: ``Out(range(depth + 1))`` results buffered, but the one whose last byte waits in
+        the output register (a reader that takes each result to its ``last`` byte sees whole
+        results).
     """
 
     def __init__(self, depth: int) -> None:
@@ -70,7 +75,9 @@ class ResultBuffer(wiring.Component):
         wslot, rslot = Signal(range(D)), Signal(range(D))
         wb, rb = Signal(4), Signal(4)
         push = i.valid & i.ready
-        pop = o.valid & o.ready & o.payload.last
+        raw_ready = Signal()  # the output register takes the byte the memory shows
+        raw_take = (level != 0) & raw_ready
+        pop = raw_take & (rb == RESULT_BYTES - 1)  # the slot's last byte left the memory
 
         # write side: byte `wb` of the offered result into the free slot
         value = i.payload.as_value()
@@ -89,16 +96,22 @@ class ResultBuffer(wiring.Component):
         # read side: the read port shows byte `rb` of slot `rslot` (addressed a cycle ahead)
         rb_next, rslot_next = Signal.like(rb), Signal.like(rslot)
         m.d.comb += [rb_next.eq(rb), rslot_next.eq(rslot)]
-        with m.If(o.valid & o.ready):
+        with m.If(raw_take):
             m.d.comb += rb_next.eq(rb + 1)
         with m.If(pop):
             m.d.comb += [rb_next.eq(0), rslot_next.eq(_wrap_inc(rslot, D))]
         m.d.sync += [rb.eq(rb_next), rslot.eq(rslot_next)]
+        # the memory's output goes straight into the output register
+        m.submodules.out = q = SyncFIFOBuffered(width=9, depth=1)
         m.d.comb += [
+            raw_ready.eq(q.w_rdy),
             r.addr.eq(Cat(rb_next, rslot_next)),
-            o.valid.eq(level != 0),
-            o.payload.data.eq(r.data),
-            o.payload.last.eq(rb == RESULT_BYTES - 1),
+            q.w_en.eq(level != 0),
+            q.w_data.eq(Cat(r.data, rb == RESULT_BYTES - 1)),
+            o.valid.eq(q.r_rdy),
+            o.payload.data.eq(q.r_data[:8]),
+            o.payload.last.eq(q.r_data[8]),
+            q.r_en.eq(o.ready),
         ]
 
         with m.If(push & ~pop):

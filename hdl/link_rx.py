@@ -5,7 +5,8 @@ once if no command has that type and length, writes the payload into the command
 ``lib.memory`` of ``rx_max`` bytes, one EBR on the iCE40) and compares the CRC a byte at a time.
 Each frame, good or not, ends in one beat on ``frame`` with its :class:`FrameStatus`; while
 that beat waits (until the dispatcher has executed the command and sent the response) the
-receiver takes no byte, and ``args`` reads the payload back out of the command buffer.
+receiver takes no byte, and ``args`` reads the payload back out of the command buffer through a
+one-beat output register (the buffer's output drives no logic: docs/boards.md §4.1).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class LinkReceiver(wiring.Component):
         offered from the cycle after its last byte (after the header for BAD_HEADER, after
         ``rx_timeout`` idle cycles for TIMEOUT) until taken; the receiver resumes hunting after.
     args: ``Out(stream.Signature(byte_layout()))`` the payload of an OK frame from the command
-        buffer, ``length`` beats (``last`` on the final one), while ``frame`` is offered.
+        buffer, ``length`` beats (``last`` on the final one), while ``frame`` is offered (the
+        first from the frame's second cycle; registered, a beat per cycle).
     crc: ``Out(crc_port_signature())`` port on the shared CRC (zero while not receiving).
     busy: ``Out(1)`` inside a frame (low only while hunting for ``A5``).
     """
@@ -136,7 +138,10 @@ class LinkReceiver(wiring.Component):
 
         bi = Signal(2)  # header / CRC byte; 0 outside a frame (the shared CRC port's rule)
         bad = Signal()  # a CRC byte differed
-        drained = Signal()  # every payload byte was read back (or there is none)
+        drained = Signal()  # every payload byte was read out of the buffer (or there is none)
+        # `args`'s output register: the block RAM's output goes straight into it (timing: an
+        # ECP5 DP16KD's data comes 5.8 ns after the clock, docs/boards.md §4.1)
+        q_valid, q_data, q_last = Signal(), Signal(8), Signal()
         hdr_len = Cat(f.length[0:8], rx.payload)  # the length while its high byte arrives
         hdr_ok, hdr_records = self.header_check(m, f.type, hdr_len)
         m.d.comb += [crc.data.eq(rx.payload), crc.index.eq(bi)]
@@ -211,14 +216,23 @@ class LinkReceiver(wiring.Component):
             with m.State("FRAME"):  # held until the dispatcher is done; `args` reads it back
                 m.d.comb += [
                     self.frame.valid.eq(1),
-                    args.valid.eq((f.status == FrameStatus.OK) & ~drained),
-                    args.payload.data.eq(rd.data),
-                    args.payload.last.eq(at_end),
+                    args.valid.eq(q_valid),
+                    args.payload.data.eq(q_data),
+                    args.payload.last.eq(q_last),
                 ]
-                with m.If(args.valid & args.ready):
+                # the output register takes buf[ptr] while it is empty or being taken
+                with m.If((f.status == FrameStatus.OK) & ~drained & (~q_valid | args.ready)):
                     m.d.comb += ptr_next.eq(ptr + 1)
-                    m.d.sync += drained.eq(at_end)
+                    m.d.sync += [
+                        q_valid.eq(1),
+                        q_data.eq(rd.data),
+                        q_last.eq(at_end),
+                        drained.eq(at_end),
+                    ]
+                with m.Elif(args.ready):
+                    m.d.sync += q_valid.eq(0)
                 with m.If(self.frame.ready):
+                    m.d.sync += q_valid.eq(0)
                     m.next = "HUNT"
 
         m.d.comb += self.busy.eq(~fsm.ongoing("HUNT"))

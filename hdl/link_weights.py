@@ -62,6 +62,9 @@ class WeightsCommand(wiring.Component):
         h = _Header(self.params)
         hi = Signal(range(WEIGHT_HEADER_BYTES))  # header byte
         bi = Signal(2)  # byte of the word
+        # `cmd.ready` and `nak` come from registers (they steer the dispatcher's next state and
+        # its memory's read address; timing: docs/boards.md §4.1)
+        ok = Signal()  # the header passed its checks
         m.d.comb += [
             wc.payload.write.eq(cmd.payload.write),
             wc.payload.stage.eq(h.stage),
@@ -75,8 +78,7 @@ class WeightsCommand(wiring.Component):
             """One word was read or written: the next, or the command is done."""
             m.d.sync += [h.col.eq(h.col + 1), h.count.eq(h.count - 1)]
             with m.If(h.count == 1):
-                m.d.comb += cmd.ready.eq(1)
-                m.next = "HEADER"
+                m.next = "FINISH"
             with m.Else():
                 m.next = nxt
 
@@ -87,11 +89,15 @@ class WeightsCommand(wiring.Component):
                     m.d.sync += hi.eq(hi + 1)
                     with h.load(m, hi, args.payload.data):  # the last byte
                         m.d.sync += hi.eq(0)
-                        m.next = "CHECK"
+                        m.next = "VERIFY"
+
+            with m.State("VERIFY"):  # the header's checks into a register
+                m.d.sync += ok.eq(h.valid(cmd.payload.write, cmd.payload.length))
+                m.next = "CHECK"
 
             with m.State("CHECK"):
                 m.d.sync += bi.eq(0)
-                with m.If(~h.valid(cmd.payload.write, cmd.payload.length)):
+                with m.If(~ok):
                     m.d.comb += [cmd.ready.eq(1), self.nak.eq(NakReason.BAD_ARG)]
                     m.next = "HEADER"
                 with m.Elif(cmd.payload.write):
@@ -124,6 +130,10 @@ class WeightsCommand(wiring.Component):
                     m.d.sync += bi.eq(bi + 1)
                     with m.If(bi == 3):
                         m.next = "COMMAND"
+
+            with m.State("FINISH"):  # the last word is done
+                m.d.comb += cmd.ready.eq(1)
+                m.next = "HEADER"
 
             with m.State("WRESPONSE"):
                 m.d.comb += wr.ready.eq(1)

@@ -176,6 +176,10 @@ class PLLClock(wiring.Component):
     setting: the :class:`PLLSetting` (its ``family`` selects the primitive).
     pin: the oscillator's pin as ``platform.request(clk, dir="-")`` returns it (iCE40: wired
         to ``SB_PLL40_PAD.PACKAGEPIN``; ECP5: through an input buffer into ``EHXPLLL.CLKI``).
+    second: (ECP5 only) the name of a second domain, driven by ``EHXPLLL.CLKOS`` with CLKOP's
+        dividers (the same frequency and phase) and the same reset, or None. nextpnr times it
+        as a clock of its own: the shell timing analysis (``benchmarks/shell_timing.py``,
+        docs/boards.md §4.1) runs the network there. Raises ValueError on iCE40.
 
     Members
     -------
@@ -185,14 +189,17 @@ class PLLClock(wiring.Component):
     (which the platform constrains): the build's report times ``sync`` at ``setting.out_hz``.
     """
 
-    def __init__(self, setting: PLLSetting, pin: Any) -> None:
-        self.setting, self.pin = setting, pin
+    def __init__(self, setting: PLLSetting, pin: Any, second: str | None = None) -> None:
+        if second is not None and setting.family != "ecp5":
+            raise ValueError("a second PLL output domain is built for ECP5 only")
+        self.setting, self.pin, self.second = setting, pin, second
         super().__init__({"locked": wiring.Out(1)})
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()
         s, dv = self.setting, self.setting.dividers
         clk = Signal(name="pll_clk")
+        clk2 = Signal(name="pll_clk2")  # CLKOS, with `second`
         lock = Signal(name="pll_lock")
         if s.family == "ice40":
             m.submodules.pll = Instance(
@@ -211,8 +218,20 @@ class PLLClock(wiring.Component):
             )
         else:
             m.submodules.osc = osc = io.Buffer("i", self.pin)
+            extra: dict[str, Any] = {}
+            if self.second is not None:
+                extra = {
+                    "a_FREQUENCY_PIN_CLKOS": f"{s.out_hz / 1e6:g}",
+                    "p_OUTDIVIDER_MUXB": "DIVB",
+                    "p_CLKOS_ENABLE": "ENABLED",
+                    "p_CLKOS_DIV": dv["CLKOP_DIV"],
+                    "p_CLKOS_CPHASE": dv["CLKOP_CPHASE"],
+                    "p_CLKOS_FPHASE": 0,
+                    "o_CLKOS": clk2,
+                }
             m.submodules.pll = Instance(
                 "EHXPLLL",
+                **extra,
                 a_FREQUENCY_PIN_CLKI=f"{s.ref_hz / 1e6:g}",
                 a_FREQUENCY_PIN_CLKOP=f"{s.out_hz / 1e6:g}",
                 a_ICP_CURRENT="12",
@@ -257,4 +276,9 @@ class PLLClock(wiring.Component):
         with m.Elif(timer != delay):
             m.d.por += timer.eq(timer + 1)
         m.d.comb += [ResetSignal("sync").eq(timer != delay), self.locked.eq(lock)]
+        if self.second is not None:
+            m.d.comb += [
+                ClockSignal(self.second).eq(clk2),
+                ResetSignal(self.second).eq(timer != delay),
+            ]
         return m

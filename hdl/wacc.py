@@ -7,7 +7,8 @@ Granlund–Montgomery). A write stores the data saturated to the memory's format
 answers with the stored value; a command for a stage, kind, row or column that does not exist
 answers 0 and changes nothing. Commands are taken only while ``allowed`` (the top: pipeline
 idle, no sample pending), so the memories' ports are free. Per command: CALC (lane, address) →
-ACC (the access) → RESP (answer until taken); back-to-back commands skip IDLE.
+ACC (the access) → READ (its data into a register) → RESP (answer until taken); back-to-back
+commands skip IDLE.
 
 Source: docs/ports.md (``wacc`` contract); the state machine and the constant division are
 *derived*.
@@ -94,6 +95,7 @@ class WeightAccess(wiring.Component):
         addr = Signal(range(max(max(g.words for g in geo), 2)))
         lane = Signal(range(max(max(g.lanes for g in geo), 2)))
         okr = Signal()
+        rsp = Signal.like(wr.payload.data)  # the answer, registered in READ
         for n in range(len(geo)):
             port = self.stage(n)
             m.d.comb += [
@@ -141,14 +143,19 @@ class WeightAccess(wiring.Component):
                     for n in range(len(geo)):
                         with m.Case(n):
                             m.d.comb += self.stage(n).en.eq(okr)
-                m.next = "RESP"
-            with m.State("RESP"):
-                # rdata stays valid while cmd, lane and addr are unchanged
-                m.d.comb += [self.busy.eq(1), wr.valid.eq(1)]
+                m.next = "READ"
+            with m.State("READ"):
+                # the stage's read data into a register (a block RAM's output through the
+                # lanes' multiplexer: the link takes it byte by byte; docs/boards.md §4.1)
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += rsp.eq(0)  # a stage that does not exist answers 0
                 with m.Switch(cmd.stage):
                     for n in range(len(geo)):
                         with m.Case(n):
-                            m.d.comb += wr.payload.data.eq(Mux(okr, self.stage(n).rdata, 0))
+                            m.d.sync += rsp.eq(Mux(okr, self.stage(n).rdata, 0))
+                m.next = "RESP"
+            with m.State("RESP"):
+                m.d.comb += [self.busy.eq(1), wr.valid.eq(1), wr.payload.data.eq(rsp)]
                 with m.If(wr.ready):
                     with m.If(accept):
                         take_cmd()

@@ -7,7 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from amaranth.hdl import Fragment
+from pipetrain.hdl import link_onchip
 from pipetrain.hdl.link import LinkEngine
+from pipetrain.hdl.resources import _memories
 from pipetrain.protocol.device_model import LinkDeviceModel, ToyNetwork
 from pipetrain.protocol.onchip import PERM_TAPS, epoch_orders, perm_bits, perm_step, run_seeds
 from pipetrain.protocol.wire import (
@@ -56,6 +59,12 @@ def test_epoch_orders_refuse_bad_words():
         epoch_orders(13, 1, 16, 1)
     with pytest.raises(ValueError, match="1..65535"):
         perm_bits(0)
+
+
+def _memory_names(engine) -> list[str]:
+    out: list = []
+    _memories(Fragment.get(engine, None), "", out)
+    return [m.path for m in out]
 
 
 def _records(params, rng, k):
@@ -123,10 +132,17 @@ def _frames_without_cycles(wire: bytes) -> list[Frame]:
     return out
 
 
-def test_engine_equals_model_store_and_run():
+@pytest.mark.parametrize("bank", [None, 8])
+def test_engine_equals_model_store_and_run(bank, monkeypatch):
+    """``bank``: words per ``data`` bank (None: the ECP5 block's, one bank here; 8: ten banks
+    of the 78 words, three 4-way groups — both levels of the feeder's read multiplexer)."""
+    if bank is not None:
+        monkeypatch.setattr(link_onchip, "bank_words", lambda x_bits: bank)
     engine = LinkEngine(PLAN, rx_timeout=RX_TIMEOUT, onchip_samples=CAP)
     params = engine.params
     assert params.onchip_samples == CAP
+    banks = [n for n in _memory_names(engine) if "/onchip/data" in n]
+    assert len(banks) == (1 if bank is None else -(-CAP * params.in_features // bank))
     rtl = EngineSim(engine, ToyNetwork(params), seed=11)
     model = LinkDeviceModel(params, ToyNetwork(params))
     script, stored = _script(params, random.Random(4))

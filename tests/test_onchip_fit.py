@@ -23,7 +23,11 @@ def test_ulx3s_holds_the_digits_training_set_at_the_auto_lanes():
     # 1437·64 words of 16 bits in 18-Kib blocks (1024 × 18 each): ≥ 90 blocks more than without
     assert rows["needed"] - plain.fit["bram_blocks"]["needed"] >= DIGITS_TRAIN * 64 // 1024
     mems = {m[0].rsplit("/", 1)[-1]: m for m in board_shell(r.plan, DIGITS_TRAIN).memories}
-    assert mems["data"][1:3] == (DIGITS_TRAIN * 64, 16) and mems["labels"][1:3] == (1437, 4)
+    # the features in banks of one block each (1024 × 16: hdl/link_onchip.py bank_words)
+    banks = [m for name, m in mems.items() if name.startswith("data")]
+    assert len(banks) == 90 and {m[2] for m in banks} == {16}
+    assert sum(m[1] for m in banks) == DIGITS_TRAIN * 64 and max(m[1] for m in banks) == 1024
+    assert mems["labels"][1:3] == (1437, 4)
     assert onchip_memory_bits(r.plan, DIGITS_TRAIN) == DIGITS_TRAIN * (64 * 16 + 4)
 
 

@@ -140,6 +140,24 @@ def test_board_tops_instantiate_the_pll_with_the_dividers() -> None:
         _rtlil("icebreaker", 17e6)
 
 
+def test_second_pll_output_domain_for_the_shell_timing() -> None:
+    """ULX3S ``second_domain``: EHXPLLL's CLKOS with CLKOP's divider (16: 50 MHz) drives the
+    domain (benchmarks/shell_timing.py); without it CLKOS is off; iCE40 refuses it."""
+    from pipetrain.hdl.boards import platform_class
+    from pipetrain.hdl.pll import PLLClock
+
+    board = BOARDS["ulx3s-85f"]
+    top = BoardTop(board, Loopback, second_domain="net")
+    text = platform_class(board)().prepare(top, "top").files["top.il"]
+    text = text.decode() if isinstance(text, bytes) else text
+    assert "parameter \\CLKOS_DIV 16" in text and 'parameter \\CLKOS_ENABLE "ENABLED"' in text
+    assert "CLKOS_ENABLE" not in _rtlil("ulx3s-85f")
+    ice = BOARDS["icebreaker"]
+    s = pick_pll(ice.family, ice.osc_hz, ice.clock_hz, ice.baud)
+    with pytest.raises(ValueError, match="ECP5 only"):
+        PLLClock(s, None, second="net")
+
+
 def test_uart_divisor_and_timeouts_follow_the_clock() -> None:
     board = BOARDS["icebreaker"]
     assert BoardTop(board, Loopback).divisor == 17  # 16.875 MHz / 1 Mbaud
