@@ -156,11 +156,11 @@ class ErrorBuffer(wiring.Component):
             g = grd.data.word_select(lane, fd.bits).as_signed()
             mb = self.act.stash_bits
             stashed = self.mask.bits[lane] if mb == 1 else self.mask.bits.word_select(lane, mb)
-            dl = self.act.derivative(stashed, g)
+            dl = wire(m, self.act.derivative(stashed, g), f"dl_{lane}")  # used twice: one copy
             live = sp.bwd
             if lane >= live_last:
                 live = live & ~s1.payload.last_group
-            d1 = Mux(live, dl, 0)
+            d1 = wire(m, Mux(live, dl, 0), f"d1_{lane}")
             if self.with_early:
                 m.d.comb += self.early.delta[lane].eq(d1)
             d2 = Signal(signed(fd.bits), name=f"d2_{lane}")

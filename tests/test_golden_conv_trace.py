@@ -56,7 +56,7 @@ def test_conv_stage_traces_hold_feature_maps_and_chain(kind, pool, stride, paddi
                     seen["chain_x"] += 1
                 # z recomputed by torch's convolution (float64 holds these sums exactly)
                 f = st.formats
-                w = w_now[s]
+                w = rhu(w_now[s], st.weight_shift)  # the MAC's weight operand (numerics §3.2)
                 wk = w[:, : geo.taps].reshape(geo.weight_shape).double()
                 b = w[:, geo.taps].double() * 2.0**f.x.frac if geo.bias else None
                 conv = F.conv1d if geo.dims == 1 else F.conv2d
@@ -68,7 +68,7 @@ def test_conv_stage_traces_hold_feature_maps_and_chain(kind, pool, stride, paddi
                     padding=geo.padding,
                 )
                 acc = acc.round().to(torch.int64).reshape(-1)
-                z_ref, _ = sat(rhu(acc, f.w.frac + f.x.frac - f.y.frac), f.y)
+                z_ref, _ = sat(rhu(acc, st.mac_w_frac + f.x.frac - f.y.frac), f.y)
                 assert torch.equal(st_tr.z, z_ref)
                 seen["z"] += 1
                 assert st_tr.mask.shape == (geo.out_channels, geo.positions)
