@@ -72,6 +72,7 @@ __all__ = [
     "scaled_error_format",
     "OPERAND_BITS",
     "multiplier_blocks",
+    "loss_operands",
     "hard_multipliers",
     "memory_blocks",
     "ICE40_BLOCK_RAM_CONFIGS",
@@ -726,7 +727,7 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
     return tuple(out)
 
 
-def _loss_operands(loss: LossUnit) -> tuple[tuple[int, int], ...]:
+def loss_operands(loss: LossUnit) -> tuple[tuple[int, int], ...]:
     """Multipliers of a loss unit (``hdl/loss.py``): cross-entropy ``e · r`` (exp value
     fe + 1 bits × reciprocal fr + 1 bits); MSE ``diff²`` and the 2/C scale × diff."""
     if loss.kind == "mse":
@@ -786,7 +787,7 @@ def hard_multipliers(
     plan = plan_or_stage
     losses = (plan.loss, *plan.head_losses)
     return sum(hard_multipliers(s, block_bits, min_bits, min_product_bits) for s in plan.stages) + (
-        sum(blocks(_loss_operands(lu)) for lu in losses)
+        sum(blocks(loss_operands(lu)) for lu in losses)
     )
 
 

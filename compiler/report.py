@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .build import RAM_FAMILIES
+from .build import RAM_FAMILIES, loss_operands, multiplier_blocks
 from .plan import Plan, QFormat, Stage
 
 __all__ = [
@@ -274,11 +274,18 @@ def multiplier_table(plan: Plan) -> str:
     """Return every multiplier of each stage lane as built (``Stage.products``: what it
     multiplies, its operand widths in bits, 18 × 18 DSP blocks per lane and for the stage's
     lanes); stages of plans from before the list are left out."""
-    rows = [
+    rows: list[tuple] = [
         (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, st.lanes, p.blocks * st.lanes)
         for st in plan.stages
         for p in st.products or ()
     ]
+    for name, lu in [("loss", plan.loss)] + [
+        (f"L{k}", lu) for k, lu in enumerate(plan.head_losses, start=1)
+    ]:
+        for a, b in loss_operands(lu):
+            blocks = multiplier_blocks(a, b)
+            rows.append((name, "loss unit", f"{a} × {b}", blocks, 1, blocks))
+    rows.append(("total", "", "", "", "", sum(r[5] for r in rows)))
     headers = ("stage", "product", "operand bits", "blocks/lane", "lanes", "blocks")
     return markdown_table(headers, rows, left=("product",))
 
@@ -289,10 +296,13 @@ def _operand_lines(plan: Plan) -> list[str]:
     for st in plan.stages:
         parts = []
         if st.weight_operand is not None:
-            parts.append(f"ŵ and w as {st.weight_operand} (rhu by {st.weight_shift} bits)")
+            parts.append(
+                f"the MACs read ŵ and w as {st.weight_operand} (ŵ: w, or LWP's prediction; "
+                f"rhu by {st.weight_shift} bits, round half up, one integer bit more than ŵ)"
+            )
         for name, fe in (("lr·δ", st.update.lr_delta), ("b·lr·δ", st.update.sc_lr_b_delta)):
             if fe is not None:
-                parts.append(f"{name} as {fe}")
+                parts.append(f"the scaled error {name} as {fe} (`lr_delta`, then `lr_x` = e·x)")
         if parts:
             out.append(f"- stage {st.index}: " + "; ".join(parts))
     return out
@@ -407,8 +417,9 @@ def render_report(
         lines += ["", "## Multipliers (18 × 18 DSP blocks, docs/numerics.md §3.2, §5.3)", ""]
         if plan.operand_bits:
             lines += [
-                f"Variable operands are rounded to {plan.operand_bits} bits "
-                "(one block per product); master weights and velocities keep their width.",
+                f"Variable operands are rounded to {plan.operand_bits} bits (one block per "
+                "product); master weights and velocities keep their width, so m·u takes two. "
+                "The total includes the loss units: it is the board fit's DSP count.",
                 "",
                 *_operand_lines(plan),
                 "",

@@ -7,6 +7,7 @@ the commit), so every CI log says how to rerun them."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,8 +45,21 @@ def _seed_line() -> str:
 _SEED_LINE = ""
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return _SEED_LINE
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The regression seed, and which pipetrain is under test: a ``pytest`` script of another
+    interpreter (a pyenv shim, a venv without its own pytest) may import another checkout's
+    code; ``python -m pytest`` (the README's command) tests the one installed for that
+    Python."""
+    import pipetrain
+
+    here = Path(pipetrain.__file__).resolve().parent
+    lines = [_SEED_LINE, f"pipetrain under test: {here}"]
+    if here != Path(str(config.rootpath)).resolve():
+        lines.append(
+            f"WARNING: that is not this checkout ({config.rootpath}); run `python -m pytest` "
+            "with the interpreter `pip install -e .` used"
+        )
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -75,8 +75,13 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     # report.md lists them, and the rounded operand formats (docs/numerics.md §3.2, §5.3)
     text = render_report(plan)
     assert "## Multipliers (18 × 18 DSP blocks" in text
-    assert "|     2 | gin      | 18 × 16      |           1 |     1 |      1 |" in text
-    assert f"- stage 1: ŵ and w as {s1.weight_operand} (rhu by {s1.weight_shift} bits)" in text
+    assert "| 2     | gin       | 18 × 16      |           1 |     1 |      1 |" in text
+    assert f"- stage 1: the MACs read ŵ and w as {s1.weight_operand} (ŵ: w" in text
+    assert f"rhu by {s1.weight_shift} bits" in text
+    section = text[text.index("## Multipliers") :].splitlines()
+    total = next(line for line in section if line.startswith("| total |"))
+    assert total.rstrip(" |").endswith(" 27")  # the loss unit included: hard_multipliers(plan)
     # exact plans (operand_bits None) say nothing of rounding, and list two-block products
     exact = render_report(build_plan(trace(module, name), TrainConfig(), operand_bits=None))
-    assert "rounded to" not in exact and "| fwd      | 24 × 16      |           2 |" in exact
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in exact.splitlines()]
+    assert "rounded to" not in exact and ["1", "fwd", "24 × 16", "2", "1", "2"] in cells
