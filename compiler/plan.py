@@ -210,6 +210,21 @@ class UpdateConstants:
     def __post_init__(self) -> None:
         _coerce(self, lwp_form=LwpForm)
 
+    def scaled_errors(self, d: QFormat) -> tuple[tuple[str, Const, QFormat, int], ...]:
+        """``(port, c, e, k)`` of each scaled error ``e = rhu(c·δ, k)`` that a learning-rate
+        product multiplies with ``x`` (docs/numerics.md §5.3), for δ in format ``d``: η's
+        (port ``scaled_lr``, format :attr:`lr_delta`), then Spike Compensation's b·η
+        (``scaled_b``, :attr:`sc_lr_b_delta`); ``k = c.frac + d.frac − e.frac`` bits dropped.
+        Empty when every learning-rate product is exact. The HDL's error buffer and update
+        unit and the golden model read the shifts from here (the scalar oracle and the tests
+        recompute them, as independent checks)."""
+        out = []
+        if self.lr_delta is not None:
+            out.append(("scaled_lr", self.lr, self.lr_delta))
+        if self.sc and self.sc_lr_b_delta is not None:
+            out.append(("scaled_b", self.sc_lr_b, self.sc_lr_b_delta))
+        return tuple((n, c, e, c.frac + d.frac - e.frac) for n, c, e in out)
+
 
 @dataclass(frozen=True)
 class Product:

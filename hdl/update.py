@@ -41,7 +41,7 @@ from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.plan import Const, QFormat, Stage, StageFormats, UpdateConstants
+from ..compiler.plan import QFormat, Stage, StageFormats, UpdateConstants
 from .arith import align, const_mul, rhu, round_upd, sat, wire
 from .lfsr import LFSR
 from .streams import (
@@ -58,27 +58,17 @@ from .streams import (
 __all__ = ["UpdateUnit", "LFSRConfig", "scaled_errors", "scaled_error_ports"]
 
 
-def _scaled(stage: Stage) -> list[tuple[str, Const, QFormat]]:
-    up = stage.update
-    out = []
-    if up.lr_delta is not None:
-        out.append(("scaled_lr", up.lr, up.lr_delta))
-    if up.sc and up.sc_lr_b_delta is not None:
-        out.append(("scaled_b", up.sc_lr_b, up.sc_lr_b_delta))
-    return out
-
-
 def scaled_errors(stage: Stage) -> tuple[tuple[int, int, int], ...]:
     """``(c, k, bits)`` of each scaled error ``e = rhu(c·δ, k)`` the update unit of a Linear
-    ``stage`` reads (docs/numerics.md §5.3): η's, then Spike Compensation's b·η; the error
-    buffer forms them (``ErrorBuffer(scales=…)``). Empty when every product is exact."""
-    fd = stage.formats.d
-    return tuple((c.value, c.frac + fd.frac - fe.frac, fe.bits) for _, c, fe in _scaled(stage))
+    ``stage`` reads (docs/numerics.md §5.3, ``UpdateConstants.scaled_errors``): η's, then Spike
+    Compensation's b·η; the error buffer forms them (``ErrorBuffer(scales=…)``). Empty when
+    every product is exact."""
+    return tuple((c.value, k, e.bits) for _, c, e, k in stage.update.scaled_errors(stage.formats.d))
 
 
 def scaled_error_ports(stage: Stage) -> tuple[str, ...]:
     """The :class:`UpdateUnit` members that take :func:`scaled_errors`, in the same order."""
-    return tuple(name for name, _, _ in _scaled(stage))
+    return tuple(name for name, _, _, _ in stage.update.scaled_errors(stage.formats.d))
 
 
 class LFSRConfig:

@@ -270,8 +270,9 @@ class _StageEngine:
         # lr·P exact (a plan without the scaled error of §5.3, or a convolution's summed P)
         self.t_lr = (0, 0) if upd.lr_delta else _shift_term(upd.lr, fp, upd.frac_u, "lr·P")
         #: the scaled errors e = rhu(c·δ, k) of numerics §5.3: (c, k, shift of e·x into the sum)
-        self.e_lr = self._scaled(upd.lr, upd.lr_delta, upd.frac_u)
-        self.e_b = self._scaled(upd.sc_lr_b, upd.sc_lr_b_delta, upd.frac_v) if upd.sc else None
+        scaled = {n: (c, k) for n, c, _, k in upd.scaled_errors(self.fd)}
+        self.e_lr = self._scaled(scaled.get("scaled_lr"), upd.lr_delta, upd.frac_u)
+        self.e_b = self._scaled(scaled.get("scaled_b"), upd.sc_lr_b_delta, upd.frac_v)
         self.t_lrwd = _shift_term(upd.lr_wd, fw, upd.frac_u, "lr_wd·w")
         self.k_u = upd.frac_u - fw
         self.sc = upd.sc
@@ -310,12 +311,15 @@ class _StageEngine:
         self.peaks: dict[str, float] | None = None
         self.updates = 0
 
-    def _scaled(self, c: Const, fe: QFormat | None, f_to: int) -> tuple[int, int, int] | None:
-        """(c, k, shift) of the scaled error ``e = rhu(c·δ, k)`` in format ``fe`` and its
-        ``e·x`` term's left shift into a sum of ``f_to`` fraction bits; None: exact ``c·P``."""
-        if fe is None:
+    def _scaled(
+        self, ck: tuple[Const, int] | None, fe: QFormat | None, f_to: int
+    ) -> tuple[int, int, int] | None:
+        """(c, k, shift) of the scaled error ``e = rhu(c·δ, k)`` in format ``fe``
+        (``ck = (c, k)`` from ``UpdateConstants.scaled_errors``) and its ``e·x`` term's left
+        shift into a sum of ``f_to`` fraction bits; None: exact ``c·P``."""
+        if ck is None or fe is None:
             return None
-        k = c.frac + self.fd.frac - fe.frac
+        c, k = ck
         shift = f_to - (fe.frac + self.fx.frac)
         if k < 0 or shift < 0:
             raise GoldenError(f"stage {self.spec.index}: scaled error {fe} does not fit the sum")
