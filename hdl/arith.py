@@ -26,9 +26,25 @@ def sat(v: Value, fmt: QFormat) -> tuple[Value, Value]:
 
     Returns ``(value, clamped)``: ``value`` has shape ``signed(fmt.bits)``, ``clamped`` is 1
     when the clamp changed ``v`` (the caller adds it to the owning saturation counter).
+
+    The range test reads the bits of ``v`` from ``fmt.bits − 1`` up: ``v`` fits exactly when
+    they are all equal (all 0: ``hi`` when any is 1 and ``v ≥ 0``; all 1: ``lo`` when any is 0
+    and ``v < 0``) — two OR/AND reductions instead of two magnitude comparators, which Yosys
+    maps to carry chains (*derived*, timing only: on the iCEBreaker the comparators' chains
+    were most of the update unit's critical path; the result is the same integer).
     """
-    hi = v > fmt.max_int
-    lo = v < fmt.min_int
+    v = Value.cast(v)
+    n, shape = fmt.bits, v.shape()
+    width, signed_ = shape.width, shape.signed
+    if width < n or (width == n and signed_):  # every value fits: no clamp
+        return v.as_signed() if signed_ else v.as_unsigned(), Const(0, 1)
+    top = v[n - 1 :]  # the result's sign bit and every bit above it
+    if signed_:
+        neg = v[width - 1]
+        hi = ~neg & top.any()
+        lo = neg & ~top.all()
+    else:
+        hi, lo = top.any(), Const(0, 1)
     out = Mux(hi, fmt.max_int, Mux(lo, fmt.min_int, v))
     return out[: fmt.bits].as_signed(), hi | lo
 

@@ -73,6 +73,41 @@ def test_operators_equal_the_golden_definitions():
         assert (sv_, sc_) == fixed.sat_int(x, fmt), x
 
 
+@pytest.mark.parametrize("shape", [signed(6), unsigned(6), signed(4), unsigned(3), signed(1)])
+def test_sat_every_value_of_small_shapes(shape):
+    """sat(v, Q(b, 0)) on every value of ``shape`` for b = 1..7 (narrower, equal and wider than
+    ``v``): the clamp and its flag equal the definition (the sign-extension test of
+    :func:`~pipetrain.hdl.arith.sat` stands in for two comparators)."""
+    v = Signal(shape)
+    m = Module()
+    outs = []
+    for bits in range(1, 8):
+        fmt = QFormat(bits, 0)
+        sv, sc = sat(v, fmt)
+        o, c = Signal(signed(bits), name=f"o{bits}"), Signal(name=f"c{bits}")
+        m.d.comb += [o.eq(sv), c.eq(sc)]
+        outs.append((fmt, o, c))
+    lo, hi = (
+        (-(1 << (shape.width - 1)), 1 << (shape.width - 1))
+        if shape.signed
+        else (0, 1 << shape.width)
+    )
+    seen = []
+
+    async def bench(ctx):
+        for x in range(lo, hi):
+            ctx.set(v, x)
+            seen.append((x, [(ctx.get(o), ctx.get(c)) for _, o, c in outs]))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(seen) == hi - lo
+    for x, got in seen:
+        for (fmt, _, _), g in zip(outs, got, strict=True):
+            assert g == fixed.sat_int(x, fmt), (shape, fmt, x)
+
+
 # ---- LFSR ---------------------------------------------------------------------------------------
 
 POLY = (1 << 32) | (1 << 22) | (1 << 2) | (1 << 1) | 1
