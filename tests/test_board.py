@@ -161,6 +161,7 @@ def _sim_board_loopback(data: list[int], seed: int) -> tuple[list[int], list[int
     rng = random.Random(seed)
     got: list[int] = []
     beats: list[int] = []
+    acts: list[int] = []
 
     async def drive(ctx):
         for byte in data:
@@ -189,6 +190,7 @@ def _sim_board_loopback(data: list[int], seed: int) -> tuple[list[int], list[int
     async def watch(ctx):
         async for _, _, leds in ctx.tick().sample(dut.led_pins):
             beats.append(leds & 1)
+            acts.append((leds >> 1) & 1)
 
     sim = Simulator(dut)
     sim.add_clock(1 / 400)
@@ -196,6 +198,14 @@ def _sim_board_loopback(data: list[int], seed: int) -> tuple[list[int], list[int
     sim.add_testbench(drive, background=True)
     sim.add_testbench(decode)
     sim.run()
+    # the activity LED: off until the first byte is in (start bit + 8 data bits), on within two
+    # 8-cycle windows (clock/50 = 8) of it, and switched only at window edges (runs of 8·n)
+    first = next(i for i, a in enumerate(acts) if a)
+    assert 9 * div <= first <= 10 * div + 2 * 8, first
+    edges = [i for i in range(first, len(acts)) if acts[i] != acts[i - 1]]
+    assert len(edges) >= 2 and all(
+        (b - a) % 8 == 0 for a, b in zip(edges, edges[1:], strict=False)
+    ), edges
     return got, beats
 
 
