@@ -355,3 +355,45 @@ def test_format_help_explains_negative_integer_bits():
     assert "may be negative: Q-1.16 is 16 bits below 0.5" in " ".join(res.output.split())
     q = parse_qformat("Q-1.16")
     assert (q.bits, q.frac, q.max_value) == (16, 16, 2**-1 - 2**-16)
+
+
+# --- the second user trial: names, the board in report.md, and hints that say what to do ---
+
+
+
+def test_link_connect_errors_name_the_address_and_what_to_check(npz40):
+    """A ``tcp://`` target nobody listens on and a serial port that does not open: one line
+    with the address and what to check (the bridge, the device path, permissions, a busy
+    port), through ``pipetrain train`` too."""
+    import errno
+    import socket
+
+    import serial
+    from pipetrain.host.transport import TransportError, open_transport, serial_hint
+
+    s = socket.create_server(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(TransportError) as e:
+        open_transport(f"tcp://127.0.0.1:{port}")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot connect to tcp://127.0.0.1:{port}: ")
+    assert f"nothing listens on port {port} of 127.0.0.1: is the device's bridge" in msg
+    assert f"running and listening on tcp://127.0.0.1:{port}?" in msg and "--target sim" in msg
+    with pytest.raises(TransportError, match="does not resolve: check the address"):
+        open_transport("tcp://no-such-host.invalid:7000")
+    with pytest.raises(TransportError) as e:
+        open_transport("serial:///nonexistent/tty0")
+    assert "cannot open serial port '/nonexistent/tty0' (serial:///nonexistent/tty0)" in str(
+        e.value
+    )
+    assert "check the device path: is the board plugged in" in str(e.value)
+    assert "dialout" in serial_hint(serial.SerialException(errno.EACCES, "denied"))
+    assert "no other program" in serial_hint(serial.SerialException(errno.EBUSY, "busy"))
+    other = serial_hint(serial.SerialException("odd"))  # no errno: every check
+    assert "device path" in other and "dialout" in other and "no other program" in other
+
+    res = run("train", "mlp", "--hidden", "4", "--data", npz40, "--formats", "default",
+              "--epochs", "1", "--target", f"tcp://127.0.0.1:{port}")  # fmt: skip
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"nothing listens on port {port} of 127.0.0.1" in res.output
