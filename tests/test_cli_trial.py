@@ -361,6 +361,41 @@ def test_format_help_explains_negative_integer_bits():
 
 
 
+def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_auto(tmp_path):
+    """``--lanes 16`` on 64→32→10 gives stage 2 (10 rows) 16 lanes: the error names the
+    per-stage lanes that do (the count kept where it fits, the other stages balanced to its
+    pass: 16,4 — the ULX3S's auto choice) and ``--lanes auto``."""
+    from pipetrain.compiler.build import PlanError
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.frontend import trace
+    from pipetrain.compiler.lanes import choose_lanes
+    from pipetrain.compiler.models import load_model
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--lanes", "16", "--out",
+              str(tmp_path / "a"))  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: stage 2 (2): lanes=16 must be in 1..10 (one lane per output row at most; the "
+        "stage has 10 rows); --lanes 16 gives every stage 16 lanes; give one count per stage "
+        "(e.g. --lanes 16,4), or --lanes auto (with --board the fastest plan that fits the "
+        "board, else the default balance)"
+    )
+    name, module, _ = load_model("mlp-digits-wide")  # 64→128→64→10
+    ir = trace(module, name)
+    with pytest.raises(PlanError, match=r"\(e\.g\. --lanes 64,64,5\), or --lanes auto"):
+        choose_lanes(ir, TrainConfig(), lanes=(64,))
+    with pytest.raises(PlanError, match=r"lanes=12 must be in 1\.\.10.*--lanes 8,8,1\)") as e:
+        # a list: no "every stage" clause; stage 3 needs 1 lane (650 cycles) for 8,8 (1,040)
+        choose_lanes(ir, TrainConfig(), lanes=(8, 8, 12))
+    assert "gives every stage" not in str(e.value)
+    # lanes that do not fit the board name the ones that do and --lanes auto (as before)
+    res = run("compile", "mlp-digits", "--board", "icebreaker", "--formats", "default",
+              "--lanes", "16,4", "--out", str(tmp_path / "b"))  # fmt: skip
+    assert res.exit_code == 2
+    assert "with the lanes asked for (16,4); --lanes 1,1 fits" in res.output
+    assert "(--lanes auto)" in res.output
+
+
 def test_link_connect_errors_name_the_address_and_what_to_check(npz40):
     """A ``tcp://`` target nobody listens on and a serial port that does not open: one line
     with the address and what to check (the bridge, the device path, permissions, a busy
