@@ -396,6 +396,33 @@ def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_a
     assert "(--lanes auto)" in res.output
 
 
+def test_comma_joined_format_overrides_are_refused_naming_the_repeated_option(tmp_path):
+    """One override per ``--format`` (documented in README and ``--help``): a comma-joined
+    list is one clear error that spells the repeated options; those compile."""
+    from pipetrain.compiler.formats import parse_format_overrides
+    from pipetrain.compiler.plan import QFormat
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--format",
+              "s1.x=Q3.12,w=Q3.20", "--out", str(tmp_path / "a"))  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: --format 's1.x=Q3.12,w=Q3.20' joins 2 overrides with commas; give --format "
+        "once per key: --format s1.x=Q3.12 --format w=Q3.20"
+    )
+    assert not (tmp_path / "a").exists()
+    assert parse_format_overrides(["s1.x=Q3.12", "w=Q3.20"]) == {
+        "s1.x": QFormat(16, 12),
+        "w": QFormat(24, 20),
+    }
+    res = run("compile", "mlp-digits", "--formats", "default", "--format", "s1.x=Q3.12",
+              "--format", "w=Q3.20", "--out", str(tmp_path / "b"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    f1 = report_of(res)["stages"][0]["formats"]
+    assert (f1["x"], f1["w"]) == ("Q3.12", "Q3.20")
+    res = run("compile", "--help")
+    assert "repeat --format once per key" in " ".join(res.output.split())
+
+
 def test_link_connect_errors_name_the_address_and_what_to_check(npz40):
     """A ``tcp://`` target nobody listens on and a serial port that does not open: one line
     with the address and what to check (the bridge, the device path, permissions, a busy

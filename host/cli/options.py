@@ -113,7 +113,8 @@ def plan_format_options(func: Callable) -> Callable:
             metavar="KEY=Qi.f",
             help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
             "Qi.f = i integer bits besides the sign (may be negative: Q-1.16 is 16 bits below "
-            "0.5) and f fraction bits; repeatable.",
+            "0.5) and f fraction bits; repeat --format once per key (--format s1.x=Q3.12 --format "
+            "w=Q3.20; comma-joined keys are refused).",
         ),
         click.option(
             "--calib-samples",
