@@ -361,6 +361,69 @@ def test_format_help_explains_negative_integer_bits():
 
 
 
+def test_fit_errors_and_list_boards_say_dsp_blocks_for_hard_blocks():
+    """*DSP blocks* are the board's hard multipliers (MULT18X18D / SB_MAC16), *multipliers*
+    the datapath's products; the fit rows keep their JSON key ``multipliers``."""
+    from types import SimpleNamespace
+
+    from pipetrain.compiler.fit import FitError, check_fit
+    from pipetrain.compiler.targets import BOARDS
+
+    plan = SimpleNamespace(name="big", memory_bits=1000, multipliers=200, memory_blocks=1)
+    with pytest.raises(FitError) as e:
+        check_fit(plan, BOARDS["ulx3s-85f"])
+    assert "200 DSP blocks needed, 156 available (18×18 MULT18X18D, for the datapath's 200 " \
+        "multipliers)" in str(e.value)  # fmt: skip
+    assert "multipliers needed" not in str(e.value)
+    assert e.value.rows["multipliers"] == {"needed": 200, "available": 156}
+    res = run("list-boards")
+    assert res.exit_code == 0, res.output
+    assert "156 DSP blocks (18×18 MULT18X18D)" in res.output
+    assert "8 DSP blocks (16×16 SB_MAC16)" in res.output and " multipliers" not in res.output
+
+
+def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
+    """``compile --board`` writes the board and its fit table (needed / available, the JSON's
+    ``fit``) into report.md before the stage table; the multiplier table names multipliers
+    and their DSP blocks, and says the iCE40's 16×16 count is the fit's; without a board the
+    report says it is not fitted."""
+    from pipetrain.compiler.report import fit_label
+    from pipetrain.compiler.targets import BOARDS
+
+    res = run("compile", "mlp-digits", "--board", "icebreaker", "--formats", "default",
+              "--out", str(tmp_path / "b"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    assert rep["fit"]["multipliers"] == {"needed": 6, "available": 8}
+    assert "fitted to icebreaker (needed/available): DSP blocks 6/8, SPRAM 4/4" in res.stderr
+    text = (tmp_path / "b" / "report.md").read_text()
+    assert "- board: `icebreaker` (fitted; see Board below)" in text
+    assert text.index("## Board: icebreaker") < text.index("## Stages")
+    assert (
+        "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 16.875 MHz" in text
+    )
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0] != "resource" and not cells[0].startswith("-"):
+            rows[cells[0]] = (int(cells[1].replace(",", "")), int(cells[2].replace(",", "")))
+    board = BOARDS["icebreaker"]
+    assert rows == {
+        fit_label(k, board): (v["needed"], v["available"]) for k, v in rep["fit"].items()
+    }
+    assert rows["DSP blocks (16×16 SB_MAC16)"] == (6, 8)
+    assert rows["block RAMs (link's included)"] == (21, 30)
+    assert "## Multipliers and their DSP blocks (18 × 18" in text
+    assert "| stage | multiplier | operand bits | DSP blocks/lane | lanes | DSP blocks |" in text
+    assert "this board's 16×16 SB_MAC16 count differently: 6 (Board above)" in text
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--out", str(tmp_path / "n"))
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "n" / "report.md").read_text()
+    assert "- board: none (not fitted to a board; `--board NAME` fits it)" in text
+    assert "## Board" not in text and "count differently" not in text
+
+
 def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_auto(tmp_path):
     """``--lanes 16`` on 64→32→10 gives stage 2 (10 rows) 16 lanes: the error names the
     per-stage lanes that do (the count kept where it fits, the other stages balanced to its
