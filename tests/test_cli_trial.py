@@ -522,3 +522,42 @@ def test_link_connect_errors_name_the_address_and_what_to_check(npz40):
               "--epochs", "1", "--target", f"tcp://127.0.0.1:{port}")  # fmt: skip
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert f"nothing listens on port {port} of 127.0.0.1" in res.output
+
+
+def test_sim_help_shows_the_defaults_of_schedule_mitigation_and_rounding():
+    """``sim``'s --schedule/--mitigation/--rounding are the shared TrainConfig options: the
+    same help and ``[default: …, or the model file's config]`` as compile and train."""
+    from pipetrain.host.cli.compile import compile_cmd
+    from pipetrain.host.cli.sim import sim_command
+
+    def helps(cmd):
+        return {p.name: getattr(p, "help", None) for p in cmd.params}
+
+    sim, comp = helps(sim_command), helps(compile_cmd)
+    for name in ("schedule", "mitigation", "rounding"):
+        assert sim[name] == comp[name]
+    assert sim["schedule"].endswith("[default: pb, or the model file's config]")
+    assert sim["mitigation"].endswith("[default: none, or the model file's config]")
+    assert sim["rounding"].endswith("[default: stochastic, or the model file's config]")
+    text = " ".join(run("sim", "--help").output.split())
+    assert "[default: pb, or the model file's config]" in text
+
+
+def test_every_board_option_is_a_choice_of_the_boards():
+    """``--board`` of compile, train, sim, build and deploy: a click.Choice of the boards
+    (``--help`` lists them; a wrong name is refused before any work)."""
+    import click
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.host.cli import cli
+
+    with_board = {}
+    for name in cli.list_commands(None):
+        for p in cli.get_command(None, name).params:
+            if "--board" in getattr(p, "opts", ()):
+                with_board[name] = p
+    assert sorted(with_board) == ["build", "compile", "deploy", "sim", "train"]
+    for p in with_board.values():
+        assert isinstance(p.type, click.Choice) and list(p.type.choices) == sorted(BOARDS)
+    assert with_board["build"].required and not with_board["train"].required
+    res = run("train", "--board", "ICEbreaker", "--target", "golden")
+    assert res.exit_code == 2 and "is not one of 'icebreaker', 'ulx3s-85f'" in res.output

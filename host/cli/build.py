@@ -28,6 +28,7 @@ from ..bitstream import build_board, deploy_bitstream
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
+    board_option,
     config_overrides,
     data_option,
     hidden_option,
@@ -39,14 +40,8 @@ from .options import (
 __all__ = ["build_cmd", "deploy_cmd", "list_boards_cmd"]
 
 
-def _board_option(func: Any) -> Any:
-    return click.option(
-        "--board",
-        "board_name",
-        required=True,
-        type=click.Choice(sorted(BOARDS)),
-        help="Target board (see `pipetrain list-boards`).",
-    )(func)
+#: ``--board NAME`` of ``build`` and ``deploy`` (required).
+_board_option = board_option("Target board (see `pipetrain list-boards`).", required=True)
 
 
 @cli.command("build")

@@ -31,10 +31,11 @@ import click
 from ...compiler.build import PlanError
 from ...compiler.lanes import parse_lanes
 from ...compiler.report import fit_text, plan_summary, stage_table, totals_text
-from ...compiler.targets import BOARDS, get_board
+from ...compiler.targets import get_board
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
+    board_option,
     config_overrides,
     data_option,
     hidden_option,
@@ -70,13 +71,9 @@ __all__ = ["compile_cmd"]
 )
 @click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")
 @click.option("--clock-mhz", type=float, default=None, help="Clock (MHz) [50, or the board's].")
-@click.option(
-    "--board",
-    "board_name",
-    type=click.Choice(sorted(BOARDS)),
-    default=None,
-    help="Fit the plan to this board, as `pipetrain build --board` does; report.md names it "
-    "and its needed / available resources.",
+@board_option(
+    "Fit the plan to this board, as `pipetrain build --board` does; report.md names it and "
+    "its needed / available resources."
 )
 @onchip_data_option
 @train_config_options

@@ -12,6 +12,7 @@ import click
 from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig, strategy_overrides
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
+from ...compiler.targets import BOARDS
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
 from ..flow import DEFAULT_HIDDEN
 
@@ -21,6 +22,7 @@ __all__ = [
     "config_options",
     "plan_format_options",
     "simulator_option",
+    "board_option",
     "data_option",
     "hidden_option",
     "onchip_data_option",
@@ -229,3 +231,19 @@ def simulator_option(func: Callable) -> Callable:
         show_default=True,
         help="RTL simulator (icarus: Icarus Verilog on PATH, much slower; small models).",
     )(func)
+
+
+def board_option(help: str, required: bool = False) -> Callable[[Callable], Callable]:
+    """Add ``--board NAME`` (value: ``board_name``), one of
+    :data:`pipetrain.compiler.targets.BOARDS` (``click.Choice``: ``--help`` lists them and a
+    wrong name is a usage error naming the choices), shared by every command that takes a
+    board (``compile``, ``train``, ``sim``, ``build``, ``deploy``); ``help`` says what the
+    command does with it."""
+    return click.option(
+        "--board",
+        "board_name",
+        type=click.Choice(sorted(BOARDS)),
+        required=required,
+        default=None,
+        help=help,
+    )
