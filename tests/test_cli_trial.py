@@ -360,7 +360,6 @@ def test_format_help_explains_negative_integer_bits():
 # --- the second user trial: names, the board in report.md, and hints that say what to do ---
 
 
-
 def test_fit_errors_and_list_boards_say_dsp_blocks_for_hard_blocks():
     """*DSP blocks* are the board's hard multipliers (MULT18X18D / SB_MAC16), *multipliers*
     the datapath's products; the fit rows keep their JSON key ``multipliers``."""
@@ -561,3 +560,19 @@ def test_every_board_option_is_a_choice_of_the_boards():
     assert with_board["build"].required and not with_board["train"].required
     res = run("train", "--board", "ICEbreaker", "--target", "golden")
     assert res.exit_code == 2 and "is not one of 'icebreaker', 'ulx3s-85f'" in res.output
+
+
+def test_readme_says_linear_layers_need_their_bias():
+    """README's own-model section says what the front end requires of a Linear: its bias; the
+    refusal names the same fix."""
+    from pathlib import Path
+
+    from pipetrain.compiler.frontend import trace
+    from pipetrain.compiler.models import ModelError
+    from torch import nn
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    own = readme[readme.index("Supported layers:") : readme.index("## Benchmarks")]
+    assert "`Linear` with its bias (`bias=True`, PyTorch's default" in " ".join(own.split())
+    with pytest.raises(ModelError, match=r"has no bias.*use nn.Linear\(\.\.\., bias=True\)"):
+        trace(nn.Sequential(nn.Linear(4, 2, bias=False)), "nobias")
