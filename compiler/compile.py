@@ -101,12 +101,15 @@ def write_plan_json(result: CompileResult, folder: Path) -> Sequence[str]:
 
 
 def write_report_md(result: CompileResult, folder: Path) -> Sequence[str]:
-    """Write ``report.md`` (:func:`pipetrain.compiler.report.render_report`)."""
+    """Write ``report.md`` (:func:`pipetrain.compiler.report.render_report`, with the board
+    and fit of a fitted plan)."""
     text = render_report(
         result.plan,
         warnings=result.warnings,
         notes=result.formats.notes,
         formats_source=result.formats.source,
+        board=result.board,
+        fit=result.fit,
     )
     (folder / "report.md").write_text(text + "\n")
     return ["report.md"]

@@ -356,8 +356,10 @@ def check_fit(plan: Any, board: Board, shell: ShellSource = None) -> dict[str, d
     """Check the board design of ``plan`` against the board; return ``{resource: {needed,
     available}}``.
 
-    - multipliers: hard multiplier blocks of the board's DSP width vs the board's; the plan's
-      ``multipliers`` count each datapath multiplier once, whatever its width.
+    - multipliers: DSP blocks (hard multipliers of the board's width, ``Board.dsp_cell``) vs
+      the board's; the plan's ``multipliers`` count each datapath multiplier once, whatever
+      its width. The key stays ``multipliers`` (JSON); messages say "DSP blocks" for the
+      board's and "multipliers" for the datapath's.
     - spram: SPRAMs of the stages with single-port weight memories vs the board's (0 except on
       the iCE40 UltraPlus).
     - memory bits: ``plan.memory_bits`` vs block RAM bits + the bits of the SPRAMs the plan
@@ -389,8 +391,8 @@ def check_fit(plan: Any, board: Board, shell: ShellSource = None) -> dict[str, d
     problems = []
     if t["hard_multipliers"] > board.multipliers:
         problems.append(
-            f"{t['hard_multipliers']} multipliers needed, {board.multipliers} available "
-            f"({w}×{w} blocks for {t['multipliers']} datapath multipliers)"
+            f"{t['hard_multipliers']} DSP blocks needed, {board.multipliers} available "
+            f"({w}×{w} {board.dsp_cell}, for the datapath's {t['multipliers']} multipliers)"
         )
     if sp > board.spram_blocks:
         problems.append(f"{sp} SPRAMs needed, {board.spram_blocks} available")

@@ -93,10 +93,19 @@ def parse_format_overrides(items: list[str] | tuple[str, ...]) -> dict[str, QFor
     """Parse ``["s1.x=Q3.12", "w=Q3.20"]`` into ``{"s1.x": QFormat(16, 12), …}``.
 
     Keys: a tensor (``x y d gin w u logits``) for every stage, or ``s<k>.<tensor>`` for stage k
-    (1-based; heads after the main stages). Raises :class:`FormatError`.
+    (1-based; heads after the main stages). One override per item: comma-joined ones
+    (``"s1.x=Q3.12,w=Q3.20"``) are refused, naming the repeated ``--format`` that gives them
+    (one syntax for the command line, the API's lists and a model file's). Raises
+    :class:`FormatError`.
     """
     out: dict[str, QFormat] = {}
     for item in items:
+        if "," in item:
+            parts = [t.strip() for t in item.split(",") if t.strip()]
+            raise FormatError(
+                f"--format {item!r} joins {len(parts)} overrides with commas; give --format "
+                "once per key: " + " ".join(f"--format {t}" for t in parts)
+            )
         if "=" not in item:
             raise FormatError(
                 f"--format {item!r} must be KEY=Qi.f, e.g. s1.x=Q3.12 or w=Q3.20 (keys: "

@@ -95,6 +95,33 @@ def _multipliers(ir: NetworkIR, config: TrainConfig, lanes: Sequence[int]) -> in
     )
 
 
+def _per_stage_hint(slots: Sequence, lanes: tuple[int, ...], one: bool) -> str:
+    """The fix of a lane count outside a stage's 1..rows: per-stage lanes (``--lanes 16,4``:
+    the counts that fit kept, each other stage the fewest lanes whose pass is within the
+    slowest kept one's, :func:`~pipetrain.compiler.build.fewest_lanes`; one lane per row where
+    none is), or ``--lanes auto``; ``one``: the user gave one count for every stage."""
+    main = list(zip(slots, lanes, strict=False))
+    ok = [(sl, L) for sl, L in main if 1 <= L <= sl.rows]
+    slowest = max(
+        (stage_cycles(sl.in_features, sl.out_features, L, sl.conv)[1] for sl, L in ok),
+        default=0,
+    )
+    fixed = ",".join(
+        str(
+            L
+            if 1 <= L <= sl.rows
+            else fewest_lanes(sl.in_features, sl.out_features, slowest, sl.conv) or sl.rows
+        )
+        for sl, L in main
+    )
+    given = f"--lanes {lanes[0]} gives every stage {lanes[0]} lanes; " if one else ""
+    return (
+        f"; {given}give one count per stage (e.g. --lanes {fixed}), or "
+        "--lanes auto (with --board the fastest plan that fits the board, else the default "
+        "balance)"
+    )
+
+
 def choose_lanes(
     ir: NetworkIR,
     config: TrainConfig,
@@ -105,8 +132,9 @@ def choose_lanes(
     """Return the lanes of every stage (main stages, then auxiliary heads).
 
     See the module docstring for the policies. Raises :class:`PlanError` when more than one
-    policy is given, a list has the wrong length, a lane count exceeds a stage's rows, the
-    target is unreachable, or even one lane per stage exceeds ``max_multipliers``.
+    policy is given, a list has the wrong length, a lane count exceeds a stage's rows (naming
+    per-stage lanes that would do and ``--lanes auto``), the target is unreachable, or even
+    one lane per stage exceeds ``max_multipliers``.
     """
     given = [n for n, v in (("--lanes", lanes), ("--target-cycles", target_cycles),
                             ("--max-multipliers", max_multipliers)) if v is not None]  # fmt: skip
@@ -116,7 +144,8 @@ def choose_lanes(
     S = len(ir.layers)
     if lanes is not None:
         lanes = tuple(lanes)
-        if len(lanes) == 1:
+        one = len(lanes) == 1  # one count for every main stage
+        if one:
             lanes = lanes * S
         if len(lanes) not in (S, len(slots)):
             raise PlanError(
@@ -129,6 +158,7 @@ def choose_lanes(
                 raise PlanError(
                     f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.rows} "
                     f"(one lane per output row at most; the stage has {sl.rows} rows)"
+                    + _per_stage_hint(slots, lanes, one)
                 )
         if len(lanes) == S and len(slots) > S:
             slowest = max(

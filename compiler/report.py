@@ -3,10 +3,16 @@
 * :func:`stage_table` — the per-stage table ``pipetrain compile`` prints (aligned Markdown);
 * :func:`conv_table` — the convolution stages' geometry, lanes, cycles and memories;
 * :func:`format_table` — every tensor's format against its calibrated range;
-* :func:`render_report` — ``report.md``: both tables, totals, loss units, notes and warnings;
+* :func:`fit_table` / :func:`fit_text` — a board fit's needed / available resources;
+* :func:`render_report` — ``report.md``: the board fit, both tables, totals, loss units, notes
+  and warnings;
 * :func:`plan_summary` — the JSON result of ``pipetrain compile --json``.
 
-Every number is read from the plan (nothing is recomputed here).
+Every number is read from the plan or the fit (nothing is recomputed here).
+
+Names: *multipliers* are the datapath's products (what the HDL builds, ``Stage.products``;
+``Plan.multipliers`` counts each once); *DSP blocks* are the board's hard multipliers
+(18 × 18 MULT18X18D, 16 × 16 SB_MAC16) that they take. The JSON keys stay ``multipliers``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from .build import RAM_FAMILIES, loss_operands, multiplier_blocks
 from .plan import Plan, QFormat, Stage
+from .targets import Board
 
 __all__ = [
     "markdown_table",
@@ -24,6 +31,10 @@ __all__ = [
     "stage_shape",
     "conv_table",
     "totals_text",
+    "FIT_LABELS",
+    "fit_label",
+    "fit_table",
+    "fit_text",
     "format_table",
     "render_report",
     "plan_summary",
@@ -272,8 +283,9 @@ def memory_table(plan: Plan) -> str:
 
 def multiplier_table(plan: Plan) -> str:
     """Return every multiplier of each stage lane as built (``Stage.products``: what it
-    multiplies, its operand widths in bits, 18 × 18 DSP blocks per lane and for the stage's
-    lanes); stages of plans from before the list are left out."""
+    multiplies, its operand widths in bits, the 18 × 18 DSP blocks it takes per lane and for
+    the stage's lanes) and the loss units'; stages of plans from before the list are left
+    out."""
     rows: list[tuple] = [
         (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, st.lanes, p.blocks * st.lanes)
         for st in plan.stages
@@ -286,8 +298,83 @@ def multiplier_table(plan: Plan) -> str:
             blocks = multiplier_blocks(a, b)
             rows.append((name, "loss unit", f"{a} × {b}", blocks, 1, blocks))
     rows.append(("total", "", "", "", "", sum(r[5] for r in rows)))
-    headers = ("stage", "product", "operand bits", "blocks/lane", "lanes", "blocks")
-    return markdown_table(headers, rows, left=("product",))
+    headers = ("stage", "multiplier", "operand bits", "DSP blocks/lane", "lanes", "DSP blocks")
+    return markdown_table(headers, rows, left=("multiplier",))
+
+
+#: How the rows of a board fit (:func:`~pipetrain.compiler.fit.check_fit`) read in output: the
+#: datapath's multipliers take the board's DSP blocks (row key ``multipliers``), and the
+#: stage memories are mapped onto the board's own block RAMs.
+FIT_LABELS = {
+    "multipliers": "DSP blocks",
+    "spram": "SPRAM",
+    "memory_bits": "memory bits",
+    "memory_block_bits": "block-RAM bits as mapped",
+    "bram_blocks": "block RAMs (link's included)",
+    "logic_cells": "logic cells (estimate)",
+}
+
+
+def fit_label(resource: str, board: Board | None = None) -> str:
+    """A fit row's name as output shows it (:data:`FIT_LABELS`); with ``board`` the DSP
+    blocks name their cell, e.g. ``DSP blocks (18×18 MULT18X18D)``."""
+    label = FIT_LABELS.get(resource, resource)
+    if resource == "multipliers" and board is not None:
+        w = board.multiplier_width
+        label += f" ({w}×{w} {board.dsp_cell})"
+    return label
+
+
+def fit_table(fit: dict[str, dict[str, int]], board: Board | None = None) -> str:
+    """Return the board fit ``{resource: {needed, available}}`` as a table: resource (with
+    :func:`fit_label`), needed, available."""
+    rows = [
+        (fit_label(k, board), f"{v['needed']:,}", f"{v['available']:,}") for k, v in fit.items()
+    ]
+    return markdown_table(("resource", "needed", "available"), rows, left=("resource",))
+
+
+def fit_text(board: str, fit: dict[str, dict[str, int]], onchip_samples: int = 0) -> str:
+    """One line of the board fit, ``fitted to BOARD (needed/available): DSP blocks 105/156,
+    …``, as ``pipetrain compile --board`` prints it (with the on-chip training set of
+    ``onchip_samples`` samples counted, when there is one)."""
+    rows = ", ".join(f"{fit_label(k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items())
+    onchip = f", with an on-chip training set of {onchip_samples} samples" if onchip_samples else ""
+    return f"fitted to {board}{onchip} (needed/available): {rows}"
+
+
+def _board_lines(plan: Plan, board: Board | None, fit: dict | None) -> list[str]:
+    """``report.md``'s board section: the board and its fit table; [] without a board."""
+    if board is None:
+        return []
+    lines = [
+        f"## Board: {board.name}",
+        "",
+        f"The plan is fitted to `{board.name}` ({board.description}; `--board {board.name}`): "
+        f"its {plan.clock_hz / 1e6:g} MHz clock, constants, formats, lanes and memories, the "
+        f"plan `pipetrain build --board {board.name}` puts in the bitstream.",
+        "",
+    ]
+    if fit:
+        lines += [
+            "Needed vs available (the link engine and UART included; logic cells are an "
+            "estimate, docs/boards.md §3):",
+            "",
+            fit_table(fit, board),
+            "",
+        ]
+    return lines
+
+
+def _other_width(board: Board | None, fit: dict | None) -> str:
+    """``; this board's 16×16 SB_MAC16 count differently: 6 (Board above)`` for a board whose
+    DSP blocks are not 18 × 18, else ``""``."""
+    if board is None or board.multiplier_width == 18:
+        return ""
+    w = board.multiplier_width
+    row = (fit or {}).get("multipliers")
+    need = f": {row['needed']:,}" if row else ""
+    return f"; this board's {w}×{w} {board.dsp_cell} count differently{need} (Board above)"
 
 
 def _operand_lines(plan: Plan) -> list[str]:
@@ -353,9 +440,13 @@ def render_report(
     warnings: Sequence[str] = (),
     notes: Sequence[str] = (),
     formats_source: str = "",
+    board: Board | None = None,
+    fit: dict[str, dict[str, int]] | None = None,
 ) -> str:
-    """Return ``report.md``: settings, stage table, totals, loss units, formats, notes,
-    warnings and each stage's delay derivation."""
+    """Return ``report.md``: settings, the board and its fit (``board``: the board the plan
+    was fitted to, ``fit``: its :func:`~pipetrain.compiler.fit.check_fit` rows; both None when
+    not fitted), stage table, totals, loss units, formats, notes, warnings and each stage's
+    delay derivation."""
     t = plan.train
     lines = [
         f"# pipetrain plan: {plan.name}",
@@ -384,7 +475,11 @@ def render_report(
             if len(plan.input_shape) > 1
             else ""
         ),
+        f"- board: `{board.name}` (fitted; see Board below)"
+        if board is not None
+        else "- board: none (not fitted to a board; `--board NAME` fits it)",
         "",
+        *_board_lines(plan, board, fit),
         "## Stages",
         "",
         stage_table(plan),
@@ -414,15 +509,23 @@ def render_report(
         )
     lines += ["", f"## Memories ({memory_table_title(plan)})", "", memory_table(plan)]
     if any(st.products for st in plan.stages):
-        lines += ["", "## Multipliers (18 × 18 DSP blocks, docs/numerics.md §3.2, §5.3)", ""]
+        lines += [
+            "",
+            "## Multipliers and their DSP blocks (18 × 18, docs/numerics.md §3.2, §5.3)",
+            "",
+            "Multipliers: the datapath's products as the HDL builds them; DSP blocks: the 18 × "
+            "18 hard blocks (MULT18X18D) each takes.",
+            "",
+        ]
         if plan.operand_bits:
             lines += [
-                f"Variable operands are rounded to {plan.operand_bits} bits (one block per "
-                "product); master weights and velocities keep their width, so m·u takes two. "
-                "The total includes the loss units: it is the board fit's DSP count.",
+                f"Variable operands are rounded to {plan.operand_bits} bits (one DSP block per "
+                "multiplier); master weights and velocities keep their width, so m·u takes "
+                "two. The total includes the loss units: it is the board fit's DSP block count "
+                "on an 18 × 18 board (ECP5)" + _other_width(board, fit) + ".",
                 "",
-                *_operand_lines(plan),
-                "",
+                *(ops := _operand_lines(plan)),
+                *([""] if ops else []),
             ]
         lines += [multiplier_table(plan)]
     lines += ["", "## Formats", "", format_table(plan), ""]

@@ -56,7 +56,8 @@ class Board:
         nextpnr's Fmax misses it (docs/boards.md §2.1). A frequency the PLL makes exactly.
     baud: default UART baud rate (bit/s); ``clock_hz / baud`` must be within 2 % of an integer.
     luts, ffs: LUT4s and flip-flops.
-    multipliers: hard multipliers (ECP5 MULT18X18D, iCE40 SB_MAC16).
+    multipliers: DSP blocks, the hard multipliers (ECP5 MULT18X18D, iCE40 SB_MAC16;
+        :attr:`dsp_cell`); the name is the JSON key of ``list-boards`` and the fit rows.
     multiplier_width: DSP block width: the operand bits one hard multiplier takes (18: ECP5
         MULT18X18D; 16: SB_MAC16); wider products take several blocks.
     multiplier_min_product_bits: narrowest partial product Yosys puts in a DSP (iCE40 11, from
@@ -114,6 +115,13 @@ class Board:
         """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
         a = self.activation_bits
         return {"w": self.weight_bits, "u": self.weight_bits, "x": a, "y": a, "d": a, "gin": a}
+
+    @property
+    def dsp_cell(self) -> str:
+        """The board's DSP block as nextpnr names it: ``MULT18X18D`` (ECP5) or ``SB_MAC16``
+        (iCE40). Output calls these hard blocks *DSP blocks*, never *multipliers* (those are
+        the datapath's products, ``Stage.products``)."""
+        return "SB_MAC16" if self.family == "ice40" else "MULT18X18D"
 
     @property
     def bram_bits(self) -> int:

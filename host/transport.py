@@ -13,6 +13,7 @@ retransmission in :mod:`pipetrain.host.client`. The interface is two calls:
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 import urllib.parse
@@ -30,6 +31,8 @@ __all__ = [
     "TcpTransport",
     "TransportError",
     "open_transport",
+    "serial_hint",
+    "tcp_hint",
     "DEFAULT_BAUD",
 ]
 
@@ -38,7 +41,8 @@ DEFAULT_BAUD = 115200
 
 
 class TransportError(UserError, ValueError):
-    """A target URL cannot be opened (bad scheme, missing port, device not found)."""
+    """A target URL cannot be opened (bad scheme, missing port, device not found); the
+    message names the address and what to check (:func:`serial_hint`, :func:`tcp_hint`)."""
 
 
 class Transport(ABC):
@@ -210,7 +214,9 @@ class SerialTransport(Transport):
         try:
             self.ser = serial.serial_for_url(port, baudrate=baud, timeout=0)
         except (serial.SerialException, ValueError) as exc:
-            raise TransportError(f"cannot open serial port {port!r}: {exc}") from exc
+            raise TransportError(
+                f"cannot open serial port {port!r} (serial://{port}): {exc}; {serial_hint(exc)}"
+            ) from exc
         self.port, self.baud = port, baud
         #: seconds per byte on the line (8N1: 10 bit times); the client adds it to timeouts
         self.byte_time = 10.0 / baud
@@ -234,6 +240,54 @@ class SerialTransport(Transport):
         self.ser.close()
 
 
+def serial_hint(exc: BaseException) -> str:
+    """What to check when a serial port does not open (``exc``: pyserial's error; its
+    ``errno``, where it has one, picks the advice): the device path (ENOENT), permissions
+    (EACCES, EPERM), another program holding the port (EBUSY), else all three."""
+    code = getattr(exc, "errno", None)
+    path = (
+        "check the device path: is the board plugged in and programmed (pipetrain deploy)? "
+        "`python -m serial.tools.list_ports` lists the ports"
+    )
+    perm = (
+        "check the permissions: on Linux your user needs the port's group (usually dialout: "
+        "sudo usermod -aG dialout $USER, then log in again)"
+    )
+    busy = "check that no other program (a terminal, an earlier pipetrain run) holds the port"
+    if code == errno.ENOENT:
+        return path
+    if code in (errno.EACCES, errno.EPERM):
+        return perm
+    if code == errno.EBUSY:
+        return busy
+    return f"{path}; {perm}; {busy}"
+
+
+def tcp_hint(exc: BaseException, host: str, port: int, timeout: float) -> str:
+    """What to check when ``tcp://HOST:PORT`` does not connect (``exc``: the socket error):
+    nothing listening (refused), a host name that does not resolve, no answer within
+    ``timeout`` s; every hint asks whether the board's bridge is running there. A ``tcp://``
+    target is a board behind a network-to-serial bridge (e.g. ser2net or socat in raw mode)
+    or any server of the link protocol; the RTL simulation is ``--target sim``, which starts
+    its own."""
+    where = f"tcp://{host}:{port}"
+    serve = (
+        f"is the device's bridge (a network-to-serial bridge such as ser2net or socat in raw "
+        f"mode, in front of a programmed board) running and listening on {where}? (the RTL "
+        "simulation needs no server: --target sim)"
+    )
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing listens on port {port} of {host}: {serve}"
+    if isinstance(exc, socket.gaierror):
+        return f"the host name {host!r} does not resolve: check the address; {serve}"
+    if isinstance(exc, TimeoutError):
+        return (
+            f"{host} did not answer within {timeout:g} s: check the address and that no "
+            f"firewall blocks port {port}; {serve}"
+        )
+    return f"check the address; {serve}"
+
+
 class TcpTransport(Transport):
     """A TCP connection (e.g. a simulation server or a network-to-serial bridge)."""
 
@@ -241,7 +295,10 @@ class TcpTransport(Transport):
         try:
             self.sock = socket.create_connection((host, port), timeout=connect_timeout)
         except OSError as exc:
-            raise TransportError(f"cannot connect to tcp://{host}:{port}: {exc}") from exc
+            raise TransportError(
+                f"cannot connect to tcp://{host}:{port}: {exc}; "
+                f"{tcp_hint(exc, host, port, connect_timeout)}"
+            ) from exc
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def write(self, data: bytes) -> None:

@@ -182,7 +182,7 @@ def test_board_fit_counts_the_lut_multipliers():
     from pipetrain.compiler.models import build_mlp
     from pipetrain.host.flow import compile_design
 
-    with pytest.raises(FitError, match="9 multipliers needed, 8 available") as e:
+    with pytest.raises(FitError, match="9 DSP blocks needed, 8 available") as e:
         compile_design(build_mlp([64, 16, 10], nn.Sigmoid), board="icebreaker", formats="default")
     assert e.value.rows["multipliers"] == {"needed": 9, "available": 8}
     assert isinstance(e.value, UserError)

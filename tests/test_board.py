@@ -92,7 +92,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
     # 16×16 SB_MAC16 with 18-bit constants and operands: each 18×16 product takes 2 blocks
     # (ŵ·x, w·δ, lr·δ, e·x), momentum × u (18 × 24) 2
-    assert "21 multipliers needed, 8 available (16×16 blocks for 7 datapath" in msg
+    assert "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the datapath's 7 " in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
     assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 50 - 2 * (14 + 3) == 16
@@ -133,7 +133,7 @@ def test_plan_for_board_names_what_does_not_fit() -> None:
     from pipetrain.host.flow import compile_design
 
     # four stages: 2 + 3 + 3 + 3 16×16 products and the loss unit's, 8 SB_MAC16 on the chip
-    with pytest.raises(FitError, match="12 multipliers needed, 8 available") as e:
+    with pytest.raises(FitError, match="12 DSP blocks needed, 8 available") as e:
         compile_design("mlp-digits-deep", board=BOARDS["icebreaker"])
     assert [s.lanes for s in e.value.plan.stages] == [1, 1, 1, 1]
     assert e.value.rows["multipliers"] == {"needed": 12, "available": 8}
@@ -144,7 +144,7 @@ def test_fit_error_names_every_resource() -> None:
     with pytest.raises(FitError) as e:
         check_fit(plan, BOARDS["ulx3s-85f"])
     msg = str(e.value)
-    assert "200 multipliers needed, 156 available" in msg
+    assert "200 DSP blocks needed, 156 available" in msg
     assert "4000000 memory bits needed, 3833856 available" in msg
 
 
@@ -402,7 +402,7 @@ def test_build_fit_error_is_a_clean_cli_error() -> None:
     )
     assert res.exit_code == 2, res.output
     assert "does not fit icebreaker" in res.stderr and "Traceback" not in res.output
-    assert "12 multipliers needed, 8 available" in res.stderr
+    assert "12 DSP blocks needed, 8 available" in res.stderr
     # one lane per stage was tried already: the advice does not say "fewer lanes"
     assert "already with one lane per stage" in res.stderr and "fewer lanes" not in res.stderr
     payload = json.loads(res.stdout)  # --json gets the error too, with the fit rows

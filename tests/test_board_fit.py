@@ -158,7 +158,7 @@ def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -
     with pytest.raises(FitError) as e:
         _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [32, 10]})
     msg = str(e.value)
-    assert "multipliers needed, 156 available" in msg
+    assert "DSP blocks needed, 156 available" in msg
     assert "with the lanes asked for (32,10)" in msg
     assert "--lanes 16,4 fits (137 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156

@@ -355,3 +355,224 @@ def test_format_help_explains_negative_integer_bits():
     assert "may be negative: Q-1.16 is 16 bits below 0.5" in " ".join(res.output.split())
     q = parse_qformat("Q-1.16")
     assert (q.bits, q.frac, q.max_value) == (16, 16, 2**-1 - 2**-16)
+
+
+# --- the second user trial: names, the board in report.md, and hints that say what to do ---
+
+
+def test_fit_errors_and_list_boards_say_dsp_blocks_for_hard_blocks():
+    """*DSP blocks* are the board's hard multipliers (MULT18X18D / SB_MAC16), *multipliers*
+    the datapath's products; the fit rows keep their JSON key ``multipliers``."""
+    from types import SimpleNamespace
+
+    from pipetrain.compiler.fit import FitError, check_fit
+    from pipetrain.compiler.targets import BOARDS
+
+    plan = SimpleNamespace(name="big", memory_bits=1000, multipliers=200, memory_blocks=1)
+    with pytest.raises(FitError) as e:
+        check_fit(plan, BOARDS["ulx3s-85f"])
+    assert "200 DSP blocks needed, 156 available (18×18 MULT18X18D, for the datapath's 200 " \
+        "multipliers)" in str(e.value)  # fmt: skip
+    assert "multipliers needed" not in str(e.value)
+    assert e.value.rows["multipliers"] == {"needed": 200, "available": 156}
+    res = run("list-boards")
+    assert res.exit_code == 0, res.output
+    assert "156 DSP blocks (18×18 MULT18X18D)" in res.output
+    assert "8 DSP blocks (16×16 SB_MAC16)" in res.output and " multipliers" not in res.output
+
+
+def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
+    """``compile --board`` writes the board and its fit table (needed / available, the JSON's
+    ``fit``) into report.md before the stage table; the multiplier table names multipliers
+    and their DSP blocks, and says the iCE40's 16×16 count is the fit's; without a board the
+    report says it is not fitted."""
+    from pipetrain.compiler.report import fit_label
+    from pipetrain.compiler.targets import BOARDS
+
+    res = run("compile", "mlp-digits", "--board", "icebreaker", "--formats", "default",
+              "--out", str(tmp_path / "b"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rep = report_of(res)
+    assert rep["fit"]["multipliers"] == {"needed": 6, "available": 8}
+    assert "fitted to icebreaker (needed/available): DSP blocks 6/8, SPRAM 4/4" in res.stderr
+    text = (tmp_path / "b" / "report.md").read_text()
+    assert "- board: `icebreaker` (fitted; see Board below)" in text
+    assert text.index("## Board: icebreaker") < text.index("## Stages")
+    assert (
+        "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 16.875 MHz" in text
+    )
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0] != "resource" and not cells[0].startswith("-"):
+            rows[cells[0]] = (int(cells[1].replace(",", "")), int(cells[2].replace(",", "")))
+    board = BOARDS["icebreaker"]
+    assert rows == {
+        fit_label(k, board): (v["needed"], v["available"]) for k, v in rep["fit"].items()
+    }
+    assert rows["DSP blocks (16×16 SB_MAC16)"] == (6, 8)
+    assert rows["block RAMs (link's included)"] == (21, 30)
+    assert "## Multipliers and their DSP blocks (18 × 18" in text
+    assert "| stage | multiplier | operand bits | DSP blocks/lane | lanes | DSP blocks |" in text
+    assert "this board's 16×16 SB_MAC16 count differently: 6 (Board above)" in text
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--out", str(tmp_path / "n"))
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "n" / "report.md").read_text()
+    assert "- board: none (not fitted to a board; `--board NAME` fits it)" in text
+    assert "## Board" not in text and "count differently" not in text
+
+
+def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_auto(tmp_path):
+    """``--lanes 16`` on 64→32→10 gives stage 2 (10 rows) 16 lanes: the error names the
+    per-stage lanes that do (the count kept where it fits, the other stages balanced to its
+    pass: 16,4 — the ULX3S's auto choice) and ``--lanes auto``."""
+    from pipetrain.compiler.build import PlanError
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.frontend import trace
+    from pipetrain.compiler.lanes import choose_lanes
+    from pipetrain.compiler.models import load_model
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--lanes", "16", "--out",
+              str(tmp_path / "a"))  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: stage 2 (2): lanes=16 must be in 1..10 (one lane per output row at most; the "
+        "stage has 10 rows); --lanes 16 gives every stage 16 lanes; give one count per stage "
+        "(e.g. --lanes 16,4), or --lanes auto (with --board the fastest plan that fits the "
+        "board, else the default balance)"
+    )
+    name, module, _ = load_model("mlp-digits-wide")  # 64→128→64→10
+    ir = trace(module, name)
+    with pytest.raises(PlanError, match=r"\(e\.g\. --lanes 64,64,5\), or --lanes auto"):
+        choose_lanes(ir, TrainConfig(), lanes=(64,))
+    with pytest.raises(PlanError, match=r"lanes=12 must be in 1\.\.10.*--lanes 8,8,1\)") as e:
+        # a list: no "every stage" clause; stage 3 needs 1 lane (650 cycles) for 8,8 (1,040)
+        choose_lanes(ir, TrainConfig(), lanes=(8, 8, 12))
+    assert "gives every stage" not in str(e.value)
+    # lanes that do not fit the board name the ones that do and --lanes auto (as before)
+    res = run("compile", "mlp-digits", "--board", "icebreaker", "--formats", "default",
+              "--lanes", "16,4", "--out", str(tmp_path / "b"))  # fmt: skip
+    assert res.exit_code == 2
+    assert "with the lanes asked for (16,4); --lanes 1,1 fits" in res.output
+    assert "(--lanes auto)" in res.output
+
+
+def test_comma_joined_format_overrides_are_refused_naming_the_repeated_option(tmp_path):
+    """One override per ``--format`` (documented in README and ``--help``): a comma-joined
+    list is one clear error that spells the repeated options; those compile."""
+    from pipetrain.compiler.formats import parse_format_overrides
+    from pipetrain.compiler.plan import QFormat
+
+    res = run("compile", "mlp-digits", "--formats", "default", "--format",
+              "s1.x=Q3.12,w=Q3.20", "--out", str(tmp_path / "a"))  # fmt: skip
+    assert res.exit_code == 2
+    assert res.output.strip() == (
+        "Error: --format 's1.x=Q3.12,w=Q3.20' joins 2 overrides with commas; give --format "
+        "once per key: --format s1.x=Q3.12 --format w=Q3.20"
+    )
+    assert not (tmp_path / "a").exists()
+    assert parse_format_overrides(["s1.x=Q3.12", "w=Q3.20"]) == {
+        "s1.x": QFormat(16, 12),
+        "w": QFormat(24, 20),
+    }
+    res = run("compile", "mlp-digits", "--formats", "default", "--format", "s1.x=Q3.12",
+              "--format", "w=Q3.20", "--out", str(tmp_path / "b"), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    f1 = report_of(res)["stages"][0]["formats"]
+    assert (f1["x"], f1["w"]) == ("Q3.12", "Q3.20")
+    res = run("compile", "--help")
+    assert "repeat --format once per key" in " ".join(res.output.split())
+
+
+def test_link_connect_errors_name_the_address_and_what_to_check(npz40):
+    """A ``tcp://`` target nobody listens on and a serial port that does not open: one line
+    with the address and what to check (the bridge, the device path, permissions, a busy
+    port), through ``pipetrain train`` too."""
+    import errno
+    import socket
+
+    import serial
+    from pipetrain.host.transport import TransportError, open_transport, serial_hint
+
+    s = socket.create_server(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(TransportError) as e:
+        open_transport(f"tcp://127.0.0.1:{port}")
+    msg = str(e.value)
+    assert msg.startswith(f"cannot connect to tcp://127.0.0.1:{port}: ")
+    assert f"nothing listens on port {port} of 127.0.0.1: is the device's bridge" in msg
+    assert f"running and listening on tcp://127.0.0.1:{port}?" in msg and "--target sim" in msg
+    with pytest.raises(TransportError, match="does not resolve: check the address"):
+        open_transport("tcp://no-such-host.invalid:7000")
+    with pytest.raises(TransportError) as e:
+        open_transport("serial:///nonexistent/tty0")
+    assert "cannot open serial port '/nonexistent/tty0' (serial:///nonexistent/tty0)" in str(
+        e.value
+    )
+    assert "check the device path: is the board plugged in" in str(e.value)
+    assert "dialout" in serial_hint(serial.SerialException(errno.EACCES, "denied"))
+    assert "no other program" in serial_hint(serial.SerialException(errno.EBUSY, "busy"))
+    other = serial_hint(serial.SerialException("odd"))  # no errno: every check
+    assert "device path" in other and "dialout" in other and "no other program" in other
+
+    res = run("train", "mlp", "--hidden", "4", "--data", npz40, "--formats", "default",
+              "--epochs", "1", "--target", f"tcp://127.0.0.1:{port}")  # fmt: skip
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"nothing listens on port {port} of 127.0.0.1" in res.output
+
+
+def test_sim_help_shows_the_defaults_of_schedule_mitigation_and_rounding():
+    """``sim``'s --schedule/--mitigation/--rounding are the shared TrainConfig options: the
+    same help and ``[default: …, or the model file's config]`` as compile and train."""
+    from pipetrain.host.cli.compile import compile_cmd
+    from pipetrain.host.cli.sim import sim_command
+
+    def helps(cmd):
+        return {p.name: getattr(p, "help", None) for p in cmd.params}
+
+    sim, comp = helps(sim_command), helps(compile_cmd)
+    for name in ("schedule", "mitigation", "rounding"):
+        assert sim[name] == comp[name]
+    assert sim["schedule"].endswith("[default: pb, or the model file's config]")
+    assert sim["mitigation"].endswith("[default: none, or the model file's config]")
+    assert sim["rounding"].endswith("[default: stochastic, or the model file's config]")
+    text = " ".join(run("sim", "--help").output.split())
+    assert "[default: pb, or the model file's config]" in text
+
+
+def test_every_board_option_is_a_choice_of_the_boards():
+    """``--board`` of compile, train, sim, build and deploy: a click.Choice of the boards
+    (``--help`` lists them; a wrong name is refused before any work)."""
+    import click
+    from pipetrain.compiler.targets import BOARDS
+    from pipetrain.host.cli import cli
+
+    with_board = {}
+    for name in cli.list_commands(None):
+        for p in cli.get_command(None, name).params:
+            if "--board" in getattr(p, "opts", ()):
+                with_board[name] = p
+    assert sorted(with_board) == ["build", "compile", "deploy", "sim", "train"]
+    for p in with_board.values():
+        assert isinstance(p.type, click.Choice) and list(p.type.choices) == sorted(BOARDS)
+    assert with_board["build"].required and not with_board["train"].required
+    res = run("train", "--board", "ICEbreaker", "--target", "golden")
+    assert res.exit_code == 2 and "is not one of 'icebreaker', 'ulx3s-85f'" in res.output
+
+
+def test_readme_says_linear_layers_need_their_bias():
+    """README's own-model section says what the front end requires of a Linear: its bias; the
+    refusal names the same fix."""
+    from pathlib import Path
+
+    from pipetrain.compiler.frontend import trace
+    from pipetrain.compiler.models import ModelError
+    from torch import nn
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    own = readme[readme.index("Supported layers:") : readme.index("## Benchmarks")]
+    assert "`Linear` with its bias (`bias=True`, PyTorch's default" in " ".join(own.split())
+    with pytest.raises(ModelError, match=r"has no bias.*use nn.Linear\(\.\.\., bias=True\)"):
+        trace(nn.Sequential(nn.Linear(4, 2, bias=False)), "nobias")

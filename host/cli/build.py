@@ -28,6 +28,7 @@ from ..bitstream import build_board, deploy_bitstream
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
+    board_option,
     config_overrides,
     data_option,
     hidden_option,
@@ -39,14 +40,8 @@ from .options import (
 __all__ = ["build_cmd", "deploy_cmd", "list_boards_cmd"]
 
 
-def _board_option(func: Any) -> Any:
-    return click.option(
-        "--board",
-        "board_name",
-        required=True,
-        type=click.Choice(sorted(BOARDS)),
-        help="Target board (see `pipetrain list-boards`).",
-    )(func)
+#: ``--board NAME`` of ``build`` and ``deploy`` (required).
+_board_option = board_option("Target board (see `pipetrain list-boards`).", required=True)
 
 
 @cli.command("build")
@@ -159,7 +154,7 @@ def build_cmd(
         f"(network clock {ck['chosen_mhz']:g} MHz, {src}"
         f"{'' if result['timing_met'] else ', NOT MET'}{short}); "
         f"{'logic cells' if board.family == 'ice40' else 'LUTs'} {frac('luts')}, "
-        f"FFs {frac('ffs')}, multipliers {frac('multipliers')}, "
+        f"FFs {frac('ffs')}, DSP blocks {frac('multipliers')}, "
         f"block RAM {frac('bram_blocks')}"
         + (f", SPRAM {frac('spram_blocks')}" if "spram_blocks" in u else "")
         + f"; {result['build_s']:.0f} s{' (cached)' if result['cached'] else ''}",
@@ -200,8 +195,8 @@ def list_boards_cmd(json_out: str | None) -> None:
         rows.append(
             f"{b.name:<11} {b.description}; {b.clock_hz / 1e6:g} MHz (PLL from "
             f"{(b.osc_hz or b.clock_hz) / 1e6:g} MHz), UART {b.baud} baud; "
-            f"{b.luts} LUT4, {b.ffs} FF, {b.multipliers} multipliers "
-            f"({b.multiplier_width}×{b.multiplier_width}), RAM {ram}"
+            f"{b.luts} LUT4, {b.ffs} FF, {b.multipliers} DSP blocks "
+            f"({b.multiplier_width}×{b.multiplier_width} {b.dsp_cell}), RAM {ram}"
         )
     info("\n".join(rows), json_out)
     emit_json(json_out, {"boards": [b.to_dict() for b in BOARDS.values()]})

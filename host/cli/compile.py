@@ -30,11 +30,12 @@ import click
 
 from ...compiler.build import PlanError
 from ...compiler.lanes import parse_lanes
-from ...compiler.report import plan_summary, stage_table, totals_text
-from ...compiler.targets import BOARDS, get_board
+from ...compiler.report import fit_text, plan_summary, stage_table, totals_text
+from ...compiler.targets import get_board
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
+    board_option,
     config_overrides,
     data_option,
     hidden_option,
@@ -61,15 +62,18 @@ __all__ = ["compile_cmd"]
 @hidden_option
 @plan_format_options
 @click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
-@click.option("--max-multipliers", type=int, default=None, help="Fastest design with ≤ M mults.")
+@click.option(
+    "--max-multipliers",
+    type=int,
+    default=None,
+    help="Fastest design with ≤ M datapath multipliers (not DSP blocks: a wide product takes "
+    "several).",
+)
 @click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")
 @click.option("--clock-mhz", type=float, default=None, help="Clock (MHz) [50, or the board's].")
-@click.option(
-    "--board",
-    "board_name",
-    type=click.Choice(sorted(BOARDS)),
-    default=None,
-    help="Fit the plan to this board, as `pipetrain build --board` does.",
+@board_option(
+    "Fit the plan to this board, as `pipetrain build --board` does; report.md names it and "
+    "its needed / available resources."
 )
 @onchip_data_option
 @train_config_options
@@ -147,7 +151,7 @@ def compile_cmd(
         + "\n"
         + totals_text(plan)
         + (
-            _fit_text(board.name, fit, onchip_samples)
+            "\n" + fit_text(board.name, fit, onchip_samples)
             if board is not None and fit is not None
             else ""
         )
@@ -168,25 +172,3 @@ def compile_cmd(
             "onchip_samples": onchip_samples,
         },
     )
-
-
-#: How the board's resources read in the fit line (the plan counts datapath multipliers; the
-#: board counts its DSP blocks, and the stage memories mapped onto its own block RAMs).
-_FIT_LABELS = {
-    "multipliers": "DSP blocks",
-    "spram": "SPRAM",
-    "memory_bits": "memory bits",
-    "memory_block_bits": "block-RAM bits as mapped",
-    "bram_blocks": "block RAMs (link's included)",
-    "logic_cells": "logic cells (estimate)",
-}
-
-
-def _fit_text(board: str, fit: dict[str, dict[str, int]], onchip_samples: int = 0) -> str:
-    """One line per board resource: ``needed / available`` (with the on-chip training set of
-    ``onchip_samples`` samples counted, when there is one)."""
-    rows = ", ".join(
-        f"{_FIT_LABELS.get(k, k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items()
-    )
-    onchip = f", with an on-chip training set of {onchip_samples} samples" if onchip_samples else ""
-    return f"\nfitted to {board}{onchip} (needed/available): {rows}"

@@ -12,6 +12,7 @@ import click
 from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig, strategy_overrides
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
+from ...compiler.targets import BOARDS
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
 from ..flow import DEFAULT_HIDDEN
 
@@ -21,6 +22,7 @@ __all__ = [
     "config_options",
     "plan_format_options",
     "simulator_option",
+    "board_option",
     "data_option",
     "hidden_option",
     "onchip_data_option",
@@ -113,7 +115,8 @@ def plan_format_options(func: Callable) -> Callable:
             metavar="KEY=Qi.f",
             help="Override a format: s1.x=Q3.12 (stage 1's input) or w=Q3.20 (every stage); "
             "Qi.f = i integer bits besides the sign (may be negative: Q-1.16 is 16 bits below "
-            "0.5) and f fraction bits; repeatable.",
+            "0.5) and f fraction bits; repeat --format once per key (--format s1.x=Q3.12 --format "
+            "w=Q3.20; comma-joined keys are refused).",
         ),
         click.option(
             "--calib-samples",
@@ -228,3 +231,19 @@ def simulator_option(func: Callable) -> Callable:
         show_default=True,
         help="RTL simulator (icarus: Icarus Verilog on PATH, much slower; small models).",
     )(func)
+
+
+def board_option(help: str, required: bool = False) -> Callable[[Callable], Callable]:
+    """Add ``--board NAME`` (value: ``board_name``), one of
+    :data:`pipetrain.compiler.targets.BOARDS` (``click.Choice``: ``--help`` lists them and a
+    wrong name is a usage error naming the choices), shared by every command that takes a
+    board (``compile``, ``train``, ``sim``, ``build``, ``deploy``); ``help`` says what the
+    command does with it."""
+    return click.option(
+        "--board",
+        "board_name",
+        type=click.Choice(sorted(BOARDS)),
+        required=required,
+        default=None,
+        help=help,
+    )

@@ -34,7 +34,7 @@ from typing import Any
 import click
 
 from ...compiler.lanes import parse_lanes
-from ...compiler.targets import BOARDS, BoardError, get_board
+from ...compiler.targets import BoardError, get_board
 from ...hdl.support import require_hdl
 from ...hdl.synth import family_board, yosys_command
 from ...sim.harness import RTLSimError, check_toolchain, check_waves
@@ -43,7 +43,13 @@ from ...sim.stimulus import plan_samples
 from ...sim.tb.network import check_network, network_cached
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
-from .options import config_options, config_overrides, hidden_option, simulator_option
+from .options import (
+    board_option,
+    config_options,
+    config_overrides,
+    hidden_option,
+    simulator_option,
+)
 
 __all__ = ["sim_command"]
 
@@ -90,24 +96,6 @@ def _cells_line(cells: dict[str, int]) -> str:
     show_default=True,
     help="Probability of valid/ready on every stream each cycle (1 = free-running).",
 )
-@click.option(
-    "--schedule",
-    type=click.Choice(["pb", "sequential"]),
-    default=None,
-    help="Override the training schedule.",
-)
-@click.option(
-    "--mitigation",
-    type=click.Choice(["none", "sc", "lwp", "sc+lwp"]),
-    default=None,
-    help="Override the delay mitigation.",
-)
-@click.option(
-    "--rounding",
-    type=click.Choice(["stochastic", "nearest_even"]),
-    default=None,
-    help="Override the update rounding.",
-)
 @click.option("--lanes", default=None, help="Lanes per stage, e.g. '4,1' (default: compiler's).")
 @click.option(
     "--no-localise", is_flag=True, help="Skip the bisection that names the first differing update."
@@ -119,14 +107,13 @@ def _cells_line(cells: dict[str, int]) -> str:
     default=None,
     help="Simulate the Yosys netlist for this FPGA family (vendor cell models) instead of the RTL.",
 )
-@click.option(
-    "--board",
-    "board_name",
-    type=click.Choice(sorted(BOARDS)),
-    default=None,
-    help="Compile the plan fitted to this board (and, with --post-synth, its synthesis options).",
+@board_option(
+    "Compile the plan fitted to this board (and, with --post-synth, its synthesis options)."
 )
-@config_options("lwp_form", "strategy", "distance", "rule", "blocks", "head_stages")
+@config_options(
+    "schedule", "mitigation", "lwp_form", "strategy", "distance", "rule", "blocks",
+    "head_stages", "rounding",
+)  # fmt: skip
 @simulator_option
 @json_option
 @user_errors
@@ -138,9 +125,6 @@ def sim_command(
     seed: int,
     waves: str | None,
     backpressure: float,
-    schedule: str | None,
-    mitigation: str | None,
-    rounding: str | None,
     lanes: str | None,
     no_localise: bool,
     post_synth: str | None,
@@ -166,9 +150,7 @@ def sim_command(
                 f"({synth_board.family}): use --post-synth {synth_board.family} or another board"
             )
         yosys_command()  # a missing Yosys is reported before anything is compiled
-    overrides = {"schedule": schedule, "mitigation": mitigation, "rounding": rounding}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    overrides |= config_overrides(training)  # checked, as for train (nothing built yet)
+    overrides = config_overrides(training)  # checked, as for train (nothing built yet)
     lane_list = parse_lanes(lanes) if lanes else None
     result = compile_design(
         model,

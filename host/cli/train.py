@@ -87,6 +87,7 @@ from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
     DEFAULT_EPOCHS,
+    board_option,
     config_overrides,
     hidden_option,
     plan_format_options,
@@ -394,12 +395,9 @@ def _file_epochs(model: str) -> int | None:
 @click.option("--data", default="digits", show_default=True, help="digits or a FILE.npz.")
 @hidden_option
 @plan_format_options
-@click.option(
-    "--board",
-    "board_name",
-    default=None,
-    help="Fit the plan to this board as `pipetrain build --board` does (board clock, lanes, "
-    "formats, memories), so it matches the board's bitstream (see `pipetrain list-boards`).",
+@board_option(
+    "Fit the plan to this board as `pipetrain build --board` does (board clock, lanes, "
+    "formats, memories), so it matches the board's bitstream (see `pipetrain list-boards`)."
 )
 @click.option(
     "--save", type=click.Path(dir_okay=False), default=None, help="Save the state_dict (.pt)."
