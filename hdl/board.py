@@ -17,7 +17,8 @@ The bitstream build picks ``clock_hz`` below the achieved Fmax (:func:`pipetrain
 build_board`; docs/boards.md §2.1).
 
 LEDs: ``led 0`` heartbeat (≈ 1 Hz, proves the bitstream runs), ``led 1`` UART activity
-(RX/TX activity, latched per ≈ 10–20 ms window), ``led 2`` (boards with more LEDs) latched framing error.
+(RX/TX, latched per ≈ 10–20 ms window), ``led 2`` (boards with more LEDs) latched framing
+error.
 """
 
 from __future__ import annotations
