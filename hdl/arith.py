@@ -18,33 +18,48 @@ from amaranth.hdl import ValueCastable
 
 from ..compiler.plan import QFormat, csd
 
-__all__ = ["sat", "rhu", "rne", "rsr", "align", "round_upd", "const_mul", "wire", "ushape"]
+__all__ = [
+    "sat",
+    "sat_sides",
+    "rhu",
+    "rne",
+    "rsr",
+    "align",
+    "round_upd",
+    "const_mul",
+    "wire",
+    "ushape",
+]
+
+
+def sat_sides(v: Value, fmt: QFormat) -> tuple[Value, Value]:
+    """``(hi, lo)``: ``v > fmt.max_int`` and ``v < fmt.min_int``, read from the bits of ``v``
+    from ``fmt.bits − 1`` up: ``v`` fits exactly when they are all equal (all 0: ``hi`` when
+    any is 1 and ``v ≥ 0``; all 1: ``lo`` when any is 0 and ``v < 0``) — two OR/AND
+    reductions instead of two magnitude comparators, which Yosys maps to carry chains
+    (*derived*, timing only: on both boards the comparators' chains were most of the update
+    unit's critical path; the result is the same)."""
+    v = Value.cast(v)
+    n, shape = fmt.bits, v.shape()
+    width, signed_ = shape.width, shape.signed
+    if width < n or (width == n and signed_):  # every value fits
+        return Const(0, 1), Const(0, 1)
+    top = v[n - 1 :]  # the result's sign bit and every bit above it
+    if not signed_:
+        return top.any(), Const(0, 1)
+    neg = v[width - 1]
+    return ~neg & top.any(), neg & ~top.all()
 
 
 def sat(v: Value, fmt: QFormat) -> tuple[Value, Value]:
     """Clamp ``v`` to ``[fmt.min_int, fmt.max_int]``.
 
     Returns ``(value, clamped)``: ``value`` has shape ``signed(fmt.bits)``, ``clamped`` is 1
-    when the clamp changed ``v`` (the caller adds it to the owning saturation counter).
-
-    The range test reads the bits of ``v`` from ``fmt.bits − 1`` up: ``v`` fits exactly when
-    they are all equal (all 0: ``hi`` when any is 1 and ``v ≥ 0``; all 1: ``lo`` when any is 0
-    and ``v < 0``) — two OR/AND reductions instead of two magnitude comparators, which Yosys
-    maps to carry chains (*derived*, timing only: on the iCEBreaker the comparators' chains
-    were most of the update unit's critical path; the result is the same integer).
+    when the clamp changed ``v`` (the caller adds it to the owning saturation counter). The
+    range test is :func:`sat_sides`.
     """
     v = Value.cast(v)
-    n, shape = fmt.bits, v.shape()
-    width, signed_ = shape.width, shape.signed
-    if width < n or (width == n and signed_):  # every value fits: no clamp
-        return v.as_signed() if signed_ else v.as_unsigned(), Const(0, 1)
-    top = v[n - 1 :]  # the result's sign bit and every bit above it
-    if signed_:
-        neg = v[width - 1]
-        hi = ~neg & top.any()
-        lo = neg & ~top.all()
-    else:
-        hi, lo = top.any(), Const(0, 1)
+    hi, lo = sat_sides(v, fmt)
     out = Mux(hi, fmt.max_int, Mux(lo, fmt.min_int, v))
     return out[: fmt.bits].as_signed(), hi | lo
 

@@ -42,7 +42,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat, Stage, StageFormats, UpdateConstants
-from .arith import align, const_mul, rhu, round_upd, sat, wire
+from .arith import align, const_mul, rhu, round_upd, sat, sat_sides, wire
 from .lfsr import LFSR
 from .streams import (
     DeltaSignature,
@@ -332,16 +332,26 @@ class UpdateUnit(wiring.Component):
             uq, uc = sat(ur, f.u)
             uq = wire(m, uq, f"uq_{lane}")
             return self._spike_compensation(m, lane, v, live, lf, uq, uc & upd_live, w3, v_terms)
-        # S3 → S4: the rounded U and w registered; S4: u′ = sat(U), w′ = sat(w − u′) into the
-        # write port (two carry chains a stage instead of four; *derived*, timing only)
+        # S3 → S4: the rounded U and w registered, with sat(w − max_u) and sat(w − min_u) (the
+        # w′ of a clamped u′, formed at S3 beside U); S4: u′ = sat(U) and w′ = sat(w − U) from
+        # the unclamped U's low bits, picked by the clamp sides (one carry chain and the
+        # reductions of sat_sides a stage; *derived*, timing only: the same integers)
         ur4 = Signal(ur.shape(), name=f"ur4_{lane}")
         w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
         live4 = Signal(name=f"live4_{lane}")
+        wc_hi, wc_lo = sat(w3 - f.u.max_int, f.w), sat(w3 - f.u.min_int, f.w)
+        w_hi4, s_hi4 = Signal(signed(f.w.bits), name=f"whi4_{lane}"), Signal(name=f"shi4_{lane}")
+        w_lo4, s_lo4 = Signal(signed(f.w.bits), name=f"wlo4_{lane}"), Signal(name=f"slo4_{lane}")
         with m.If(v[3]):
             m.d.sync += [ur4.eq(ur), w4.eq(w3), live4.eq(upd_live)]
+            m.d.sync += [w_hi4.eq(wc_hi[0]), s_hi4.eq(wc_hi[1])]
+            m.d.sync += [w_lo4.eq(wc_lo[0]), s_lo4.eq(wc_lo[1])]
+        hi, lo = sat_sides(ur4, f.u)
         uq, uc = sat(ur4, f.u)
         u4 = wire(m, uq, f"u4_{lane}")
-        wq, wc = sat(wire(m, w4 - u4, f"wd_{lane}"), f.w)
+        wm, sm = sat(wire(m, w4 - ur4[: f.u.bits].as_signed(), f"wd_{lane}"), f.w)
+        wq = Mux(hi, w_hi4, Mux(lo, w_lo4, wm))
+        wc = Mux(hi, s_hi4, Mux(lo, s_lo4, sm))
         return u4, wire(m, wq, f"w4q_{lane}"), [v[4] & uc & live4, v[4] & wc & live4]
 
     def _spike_compensation(

@@ -77,6 +77,8 @@ CASES = [
     (dict(), 1),  # 3 lanes over 4 rows: 2 padding lanes in the last group
     (dict(mitigation="sc+lwp", rounding="nearest_even"), 1),
     (dict(mitigation="sc", lr=0.3), 0),  # large steps: u′ and w′ clamp
+    (dict(lr=0.3), 0),  # without SC: w′ = sat(w − u′) picked by u′'s clamp side at S4
+    (dict(lr=0.3, rounding="nearest_even"), 1),
     (dict(lanes=(1, 3, 1), single_port=(1, 3), const_bits=5), 0),  # shift-add constants, SPRAM
     (dict(mitigation="sc+lwp", lanes=(1, 1, 1), single_port=(2,), const_bits=4), 1),
     # LWP w form: ŵ = w + H·(w − w_prev) from the w_prev read, the old w written back as w_prev
@@ -178,6 +180,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
 
     state = list(st.lfsr_seeds)
     clamps = 0
+    by_kind = [0, 0]  # u′ clamps, w′ clamps
     for bwd, fwd_train, ops, w_s2, wb, flags in log:
         assert sorted(ops) == list(range(st.cycles_per_tick))
         assert sorted(wb) == (list(range(st.cycles_per_tick)) if bwd else [])
@@ -208,6 +211,10 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                         assert got_prev[k] == w[k], (n, k)
                     exp_flags[2 * k] += cu
                     exp_flags[2 * k + 1] += cw
+                    by_kind[0] += cu
+                    by_kind[1] += cw
         assert flags == exp_flags
         clamps += sum(flags)
     assert clamps > 0  # the edge operands did clamp
+    if case.get("lr"):  # large steps: both u′ and w′ clamp
+        assert min(by_kind) > 0, by_kind
