@@ -39,13 +39,14 @@ def loss_cycles(
     its phases; the maximum and argmax are taken as the logits arrive, so they cost nothing
     after the start): cross-entropy ``⌈C/P⌉`` exp issue cycles + 2 (LUT read, sum into E) +
     ``⌈(fr+1)/k⌉`` divider cycles + ``C`` out issue cycles (the first during the last divider
-    cycle) + 2 (δ register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 4``, with
+    cycle) + 3 (``p`` register, δ register, last δ) + 1 start cycle =
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5``, with
     ``C`` classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``; MSE
     ``C + 3`` (one phase; P and k unused). ``exp_frac`` does not change the count (kept for
     callers)."""
     if kind == "mse":
         return classes + 3
-    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 4
+    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5
 
 
 def loss_parallelism(

@@ -49,7 +49,7 @@ def loss_unit_cycles(
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 4``, MSE ``C + 3``."""
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5``, MSE ``C + 3``."""
     return loss_cycles(kind, classes, 0, recip_frac, exp_lanes, div_bits)
 
 
@@ -241,52 +241,50 @@ class LossUnit(wiring.Component):
         # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
         div = _Divider(E, fe, fr, lp.div_bits)
 
-        # out phase: e_j from the e memory at S1
+        # out phase: e_j from the e memory at S1, p_j = rhu(e_j·r) registered at S2, δ_j at S2
+        # (registered at S3: the product and its rounding apart from δ's rounding and clamp;
+        # *derived*, timing only)
         e1 = er.data.word_select(c.s1, fe + 1) if P > 1 else er.data
-        p1 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
-        m.d.comb += p1.eq(rhu(e1 * div.r, fe))
-        dv, dc = sat(rhu(p1, fr - fd.frac) - Mux(c.j1 == label, 1 << fd.frac, 0), fd)
+        p2 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
+        lab2, vo2 = Signal(), Signal()
+        m.d.sync += [p2.eq(rhu(e1 * div.r, fe)), lab2.eq(c.j1 == label), vo2.eq(v_out)]
+        dv, dc = sat(rhu(p2, fr - fd.frac) - Mux(lab2, 1 << fd.frac, 0), fd)
         m.d.comb += er.addr.eq(c.q0)
-        with m.If(v_out):
+        with m.If(vo2):
             m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
-            with m.If(c.j1 == label):
-                m.d.sync += c.loss_v.eq(p1)
-        self._ce_phases(m, c, ph0, v2, div)
+            with m.If(lab2):
+                m.d.sync += c.loss_v.eq(p2)
+        self._ce_phases(m, c, ph0, v2, div, vo2)
 
     def _running_max(self, m: Module, c: _Shared) -> None:
         """``zmax`` and ``arg`` as the logit words arrive: the word's maximum (a comparison
         tree over its lanes, lowest index on ties; padding lanes of the last word never win)
-        — registered when the word has more than two lanes — then compared with the running
-        maximum (a later word wins only when greater: lowest index on ties). Word 0 restarts
-        it. The last word arrives no later than the feeding stage's ``done``, so ``zmax`` is
-        final two cycles after the start pulse, when the exp phase first reads it."""
+        of the word registered on arrival, then compared with the running maximum (a later
+        word wins only when greater: lowest index on ties). Word 0 restarts it. The last word
+        arrives no later than the feeding stage's ``done``, so ``zmax`` is final two cycles
+        after the start pulse, when the exp phase first reads it."""
         C, fz, Lz = self.lp.classes, self.lp.z, self.zl
         zi = self.z_in
-        w = zi.payload.word
+        # the word registered on arrival (the feeding stage forms z at S4 from its sum: no
+        # path from its rounding into the comparisons), then the tree and the running compare
+        wval, w = Signal(), Signal.like(zi.payload.word)
+        data = Signal.like(zi.payload.data)
+        m.d.sync += [wval.eq(zi.valid), w.eq(zi.payload.word), data.eq(zi.payload.data)]
         live_from = C - (self.words - 1) * Lz
         base = Array(Const(q * Lz, 16) for q in range(self.words))[w] if Lz > 1 else w
         cands = []
         for lane in range(Lz):
-            zv = zi.payload.data.word_select(lane, fz.bits).as_signed()
+            zv = data.word_select(lane, fz.bits).as_signed()
             live = (w != self.words - 1) if lane >= live_from else Const(1)
             cands.append((zv, Const(lane, 16), live))
-        bv, bl, _ = _tree_max(cands)
-        if Lz > 2:  # one register between the comparison tree and the running maximum
-            wv, wj, wval, wfirst = (
-                Signal(signed(fz.bits)), Signal(16), Signal(), Signal()
-            )  # fmt: skip
-            m.d.sync += [
-                wv.eq(bv),
-                wj.eq(base + bl),
-                wval.eq(zi.valid),
-                wfirst.eq(w == 0),
-            ]
-        else:
-            wv, wj, wval, wfirst = bv, base + bl, zi.valid, w == 0
+        wv, bl, _ = _tree_max(cands)
+        wj, wfirst = base + bl, w == 0
         with m.If(wval & (wfirst | (wv > c.zmax))):
             m.d.sync += [c.zmax.eq(wv), c.arg.eq(wj)]
 
-    def _ce_phases(self, m: Module, c: _Shared, ph0: Signal, v2: Signal, div: _Divider) -> None:
+    def _ce_phases(
+        self, m: Module, c: _Shared, ph0: Signal, v2: Signal, div: _Divider, vo2: Signal
+    ) -> None:
         """The cross-entropy state machine: IDLE → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
         IDLE; the first out read issues in the last divider cycle (its S1 sees the final r)."""
         C, P = self.lp.classes, self.lp.exp_lanes
@@ -325,7 +323,7 @@ class LossUnit(wiring.Component):
             with m.State("OUT"):
                 issue_out(first=False)
             with m.State("OUT_TAIL"):
-                with m.If(~c.v1):
+                with m.If(~c.v1 & ~vo2):
                     m.next = "IDLE"
 
 

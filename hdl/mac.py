@@ -2,11 +2,11 @@
 
 **Forward** (:class:`ForwardLanes`, docs/numerics.md §2): lane ``l`` accumulates
 ``Σ_i ŵ_ji·x_i`` over the columns of its row ``j = g·L + l`` (the bias column N last, with the
-bias input), lane-local; after column N, ``z_j = sat(rhu(acc, w.frac + x.frac − y.frac), y)``,
-the activation gives ``a_j``, and the row group's ``L`` activations leave as one word at S4
-(with the ``z > 0`` bits for the stash's mask; ``tanh``/``sigmoid``: the ROM of
-:class:`~pipetrain.hdl.activation.LUTActivation` is read with ``z`` at S3, and the mask is the
-output ``y`` itself).
+bias input), lane-local; after column N, ``z_j = sat(rhu(acc, w.frac + x.frac − y.frac), y)``
+at S4 from the sum registered at S3, the activation gives ``a_j``, and the row group's ``L``
+activations leave as one word at S4 (with the ``z > 0`` bits for the stash's mask;
+``tanh``/``sigmoid``: ``z`` is formed at S3, where it reads the ROM of
+:class:`~pipetrain.hdl.activation.LUTActivation`, and the mask is the output ``y`` itself).
 
 **Input gradient** (:class:`InputGradient`, docs/numerics.md §5): in slot ``(g, i)`` the lanes'
 products ``w_ji·δ_j`` are summed across lanes (a balanced adder tree); with several row groups the
@@ -127,20 +127,27 @@ class ForwardLanes(wiring.Component):
             m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3)
             with m.If(s3.valid):
                 m.d.sync += facc.eq(fsum)
-            zv, zc = sat(wire(m, rhu(fsum, zsh), f"zr_{lane}"), fy)
-            if lane >= self.live_last:
-                zc = zc & ~s3.payload.last_group
-            z4 = Signal(signed(fy.bits), name=f"z4_{lane}")
-            zs4 = Signal(name=f"zs4_{lane}")
-            with m.If(fire3):
-                m.d.sync += [z4.eq(zv), zs4.eq(zc)]
-            flags.append(fire4 & zs4)
-            # S4: activation and mask bit (tanh/sigmoid: the output y)
             if lut is not None:
+                # tanh/sigmoid: z = sat(rhu(Σ)) at S3 addresses the ROM; y and the mask at S4
+                zv, zc = sat(wire(m, rhu(fsum, zsh), f"zr_{lane}"), fy)
+                if lane >= self.live_last:
+                    zc = zc & ~s3.payload.last_group
+                zs4 = Signal(name=f"zs4_{lane}")
+                with m.If(fire3):
+                    m.d.sync += zs4.eq(zc)
+                flags.append(fire4 & zs4)
                 m.d.comb += lut.z[lane].eq(zv)
                 acts.append(lut.y[lane])
                 masks.append(lut.y[lane])
                 continue
+            # S4: z = sat(rhu(Σ)) from the sum registered at S3 (facc holds the bias slot's sum
+            # in the cycle after it), the activation and the mask bit: the accumulate and the
+            # rounding in two stages (*derived*, timing only: one carry chain each)
+            zv, zc = sat(wire(m, rhu(facc, zsh), f"zr_{lane}"), fy)
+            if lane >= self.live_last:
+                zc = zc & ~s4.payload.last_group
+            z4 = wire(m, zv, f"z4_{lane}")
+            flags.append(fire4 & zc)
             acts.append(self.act.forward(z4)[: fy.bits])
             masks.append(z4 > 0)
         m.d.comb += [

@@ -1,13 +1,15 @@
 """A saturating event counter: how many clamps a unit made (docs/ports.md ``saturations``).
 
-Every cycle the counter adds the number of raised flags (each flag = one clamp of a value to its
-Q-format) and sticks at ``2^32 − 1``. Source: docs/ports.md (the counters), docs/numerics.md §1
-(``sat`` reports each clamp); the popcount as an adder chain is *derived* (flags are few).
+Every cycle the counter adds the number of flags raised the cycle before (each flag = one clamp
+of a value to its Q-format; registered, so ``count`` lags the flags by one cycle) and sticks at
+``2^32 − 1``. Source: docs/ports.md (the counters), docs/numerics.md §1 (``sat`` reports each
+clamp); the flag register and the popcount tree are *derived* (timing: the clamp tests of the
+datapath ended in the counter's adder, the ECP5's critical path at small lanes).
 """
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -27,7 +29,7 @@ class SaturationCounter(wiring.Component):
     Members
     -------
     flags: ``In(flags)`` one bit per clamp source this cycle.
-    count: ``Out(32)`` flags counted so far (reset 0).
+    count: ``Out(32)`` flags counted up to the cycle before last (reset 0).
 
     Raises ValueError for fewer than one flag.
     """
@@ -40,11 +42,17 @@ class SaturationCounter(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        total = Const(0, 1)
-        for k in range(self.n):
-            total = total + self.flags[k]
+        # the flags registered first (the units' clamp tests end in them: no path from a
+        # datapath rounding into the counter's adder), then a balanced popcount tree
+        flags = Signal(self.n)
+        m.d.sync += flags.eq(self.flags)
+        terms: list = [flags[k] for k in range(self.n)]
+        while len(terms) > 1:
+            pairs = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)]
+            terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
         cnt = Signal(32)
-        nxt = cnt + total
-        m.d.sync += cnt.eq(Mux(nxt > SAT_MAX, SAT_MAX, nxt))
+        nxt = Signal(33)  # cnt + total < 2^33: bit 32 is the overflow past SAT_MAX
+        m.d.comb += nxt.eq(cnt + terms[0])
+        m.d.sync += cnt.eq(Mux(nxt[32], SAT_MAX, nxt[:32]))
         m.d.comb += self.count.eq(cnt)
         return m

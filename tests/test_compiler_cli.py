@@ -70,7 +70,7 @@ def test_compile_deep_pb_sequential_and_defaults(tmp_path):
     seq = _json(_run([*args, "--out", "seq", "--schedule", "sequential"], tmp_path))
     assert [s["delay"] for s in seq["stages"]] == [0, 0, 0, 0]
     # admit + (pass + 1 control) forward and backward per stage + loss (2·10 + 21) + 1
-    assert seq["ideal_cycles_per_sample"] == 1 + 2 * (526 + 369 + 369 + 336) + 41 + 1
+    assert seq["ideal_cycles_per_sample"] == 1 + 2 * (526 + 369 + 369 + 336) + 42 + 1
     # default output folder: build/<name>
     _json(_run(["compile", "mlp-digits", "--formats", "default", "--json", "-"], tmp_path))
     assert (tmp_path / "build" / "mlp-digits" / "plan.json").is_file()

@@ -204,8 +204,10 @@ def test_saturation_counter_counts_every_flag():
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+    # the flags are registered: after the tick that presents pattern[i], the count holds the
+    # flags of pattern[0 .. i−1]
     total, exp = 0, []
     for p in pattern:
-        total += bin(p).count("1")
         exp.append(total)
+        total += bin(p).count("1")
     assert got == exp
