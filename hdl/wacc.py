@@ -143,6 +143,9 @@ class WeightAccess(wiring.Component):
                     for n in range(len(geo)):
                         with m.Case(n):
                             m.d.comb += self.stage(n).en.eq(okr)
+                m.next = "WAIT"
+            with m.State("WAIT"):  # the store registers its answer (rdata two cycles after en)
+                m.d.comb += self.busy.eq(1)
                 m.next = "READ"
             with m.State("READ"):
                 # the stage's read data into a register (a block RAM's output through the

@@ -102,8 +102,8 @@ class WeightStore(wiring.Component):
     write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
         ``(w′, u′[, w_prev′])`` of the slot at the write stage (cannot stall).
     access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs (kind 0
-        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` the cycle after ``en``: the word read, or the
-        saturated word written.
+        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` two cycles after ``en`` (registered): the word
+        read, or the saturated word written.
 
     Raises ValueError for ``w_prev`` with single-port banks.
     """
@@ -185,5 +185,9 @@ class WeightStore(wiring.Component):
                     if self.w_prev:
                         m.d.comb += rsel_p.eq(self.read.w_prev[lane])
         rsel = Mux(r_kind == 0, rsel_w, Mux(r_kind == 1, rsel_u, rsel_p))
-        m.d.comb += acc.rdata.eq(Mux(r_we, r_wv, rsel))
+        # registered: a block RAM's output (5.83 ns on the ECP5, docs/boards.md §4.1) drives only
+        # the lanes' multiplexer into this register (the ECP5's critical path at 89.5 MHz)
+        rq = Signal(signed(max(fw.bits, fu.bits)))
+        m.d.sync += rq.eq(Mux(r_we, r_wv, rsel))
+        m.d.comb += acc.rdata.eq(rq)
         return m

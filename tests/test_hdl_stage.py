@@ -73,6 +73,7 @@ def test_stage_unit_equals_the_golden_stage(case, s):
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
+        await ctx.tick()  # rdata is registered: two cycles after en
         return ctx.get(acc.rdata)
 
     async def bench(ctx):

@@ -94,6 +94,7 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
+        await ctx.tick()  # rdata is registered: two cycles after en
         out = ctx.get(acc.rdata)
         for _ in range(rng.randrange(3)):  # the answer holds while the command is unchanged
             await ctx.tick()
