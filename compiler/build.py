@@ -1177,10 +1177,16 @@ def _check_formats(slot: _Slot, f: StageFormats, observed: dict[str, float]) -> 
             )
         seen = observed.get(tensor)
         if seen is not None and seen > fmt.max_value:
-            need = math.floor(math.log2(seen)) + 1
+            ib = fmt.bits - 1 - fmt.frac  # integer bits
+            need = max(math.floor(math.log2(seen)) + 1, ib + 1)
+            if seen < 2.0**ib:  # the integer bits hold it; the largest value 2^i − 2^−f misses
+                f_need = math.ceil(-math.log2(2.0**ib - seen))  # the fraction bits that reach it
+                hint = f"it needs more fraction bits (Q{ib}.{f_need}) or ≥ {need} integer bits"
+            else:
+                hint = f"it needs ≥ {need} integer bits"
             raise PlanError(
                 f"{where}: calibrated max|{tensor}| = {seen:.6g} does not fit {tensor} = {fmt} "
-                f"(largest value {fmt.max_value:.6g}); it needs ≥ {need} integer bits"
+                f"(largest value {fmt.max_value:.6g}); {hint}"
             )
     if f.u.frac != f.w.frac:
         raise PlanError(

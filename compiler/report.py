@@ -367,14 +367,18 @@ def _board_lines(plan: Plan, board: Board | None, fit: dict | None) -> list[str]
 
 
 def _other_width(board: Board | None, fit: dict | None) -> str:
-    """``; this board's 16×16 SB_MAC16 count differently: 6 (Board above)`` for a board whose
+    """`` (this table; this board's 16×16 SB_MAC16 blocks count differently: 6, in Board
+    above)`` for a board whose
     DSP blocks are not 18 × 18, else ``""``."""
     if board is None or board.multiplier_width == 18:
         return ""
     w = board.multiplier_width
     row = (fit or {}).get("multipliers")
     need = f": {row['needed']:,}" if row else ""
-    return f"; this board's {w}×{w} {board.dsp_cell} count differently{need} (Board above)"
+    return (
+        f" (this table; this board's {w}×{w} {board.dsp_cell} blocks count differently{need}, "
+        "in Board above)"
+    )
 
 
 def _operand_lines(plan: Plan) -> list[str]:
@@ -511,18 +515,18 @@ def render_report(
     if any(st.products for st in plan.stages):
         lines += [
             "",
-            "## Multipliers and their DSP blocks (18 × 18, docs/numerics.md §3.2, §5.3)",
+            "## Multipliers and their DSP blocks (docs/numerics.md §3.2, §5.3)",
             "",
             "Multipliers: the datapath's products as the HDL builds them; DSP blocks: the 18 × "
-            "18 hard blocks (MULT18X18D) each takes.",
+            "18 hard blocks (ECP5 MULT18X18D) each takes" + _other_width(board, fit) + ".",
             "",
         ]
         if plan.operand_bits:
             lines += [
-                f"Variable operands are rounded to {plan.operand_bits} bits (one DSP block per "
-                "multiplier); master weights and velocities keep their width, so m·u takes "
+                f"Variable operands are at most {plan.operand_bits} bits (one 18 × 18 block per "
+                "multiplier); master weights and velocities keep their width, so m·u may take "
                 "two. The total includes the loss units: it is the board fit's DSP block count "
-                "on an 18 × 18 board (ECP5)" + _other_width(board, fit) + ".",
+                "on an 18 × 18 board.",
                 "",
                 *(ops := _operand_lines(plan)),
                 *([""] if ops else []),

@@ -114,7 +114,12 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # iCEBreaker, where one lane per stage with SPRAM weights is the only plan that fits
         ("mlp-digits", "ulx3s-85f", [16, 4], 137),
         ("mlp-digits-deep", "ulx3s-85f", [11, 7, 7, 2], 202),
-        ("mlp-digits-wide", "ulx3s-85f", [13, 13, 1], 690),
+        (
+            "mlp-digits-wide",
+            "ulx3s-85f",
+            [13, 13, 1],
+            691,
+        ),  # the loss unit (C + 5 cycles) sets this tick
         ("mlp-digits", "icebreaker", [1, 1], 4167),
     ],
 )

@@ -8,6 +8,8 @@ the golden / reference targets (no RTL)."""
 from __future__ import annotations
 
 import pytest
+from pipetrain.compiler.build import PlanError
+from pipetrain.compiler.plan import QFormat, StageFormats
 from test_train_cli import npz40, report_of, run
 
 __all__ = ["npz40"]  # a fixture (80 train / 40 test samples of 40 features, 4 classes)
@@ -412,9 +414,9 @@ def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
     }
     assert rows["DSP blocks (16×16 SB_MAC16)"] == (6, 8)
     assert rows["block RAMs (link's included)"] == (21, 30)
-    assert "## Multipliers and their DSP blocks (18 × 18" in text
+    assert "## Multipliers and their DSP blocks (docs/numerics.md" in text
     assert "| stage | multiplier | operand bits | DSP blocks/lane | lanes | DSP blocks |" in text
-    assert "this board's 16×16 SB_MAC16 count differently: 6 (Board above)" in text
+    assert "this board's 16×16 SB_MAC16 blocks count differently: 6, in Board above" in text
 
     res = run("compile", "mlp-digits", "--formats", "default", "--out", str(tmp_path / "n"))
     assert res.exit_code == 0, res.output
@@ -576,3 +578,29 @@ def test_readme_says_linear_layers_need_their_bias():
     assert "`Linear` with its bias (`bias=True`, PyTorch's default" in " ".join(own.split())
     with pytest.raises(ModelError, match=r"has no bias.*use nn.Linear\(\.\.\., bias=True\)"):
         trace(nn.Sequential(nn.Linear(4, 2, bias=False)), "nobias")
+
+
+def test_a_format_one_lsb_short_asks_for_fraction_bits_or_an_integer_bit():
+    """max|w| = 0.949 under Q0.4 (largest 0.9375): Q0.4 has its 0 integer bits already, so the
+    hint names the fraction bits that reach it (Q0.5: 0.96875) or one integer bit — not "≥ 0
+    integer bits" (the third trial's report)."""
+    from pipetrain.compiler.build import _check_formats
+
+    class Slot:
+        index, name = 2, "2"
+
+    f = StageFormats(
+        x=QFormat(12, 9), y=QFormat(12, 7), d=QFormat(12, 10), gin=None,
+        w=QFormat(5, 4), u=QFormat(5, 4),
+    )  # fmt: skip
+    with pytest.raises(PlanError) as err:
+        _check_formats(Slot(), f, {"w": 0.949357})
+    assert str(err.value).endswith(
+        "(largest value 0.9375); it needs more fraction bits (Q0.5) or ≥ 1 integer bits"
+    )
+    with pytest.raises(PlanError) as err:  # 0.99: five fraction bits reach only 0.96875
+        _check_formats(Slot(), f, {"w": 0.99})
+    assert "more fraction bits (Q0.7) or ≥ 1 integer bits" in str(err.value)
+    with pytest.raises(PlanError) as err:  # above 1: integer bits only
+        _check_formats(Slot(), f, {"w": 2.5})
+    assert str(err.value).endswith("it needs ≥ 2 integer bits")

@@ -171,7 +171,7 @@ def test_pb_and_sequential_delays_and_cycles():
     seq = build_plan(ir, TrainConfig(schedule="sequential"), lanes=[4, 3, 3, 1])
     assert seq.delays == (0, 0, 0, 0)
     # one sample at a time: admit, forward and backward pass per stage (+1 control each), loss
-    assert seq.ideal_cycles_per_sample == 1 + 2 * (526 + 369 + 369 + 336) + 41 + 1
+    assert seq.ideal_cycles_per_sample == 1 + 2 * (526 + 369 + 369 + 336) + 42 + 1
     assert [s.input_gradient for s in plan.stages] == [False, True, True, True]
 
 
