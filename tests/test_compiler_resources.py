@@ -74,7 +74,7 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     assert s1.weight_operand.bits == 18 and s1.update.lr_delta.bits == 18
     # report.md lists them, and the rounded operand formats (docs/numerics.md §3.2, §5.3)
     text = render_report(plan)
-    assert "## Multipliers and their DSP blocks (18 × 18" in text
+    assert "## Multipliers and their DSP blocks (docs/numerics.md" in text
     assert "| 2     | gin        | 18 × 16      |               1 |     1 |          1 |" in text
     assert f"- stage 1: the MACs read ŵ and w as {s1.weight_operand} (ŵ: w" in text
     assert f"rhu by {s1.weight_shift} bits" in text
