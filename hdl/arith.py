@@ -19,6 +19,7 @@ from amaranth.hdl import ValueCastable
 from ..compiler.plan import QFormat, csd
 
 __all__ = [
+    "tree_sum",
     "sat",
     "sat_sides",
     "rhu",
@@ -149,3 +150,14 @@ def wire(m: Module, expr: Value, name: str) -> Signal:
     sig = Signal(expr.shape(), name=name)
     m.d.comb += sig.eq(expr)
     return sig
+
+
+def tree_sum(values: list) -> Value:
+    """Σ ``values`` as a balanced adder tree (⌈log2 n⌉ levels; integers, so the order is free):
+    the input gradient's sum across lanes, the loss unit's exp lanes into E and the saturation
+    counters' popcount. Source: *derived* (timing: one adder per level instead of a chain)."""
+    values = list(values)
+    while len(values) > 1:
+        pairs = [values[k] + values[k + 1] for k in range(0, len(values) - 1, 2)]
+        values = pairs + ([values[-1]] if len(values) % 2 else [])
+    return values[0]

@@ -36,7 +36,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.loss_unit import loss_cycles
 from ..compiler.plan import LossUnit as LossPlan
-from .arith import const_mul, rhu, sat
+from .arith import const_mul, rhu, sat, tree_sum
 from .streams import LossControlSignature, ValidSignature, word_layout
 
 __all__ = ["LossUnit", "loss_unit_cycles"]
@@ -236,7 +236,7 @@ class LossUnit(wiring.Component):
         E = Signal(fe + 1 + max(1, C.bit_length()))
         m.d.comb += [ew.en.eq(v2), ew.addr.eq(j2), ew.data.eq(Cat(*es))]
         with m.If(v2):
-            m.d.sync += E.eq(Mux(j2 == 0, 0, E) + _tree_sum(es))
+            m.d.sync += E.eq(Mux(j2 == 0, 0, E) + tree_sum(es))
 
         # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
         div = _Divider(E, fe, fr, lp.div_bits)
@@ -361,16 +361,6 @@ class _Divider:
             bits.append(ge)
         q = Cat(*reversed(bits), self.r)  # the new bits below the old quotient
         return [self.rem.eq(rem), self.r.eq(q[: len(self.r)]), self.count.eq(self.count + 1)]
-
-
-def _tree_sum(values: list) -> Value:
-    """Σ values as a balanced adder tree (``P`` exp lanes into E in one cycle)."""
-    while len(values) > 1:
-        values = [
-            values[i] + values[i + 1] if i + 1 < len(values) else values[i]
-            for i in range(0, len(values), 2)
-        ]
-    return values[0]
 
 
 def _tree_max(cands: list) -> tuple:

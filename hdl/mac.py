@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
-from .arith import rhu, sat, wire
+from .arith import rhu, sat, tree_sum, wire
 from .streams import (
     DeltaSignature,
     LaneWeightsSignature,
@@ -228,10 +228,7 @@ class InputGradient(wiring.Component):
             pg3 = Signal(signed(fw.bits + fd.bits), name=f"pg3_{lane}")
             m.d.sync += pg3.eq(self.weights.w[lane] * self.delta.delta[lane])
             terms.append(pg3)
-        while len(terms) > 1:
-            pairs = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)]
-            terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
-        gsum = terms[0]
+        gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))
         col3 = s3.payload.col
         if G > 1:

@@ -13,6 +13,8 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from .arith import tree_sum
+
 __all__ = ["SaturationCounter", "SAT_MAX"]
 
 #: The counter's ceiling (32 bits).
@@ -46,13 +48,9 @@ class SaturationCounter(wiring.Component):
         # datapath rounding into the counter's adder), then a balanced popcount tree
         flags = Signal(self.n)
         m.d.sync += flags.eq(self.flags)
-        terms: list = [flags[k] for k in range(self.n)]
-        while len(terms) > 1:
-            pairs = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)]
-            terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
         cnt = Signal(32)
         nxt = Signal(33)  # cnt + total < 2^33: bit 32 is the overflow past SAT_MAX
-        m.d.comb += nxt.eq(cnt + terms[0])
+        m.d.comb += nxt.eq(cnt + tree_sum([flags[k] for k in range(self.n)]))
         m.d.sync += cnt.eq(Mux(nxt[32], SAT_MAX, nxt[:32]))
         m.d.comb += self.count.eq(cnt)
         return m
