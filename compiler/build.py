@@ -1241,7 +1241,7 @@ def _loss_unit(
         exp_lut=lut,
         recip_frac=fr,
         mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
-        cycles=loss_cycles(kind, classes, fe, fr, P, k),
+        cycles=loss_cycles(kind, classes, fe, fr, P, k, z_lanes=z_lanes),
         z_lanes=z_lanes,
         z_words=z_words,
         z_word_bits=z_lanes * z.bits,

@@ -19,12 +19,21 @@ stage" heuristic, as for the stages' lanes (``compiler/lanes.py``).
 
 from __future__ import annotations
 
-__all__ = ["DIV_BITS_MAX", "loss_cycles", "loss_parallelism"]
+__all__ = ["DIV_BITS_MAX", "loss_cycles", "loss_parallelism", "max_tree_levels"]
 
 #: Most quotient bits per cycle the divider chains: two compare-subtract steps of ~20 bits
 #: each between registers (derived: keeps the divider off the critical path next to the
 #: stages' multiply-accumulate; three or more would be the longest carry path of the design).
 DIV_BITS_MAX = 2
+
+
+def max_tree_levels(z_lanes: int) -> int:
+    """Register stages of the cross-entropy loss unit's comparison tree over one logit word of
+    ``z_lanes`` lanes: ``⌈log2 z_lanes⌉`` (one register after every level of two-input
+    compares; 0 for one lane). Source: *derived* from the ULX3S's critical path at
+    ``--lanes 16,4``: the word register → a 4-lane tree → the running compare in one cycle was
+    18.2 ns (docs/boards.md §4.2)."""
+    return max(0, z_lanes - 1).bit_length()
 
 
 def loss_cycles(
@@ -34,19 +43,23 @@ def loss_cycles(
     recip_frac: int,
     exp_lanes: int = 1,
     div_bits: int = 1,
+    z_lanes: int = 1,
 ) -> int:
     """Cycles of the loss unit from its start pulse to ``done`` (``hdl/loss.py``, derived from
-    its phases; the maximum and argmax are taken as the logits arrive, so they cost nothing
-    after the start): cross-entropy ``⌈C/P⌉`` exp issue cycles + 2 (LUT read, sum into E) +
-    ``⌈(fr+1)/k⌉`` divider cycles + ``C`` out issue cycles (the first during the last divider
-    cycle) + 3 (``p`` register, δ register, last δ) + 1 start cycle =
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5``, with
-    ``C`` classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``; MSE
-    ``C + 3`` (one phase; P and k unused). ``exp_frac`` does not change the count (kept for
-    callers)."""
+    its phases; the maximum and argmax are taken as the logits arrive): cross-entropy
+    ``T`` cycles until the running maximum is final (the comparison tree's
+    :func:`max_tree_levels` registers; the last logit word arrives no later than the start) +
+    ``⌈C/P⌉`` exp issue cycles + 2 (LUT read, sum into E) + ``⌈(fr+1)/k⌉`` divider cycles +
+    ``C`` out issue cycles (the first during the last divider cycle) + 3 (``p`` register, δ
+    register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + T``, with ``C`` classes,
+    ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``,
+    ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes); MSE
+    ``C + 3`` (one phase; P, k and the lanes unused). ``exp_frac`` does not change the count
+    (kept for callers)."""
     if kind == "mse":
         return classes + 3
-    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5
+    T = max_tree_levels(z_lanes)
+    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5 + T
 
 
 def loss_parallelism(
@@ -68,7 +81,7 @@ def loss_parallelism(
     ]
 
     def cycles(pk: tuple[int, int]) -> int:
-        return loss_cycles(kind, classes, 0, recip_frac, *pk)
+        return loss_cycles(kind, classes, 0, recip_frac, *pk, z_lanes=z_lanes)
 
     fits = [pk for pk in pairs if cycles(pk) <= slack]
     if fits:

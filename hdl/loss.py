@@ -2,8 +2,9 @@
 
 Cross-entropy takes the maximum as the logits arrive and then runs three phases:
 
-0. **max** (while stage S writes the logit words, no cycles after the start): ``zmax``,
-   ``pred = argmax`` (lowest index on ties), a comparison tree over each word's lanes;
+0. **max** (while stage S writes the logit words): ``zmax``, ``pred = argmax`` (lowest index
+   on ties), a comparison tree over each word's lanes with a register after each level, so
+   the exp phase starts ``⌈log2 z_lanes⌉`` cycles after the start pulse;
 1. **exp**: ``P`` = ``exp_lanes`` logits a cycle, ``idx_j = min(rhu(zmax − z_j, fy − fl),
    K − 1)``, ``e_j = LUT[idx_j]`` (a ROM with P read ports), ``E = Σ e_j``; the ``e_j`` go to a
    small memory, P per word;
@@ -34,7 +35,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.loss_unit import loss_cycles
+from ..compiler.loss_unit import loss_cycles, max_tree_levels
 from ..compiler.plan import LossUnit as LossPlan
 from .arith import const_mul, rhu, sat, tree_sum
 from .streams import LossControlSignature, ValidSignature, word_layout
@@ -45,12 +46,17 @@ SAT_MAX = (1 << 32) - 1
 
 
 def loss_unit_cycles(
-    kind: str, classes: int, recip_frac: int, exp_lanes: int = 1, div_bits: int = 1
+    kind: str,
+    classes: int,
+    recip_frac: int,
+    exp_lanes: int = 1,
+    div_bits: int = 1,
+    z_lanes: int = 1,
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5``, MSE ``C + 3``."""
-    return loss_cycles(kind, classes, 0, recip_frac, exp_lanes, div_bits)
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉``, MSE ``C + 3``."""
+    return loss_cycles(kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes)
 
 
 class _Shared:
@@ -257,27 +263,39 @@ class LossUnit(wiring.Component):
         self._ce_phases(m, c, ph0, v2, div, vo2)
 
     def _running_max(self, m: Module, c: _Shared) -> None:
-        """``zmax`` and ``arg`` as the logit words arrive: the word's maximum (a comparison
-        tree over its lanes, lowest index on ties; padding lanes of the last word never win)
-        of the word registered on arrival, then compared with the running maximum (a later
-        word wins only when greater: lowest index on ties). Word 0 restarts it. The last word
-        arrives no later than the feeding stage's ``done``, so ``zmax`` is final two cycles
-        after the start pulse, when the exp phase first reads it."""
+        """``zmax`` and ``arg`` as the logit words arrive: the word registered on arrival, its
+        maximum (a comparison tree over its lanes, lowest index on ties; padding lanes of the
+        last word never win) with a register after every level (``T`` =
+        :func:`~pipetrain.compiler.loss_unit.max_tree_levels` of the lanes), then compared with
+        the running maximum (a later word wins only when greater: lowest index on ties). Word 0
+        restarts it. The last word arrives no later than the feeding stage's ``done``, so
+        ``zmax`` is final ``T + 2`` cycles after the start pulse, when the exp phase first
+        reads it (:meth:`_ce_phases` waits ``T`` cycles before it)."""
         C, fz, Lz = self.lp.classes, self.lp.z, self.zl
         zi = self.z_in
         # the word registered on arrival (the feeding stage forms z at S4 from its sum: no
-        # path from its rounding into the comparisons), then the tree and the running compare
+        # path from its rounding into the comparisons)
         wval, w = Signal(), Signal.like(zi.payload.word)
         data = Signal.like(zi.payload.data)
         m.d.sync += [wval.eq(zi.valid), w.eq(zi.payload.word), data.eq(zi.payload.data)]
         live_from = C - (self.words - 1) * Lz
-        base = Array(Const(q * Lz, 16) for q in range(self.words))[w] if Lz > 1 else w
         cands = []
         for lane in range(Lz):
             zv = data.word_select(lane, fz.bits).as_signed()
             live = (w != self.words - 1) if lane >= live_from else Const(1)
-            cands.append((zv, Const(lane, 16), live))
-        wv, bl, _ = _tree_max(cands)
+            cands.append((zv, Const(lane, range(max(Lz, 2))), live))
+        # the tree, a register after each level (the word's index and valid beside it)
+        while len(cands) > 1:
+            nxt = []
+            for level in _tree_level(cands):
+                v, ln, lv = Signal(signed(fz.bits)), Signal(range(Lz)), Signal()  # Lz ≥ 2 here
+                m.d.sync += [v.eq(level[0]), ln.eq(level[1]), lv.eq(level[2])]
+                nxt.append((v, ln, lv))
+            wv_, w_ = Signal(), Signal.like(w)
+            m.d.sync += [wv_.eq(wval), w_.eq(w)]
+            cands, wval, w = nxt, wv_, w_
+        wv, bl, _ = cands[0]
+        base = Array(Const(q * Lz, 16) for q in range(self.words))[w] if Lz > 1 else w
         wj, wfirst = base + bl, w == 0
         with m.If(wval & (wfirst | (wv > c.zmax))):
             m.d.sync += [c.zmax.eq(wv), c.arg.eq(wj)]
@@ -285,10 +303,13 @@ class LossUnit(wiring.Component):
     def _ce_phases(
         self, m: Module, c: _Shared, ph0: Signal, v2: Signal, div: _Divider, vo2: Signal
     ) -> None:
-        """The cross-entropy state machine: IDLE → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
+        """The cross-entropy state machine: IDLE → (MAX: ``T`` cycles while the comparison
+        tree drains, with a tree of registers) → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
         IDLE; the first out read issues in the last divider cycle (its S1 sees the final r)."""
         C, P = self.lp.classes, self.lp.exp_lanes
         W = -(-C // P)
+        T = max_tree_levels(self.zl)
+        wait = Signal(range(max(T, 2)))
 
         def issue_out(first: bool) -> None:
             m.d.comb += [c.issue.eq(1), ph0.eq(1)]
@@ -304,8 +325,13 @@ class LossUnit(wiring.Component):
                 m.d.comb += self.ctl.done.eq(~self.ctl.start)
                 with m.If(self.ctl.start):
                     self._restart(m, c)
-                    m.d.sync += c.loss_v.eq(0)
-                    m.next = "EXP"
+                    m.d.sync += [c.loss_v.eq(0), wait.eq(0)]
+                    m.next = "MAX" if T else "EXP"
+            if T:  # the comparison tree's registers: zmax is final after T more cycles
+                with m.State("MAX"):
+                    m.d.sync += wait.eq(wait + 1)
+                    with m.If(wait == T - 1):
+                        m.next = "EXP"
             with m.State("EXP"):
                 m.d.comb += [c.issue.eq(1), ph0.eq(0)]
                 self._advance(m, c, self.zl // P)
@@ -363,17 +389,16 @@ class _Divider:
         return [self.rem.eq(rem), self.r.eq(q[: len(self.r)]), self.count.eq(self.count + 1)]
 
 
-def _tree_max(cands: list) -> tuple:
-    """The greatest live ``(value, lane, live)`` of a word's lanes by a comparison tree; on ties
-    (and a dead right operand) the lower lane wins, so the tree gives the first maximum."""
-    while len(cands) > 1:
-        nxt = []
-        for i in range(0, len(cands), 2):
-            if i + 1 == len(cands):
-                nxt.append(cands[i])
-                continue
-            (av, al, alive), (bv, bl, blive) = cands[i], cands[i + 1]
-            take_b = blive & (~alive | (bv > av))
-            nxt.append((Mux(take_b, bv, av), Mux(take_b, bl, al), alive | blive))
-        cands = nxt
-    return cands[0]
+def _tree_level(cands: list) -> list:
+    """One level of the comparison tree over ``(value, lane, live)`` candidates: pairs reduced
+    to their greater live member (on ties, and with a dead right operand, the lower lane wins,
+    so the tree gives the first maximum); an odd last candidate passes through."""
+    nxt = []
+    for i in range(0, len(cands), 2):
+        if i + 1 == len(cands):
+            nxt.append(cands[i])
+            continue
+        (av, al, alive), (bv, bl, blive) = cands[i], cands[i + 1]
+        take_b = blive & (~alive | (bv > av))
+        nxt.append((Mux(take_b, bv, av), Mux(take_b, bl, al), alive | blive))
+    return nxt
