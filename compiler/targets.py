@@ -180,7 +180,9 @@ BOARDS: dict[str, Board] = {
             family="ice40",
             device="iCE40UP5K",
             platform="amaranth_boards.icebreaker:ICEBreakerPlatform",
-            clock_hz=16.875e6,  # 12 MHz × 45 / 32 (SB_PLL40_PAD); mlp-digits: Fmax 18.7 MHz
+            # 12 MHz × 64 / 32 (SB_PLL40_PAD: DIVR 0, DIVF 63, DIVQ 5, VCO 768 MHz); 1 Mbaud at
+            # divisor 24, exact; mlp-digits: Fmax 28.3 MHz (docs/boards.md §4.2) ≥ 1.03 × 24
+            clock_hz=24e6,
             osc_hz=12e6,
             baud=1_000_000,
             luts=5_280,

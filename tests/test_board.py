@@ -126,7 +126,7 @@ def test_plan_for_board_fits_mlp_digits_on_the_icebreaker() -> None:
     # per stage: forward ŵ·x and δ·x (+ w·δ in stage 2) 16×16 each; the loss unit's e·r
     assert rows["multipliers"] == {"needed": 2 + 3 + 1, "available": 8}
     assert rows["spram"] == {"needed": 4, "available": 4}
-    assert plan.clock_hz == 16.875e6  # the network clock the board top makes with its PLL
+    assert plan.clock_hz == 24e6  # the network clock the board top makes with its PLL
 
 
 def test_plan_for_board_names_what_does_not_fit() -> None:
@@ -418,8 +418,8 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
 
     def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
         return kw["meta"] | {
-            "board": board.name, "bitstream": f"{out}/top.bin", "fmax_mhz": 20.0,
-            "clock_mhz": 16.875, "timing_met": True, "utilization": {}, "build_s": 0.0,
+            "board": board.name, "bitstream": f"{out}/top.bin", "fmax_mhz": 28.3,
+            "clock_mhz": 24.0, "timing_met": True, "utilization": {}, "build_s": 0.0,
             "cached": False,
         }  # fmt: skip
 

@@ -401,7 +401,7 @@ def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
     assert "- board: `icebreaker` (fitted; see Board below)" in text
     assert text.index("## Board: icebreaker") < text.index("## Stages")
     assert (
-        "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 16.875 MHz" in text
+        "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 24 MHz" in text
     )
     rows = {}
     for line in text.splitlines():

@@ -257,7 +257,7 @@ def test_compile_board_shows_the_fitted_plan(tmp_path):
     out = _json(res)
     fitted = compile_design("mlp-digits", board="icebreaker", writers=()).plan
     assert out["plan_hash"] == fitted.hash and out["board"] == "icebreaker"
-    assert [s["lanes"] for s in out["stages"]] == [1, 1] and fitted.clock_hz == 16.875e6
+    assert [s["lanes"] for s in out["stages"]] == [1, 1] and fitted.clock_hz == 24e6
     assert fitted.ram_family == "ice40"  # its memories counted in the UP5K's 4 Kib EBRs
     # 16×16 SB_MAC16 blocks: forward ŵ·x and δ·x per stage (+ w·δ in stage 2), the loss unit's
     # e·r; the weights and velocities of both stages in the UP5K's four SPRAMs

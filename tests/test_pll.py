@@ -63,13 +63,23 @@ def test_every_ecp5_setting_is_inside_the_lattice_ranges(ref: float) -> None:
         (12e6, 42e6, {"DIVR": 0, "DIVF": 55, "DIVQ": 4, "FILTER_RANGE": 1}),
         (96e6, 16e6, {"DIVR": 2, "DIVF": 31, "DIVQ": 6, "FILTER_RANGE": 3}),
         (48e6, 16e6, {"DIVR": 2, "DIVF": 63, "DIVQ": 6, "FILTER_RANGE": 1}),
-        # the iCEBreaker's network clock: 12 MHz × 45 / 32
+        # the iCEBreaker's network clock: 12 MHz × 64 / 32 (VCO 768 MHz)
+        (12e6, 24e6, {"DIVR": 0, "DIVF": 63, "DIVQ": 5, "FILTER_RANGE": 1}),
+        # its network clock before (12 MHz × 45 / 32, VCO 540 MHz)
         (12e6, 16.875e6, {"DIVR": 0, "DIVF": 44, "DIVQ": 5, "FILTER_RANGE": 1}),
     ],
 )
 def test_ice40_exact_targets(ref: float, target: float, want: dict) -> None:
     s = pick_pll("ice40", ref, target)
     assert s.out_hz == pytest.approx(target, abs=1e-3) and s.dividers == want
+
+
+def test_icebreaker_network_clock_is_exact_at_1_mbaud() -> None:
+    """24 MHz = 12 MHz × 64 / 32 with the UART at 1 Mbaud (divisor 24, no rate error): PFD 12
+    MHz (DIVR 0), VCO 768 MHz (DIVF 63), ÷ 2^5 (DIVQ 5)."""
+    s = pick_pll("ice40", 12e6, 24e6, 1_000_000)
+    assert (s.out_hz, s.pfd_hz, s.vco_hz) == (24e6, 12e6, 768e6)
+    assert s.dividers == {"DIVR": 0, "DIVF": 63, "DIVQ": 5, "FILTER_RANGE": 1}
 
 
 @pytest.mark.parametrize(
@@ -96,9 +106,12 @@ def test_pick_is_the_fastest_at_or_below_the_limit(family: str, ref: float, targ
 
 def test_pick_skips_clocks_the_uart_cannot_use() -> None:
     """16.5 MHz is 3 % off a 1 Mbaud divisor (16 or 17 cycles per bit, the UART allows 2 %):
-    the next one down, 16.3125 MHz (divisor 16, 1.95 %), is chosen."""
+    the next one down, 16.3125 MHz (divisor 16, 1.95 %), is chosen. Below the iCEBreaker's
+    24 MHz, 22.5 MHz is 2.27 % / 2.17 % off (divisor 22 / 23): 22.125 MHz (divisor 22, 0.57 %)."""
     assert pick_pll("ice40", 12e6, 16.6e6).out_hz == 16.5e6
     assert pick_pll("ice40", 12e6, 16.6e6, 1_000_000).out_hz == 16.3125e6
+    assert pick_pll("ice40", 12e6, 22.6e6).out_hz == 22.5e6
+    assert pick_pll("ice40", 12e6, 22.6e6, 1_000_000).out_hz == 22.125e6
 
 
 def test_below_the_pll_range_is_a_board_error() -> None:
@@ -127,10 +140,10 @@ def _rtlil(board_name: str, clock_hz: float | None = None) -> str:
 
 
 def test_board_tops_instantiate_the_pll_with_the_dividers() -> None:
-    """iCEBreaker: SB_PLL40_PAD on the 12 MHz pin (DIVF 44, DIVQ 5); ULX3S: EHXPLLL (CLKFB_DIV
+    """iCEBreaker: SB_PLL40_PAD on the 12 MHz pin (DIVF 63, DIVQ 5); ULX3S: EHXPLLL (CLKFB_DIV
     2, CLKOP_DIV 16); on the oscillator itself no PLL."""
     ice = _rtlil("icebreaker")
-    assert "SB_PLL40_PAD" in ice and "parameter \\DIVF 7'0101100" in ice
+    assert "SB_PLL40_PAD" in ice and "parameter \\DIVF 7'0111111" in ice
     assert "parameter \\DIVQ 3'101" in ice
     ecp = _rtlil("ulx3s-85f")
     assert "EHXPLLL" in ecp and "parameter \\CLKFB_DIV 2" in ecp
@@ -160,13 +173,14 @@ def test_second_pll_output_domain_for_the_shell_timing() -> None:
 
 def test_uart_divisor_and_timeouts_follow_the_clock() -> None:
     board = BOARDS["icebreaker"]
-    assert BoardTop(board, Loopback).divisor == 17  # 16.875 MHz / 1 Mbaud
+    assert BoardTop(board, Loopback).divisor == 24  # 24 MHz / 1 Mbaud
+    assert BoardTop(board, Loopback, clock_hz=16.875e6).divisor == 17
     assert BoardTop(board, Loopback, clock_hz=16.3125e6).divisor == 16
     assert BoardTop(board, Loopback, clock_hz=12e6).divisor == 12
     # the link's 21 ms receive timeout in cycles (the board's plans run at board.clock_hz:
     # tests/test_board.py)
     plan = SimpleNamespace(clock_hz=board.clock_hz)
-    assert NetworkCore(plan).rx_timeout == round(16.875e6 * 0.021)
+    assert NetworkCore(plan).rx_timeout == round(24e6 * 0.021) == 504_000
     assert NetworkCore(plan, clock_hz=12e6).rx_timeout == round(12e6 * 0.021)
 
 
@@ -190,38 +204,38 @@ def _fake_builds(monkeypatch: pytest.MonkeyPatch, fmax_at: dict[float, float]) -
 def test_build_lowers_the_clock_until_fmax_has_margin(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """iCEBreaker: 16.875 MHz misses the 3 % margin at Fmax 17.2 MHz, so the next pass runs at
-    the fastest PLL clock ≤ 17.2 / 1.03 = 16.70 MHz with the UART in tolerance (16.3125 MHz;
-    16.5 MHz is 3 % off 1 Mbaud), which meets it; build.json records the passes, the PLL and
-    the divisor of the real clock."""
+    """iCEBreaker: its 24 MHz meets timing but misses the 3 % margin at Fmax 24.5 MHz
+    (< 24.72), so the next pass runs at the fastest PLL clock ≤ 24.5 / 1.03 = 23.79 MHz with
+    the UART in tolerance (23.625 MHz = 12 × 63 / 32; divisor 24, −1.56 %), which meets it
+    (24.4 ≥ 24.33); build.json records the passes, the PLL and the divisor of the real clock."""
     board = BOARDS["icebreaker"]
-    clocks = _fake_builds(monkeypatch, {16.875: 17.2, 16.3125: 17.1})
+    clocks = _fake_builds(monkeypatch, {24.0: 24.5, 23.625: 24.4})
     r = bitstream.build_board(board, lambda f: BoardTop(board, Loopback, clock_hz=f), tmp_path)
-    assert clocks == [16.875, 16.3125]
+    assert clocks == [24.0, 23.625]
     ck = r["clock"]
     assert (ck["target_mhz"], ck["chosen_mhz"], ck["fmax_mhz"], ck["met"]) == (
-        16.875, 16.3125, 17.1, True
+        24.0, 23.625, 24.4, True
     )  # fmt: skip
     assert ck["passes"] == [
-        {"clock_mhz": 16.875, "fmax_mhz": 17.2},
-        {"clock_mhz": 16.3125, "fmax_mhz": 17.1},
+        {"clock_mhz": 24.0, "fmax_mhz": 24.5},
+        {"clock_mhz": 23.625, "fmax_mhz": 24.4},
     ]
-    assert ck["pll"]["dividers"] == {"DIVR": 0, "DIVF": 86, "DIVQ": 6, "FILTER_RANGE": 1}
-    assert r["uart_divisor"] == 16
+    assert ck["pll"]["dividers"] == {"DIVR": 0, "DIVF": 62, "DIVQ": 5, "FILTER_RANGE": 1}
+    assert r["uart_divisor"] == 24
     assert json.loads((tmp_path / "build.json").read_text())["clock"] == ck
     # a rerun starts at the clock chosen before (its build is the cached one)
     clocks.clear()
     bitstream.build_board(board, lambda f: BoardTop(board, Loopback, clock_hz=f), tmp_path)
-    assert clocks == [16.3125]
+    assert clocks == [23.625]
 
 
 def test_build_falls_back_to_the_oscillator(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Fmax 15 MHz: below the iCE40 PLL's 16.125 MHz floor, the network runs on the 12 MHz
     oscillator (no PLL)."""
     board = BOARDS["icebreaker"]
-    clocks = _fake_builds(monkeypatch, {16.875: 15.0, 12.0: 15.5})
+    clocks = _fake_builds(monkeypatch, {24.0: 15.0, 12.0: 15.5})
     r = bitstream.build_board(board, lambda f: BoardTop(board, Loopback, clock_hz=f), tmp_path)
-    assert clocks == [16.875, 12.0]
+    assert clocks == [24.0, 12.0]
     assert r["clock"]["pll"] is None and r["clock"]["met"] and r["uart_divisor"] == 12
 
 

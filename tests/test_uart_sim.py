@@ -7,8 +7,8 @@ Verilator, every host byte moved as an 8N1 frame on its pins by a bit-level UART
 * the tiny net trained through ``pipetrain.host.open(..., "sim", sim_options={"uart_divisor":
   8}, shadow=True)``, bit-exact with the golden model;
 * a frame split across TCP writes does not trip the engine's (board) receive timeout;
-* (slow) ``mlp-digits`` with the iCEBreaker's board plan, clock and baud rate (the 16.875 MHz
-  network clock of its PLL, 1 Mbaud: divisor 17).
+* (slow) ``mlp-digits`` with the iCEBreaker's board plan, clock and baud rate (the 24 MHz
+  network clock of its PLL, 1 Mbaud: divisor 24).
 """
 
 from __future__ import annotations
@@ -163,14 +163,14 @@ def test_uart_sim_frame_split_across_writes_keeps_the_clock_stopped(tiny_net) ->
     assert sim.stats["partial_timeouts"] == 0
 
 
-ICEBREAKER_CLOCK_HZ, ICEBREAKER_DIVISOR = 16.875e6, 17  # the PLL's network clock, 1 Mbaud
+ICEBREAKER_CLOCK_HZ, ICEBREAKER_DIVISOR = 24e6, 24  # the PLL's network clock, 1 Mbaud
 
 
 @pytest.mark.slow
 def test_mlp_digits_through_the_uart_bit_exact() -> None:
     """``mlp-digits`` with the plan ``pipetrain build --board icebreaker`` builds (one lane per
     stage, weights in single-port SPRAM, 16-bit weights, 12-bit activations, 5-bit constants;
-    16.875 MHz clock, 1 Mbaud: 17 cycles per bit), 24 digits samples through the UART pins,
+    24 MHz clock, 1 Mbaud: 24 cycles per bit), 24 digits samples through the UART pins,
     bit-exact.
 
     Two sessions — open + verify, and open + train + verify — so their difference is what the
