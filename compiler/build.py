@@ -63,8 +63,6 @@ __all__ = [
     "shift_add",
     "pass_cycles",
     "write_stage",
-    "multipliers_per_lane",
-    "pool_multipliers",
     "input_gradient_macs",
     "multiplier_operands",
     "stage_products",
@@ -562,31 +560,6 @@ def input_gradient_macs(
     return len(set(gin_losses) & (set(grad_losses) | set(losses)))
 
 
-def multipliers_per_lane(
-    input_gradient: bool, sc: bool, activation: str = "identity", extra_gin: int = 0
-) -> int:
-    """Multipliers in the datapath of one lane, each counted once whatever its operand widths
-    (:func:`hard_multipliers` estimates the DSP blocks they take): forward MAC and update
-    product (2), input-gradient MAC (+1), momentum and learning-rate scaling (+1, +1 more for
-    the Spike Compensation sum); a ``tanh``/``sigmoid`` activation +3 (the LUT interpolation
-    slope × |z| low bits, and in the derivative y·y or y·(1 − y), then g × it;
-    docs/numerics.md §3.4, §5); ``extra_gin`` more input-gradient MACs (a stage with
-    pass-through streams: :func:`input_gradient_macs` − 1)."""
-    lut = 3 if Activation(activation).lut else 0
-    return (3 if input_gradient else 2) + (2 if sc else 1) + lut + extra_gin
-
-
-def pool_multipliers(conv: ConvGeometry | None) -> int:
-    """Multipliers per lane of a convolution stage's pooling (``hdl/pool.py``): AvgPool over a
-    window that is not a power of two scales the window sum by ``pool_scale`` forward and the
-    error by it backward (docs/numerics.md §9.3: rhu(Σ·scale, shift), rhu(g·scale, shift)),
-    two constant products unless the scale is a few shifts and adds (:func:`shift_add`); a
-    power-of-two window is a shift (scale 1), MaxPool compares. Source: *derived*."""
-    if conv is None or conv.pool != "avg" or conv.pool_scale == 1:
-        return 0
-    return 0 if shift_add(conv.pool_scale) else 2
-
-
 def shift_add(value: int) -> bool:
     """Whether ``hdl.arith.const_mul`` multiplies by ``value`` with shifts and adders (at most
     :data:`SHIFT_ADD_MAX_TERMS` signed digits, :func:`csd`) rather than a multiplier."""
@@ -651,7 +624,8 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
       stream ``t``);
     - ``lwp``: ``H · u`` (or ``H · (w − w_prev)``); ``slope_d``, ``slope_y``: the leaky-ReLU slope
       × error and × output; ``pool_y``, ``pool_d``: a convolution's AvgPool scale × window sum
-      and × error (a window that is not a power of two, :func:`pool_multipliers`) — constants;
+      and × error (a window that is not a power of two: ``ConvGeometry.pool_scale`` ≠ 1) —
+      constants;
     - ``lut_slope``, ``deriv``, ``deriv_g``: ``tanh``/``sigmoid``: the LUT interpolation slope ×
       the low ``y.frac − index_frac`` bits of |z| (unsigned, one more bit each as signed; none
       when that is 0 bits); the derivative factor y·y (tanh) or y·(2^f − y) (sigmoid): (y bits,
@@ -1457,13 +1431,7 @@ def build_plan(
                 velocity_bits=by_name["u"].bits,
                 memory_bits=sum(m.bits for m in memories),
                 memory_blocks=sum(m.blocks for m in memories if m.kind == "bram"),
-                multipliers=L
-                * (
-                    multipliers_per_lane(
-                        bool(sl.gin_losses), upd.sc, sl.activation, max(ingrads - 1, 0)
-                    )
-                    + pool_multipliers(sl.conv)
-                ),
+                multipliers=0,  # lanes × len(products), set below
                 formats=f,
                 update=upd,
                 lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
@@ -1493,7 +1461,8 @@ def build_plan(
                 weight_operand=w_op,
             )
         )
-        stages[-1] = replace(stages[-1], products=stage_products(stages[-1]))
+        products = stage_products(stages[-1])
+        stages[-1] = replace(stages[-1], products=products, multipliers=L * len(products))
     classes = layers[-1].out_features
     last = stages[S - 1]
     # the loss units run in the slack the slowest pass leaves after their feeder's pass

@@ -38,7 +38,7 @@ from .formats import (
 )
 from .frontend import trace
 from .ir import NetworkIR
-from .lanes import choose_lanes
+from .lanes import choose_lanes, lane_multipliers
 from .models import ModelError, load_model
 from .plan import Plan, QFormat
 from .report import render_report
@@ -203,7 +203,10 @@ def compile_result(
             fmt_over = parse_format_overrides(format_overrides)
         else:
             fmt_over = dict(format_overrides or {})
-        chosen = choose_lanes(ir, config, lanes, target_cycles, max_multipliers)  # fail fast
+        if max_multipliers is None:
+            chosen = choose_lanes(ir, config, lanes, target_cycles)  # fail fast
+        elif lanes is not None or target_cycles is not None:
+            choose_lanes(ir, config, lanes, target_cycles, max_multipliers)  # one policy: raises
         if fmt_over:  # check the override keys before a calibration run
             apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
         if isinstance(formats, FormatSpec):
@@ -232,6 +235,12 @@ def compile_result(
             )
         if notes:
             spec = dataclasses.replace(spec, notes=(*notes, *spec.notes))
+        if max_multipliers is not None:  # the formats decide which products exist
+            per_lane = lane_multipliers(
+                ir, config, spec, const_bits=const_bits, single_port=tuple(single_port),
+                operand_bits=operand_bits,
+            )  # fmt: skip
+            chosen = choose_lanes(ir, config, max_multipliers=max_multipliers, per_lane=per_lane)
         request = PlanRequest(
             ir,
             config,

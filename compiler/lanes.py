@@ -11,7 +11,8 @@ Policies (exactly one applies; :func:`choose_lanes`):
   per stage including auxiliary heads. Heads not listed get the fewest lanes that keep them
   within the slowest main stage.
 * ``target_cycles=T``: every stage gets the fewest lanes whose pass takes ≤ T cycles.
-* ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers (so
+* ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers
+  (``Plan.multipliers``: lanes × :func:`lane_multipliers`, the products the HDL builds; so
   the slowest stage sets the tick and no stage has more lanes than T needs).
 * default: T = the pass of the largest stage (most cycles at one lane) with
   :data:`DEFAULT_LANES` lanes (or one lane per row if it has fewer rows); every other stage
@@ -26,19 +27,20 @@ slowest stage" balancing follows FINN's folding heuristic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from .build import (
+    FormatSpec,
     PlanError,
+    build_plan,
     fewest_lanes,
-    input_gradient_macs,
-    multipliers_per_lane,
     stage_cycles,
     stage_slots,
 )
 from .config import TrainConfig
 from .ir import NetworkIR
 
-__all__ = ["DEFAULT_LANES", "parse_lanes", "choose_lanes", "lanes_for_target"]
+__all__ = ["DEFAULT_LANES", "parse_lanes", "choose_lanes", "lanes_for_target", "lane_multipliers"]
 
 #: Lanes given to the largest stage by default; the others are balanced to its cycles.
 DEFAULT_LANES = 4
@@ -81,18 +83,22 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
     return tuple(out)
 
 
-def _multipliers(ir: NetworkIR, config: TrainConfig, lanes: Sequence[int]) -> int:
-    sc = config.mitigation.sc
-    return sum(
-        L
-        * multipliers_per_lane(
-            bool(sl.gin_losses),
-            sc,
-            sl.activation,
-            max(input_gradient_macs(sl.losses, sl.grad_losses, sl.gin_losses) - 1, 0),
-        )
-        for sl, L in zip(stage_slots(ir, config), lanes, strict=True)
-    )
+def lane_multipliers(
+    ir: NetworkIR, config: TrainConfig, formats: FormatSpec | None = None, **options: Any
+) -> tuple[int, ...]:
+    """Multipliers per lane of each stage (main, then heads) as the HDL builds them:
+    ``len(Stage.products)`` of the one-lane plan of ``ir`` (:func:`build_plan` with ``formats``,
+    default :meth:`FormatSpec.default`, and ``options``: ``const_bits``, ``operand_bits``, …,
+    which decide which constants are shift-adds and which products exist). A lane's list does
+    not depend on the lane count, so ``lanes × this`` is each stage's ``Stage.multipliers`` at
+    any lanes (the ``max_multipliers`` search, :func:`choose_lanes`)."""
+    ones = tuple(1 for _ in stage_slots(ir, config))
+    plan = build_plan(ir, config, formats, ones, **options)
+    return tuple(len(st.products or ()) for st in plan.stages)
+
+
+def _multipliers(per_lane: Sequence[int], lanes: Sequence[int]) -> int:
+    return sum(p * L for p, L in zip(per_lane, lanes, strict=True))
 
 
 def _per_stage_hint(slots: Sequence, lanes: tuple[int, ...], one: bool) -> str:
@@ -128,8 +134,13 @@ def choose_lanes(
     lanes: Sequence[int] | None = None,
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
+    per_lane: Sequence[int] | None = None,
 ) -> tuple[int, ...]:
     """Return the lanes of every stage (main stages, then auxiliary heads).
+
+    ``per_lane``: the multipliers of one lane of each stage for ``max_multipliers``
+    (:func:`lane_multipliers` of the plan's formats and options; None: those of the default
+    formats).
 
     See the module docstring for the policies. Raises :class:`PlanError` when more than one
     policy is given, a list has the wrong length, a lane count exceeds a stage's rows (naming
@@ -175,6 +186,8 @@ def choose_lanes(
             raise PlanError(f"--target-cycles must be ≥ 1, got {target_cycles}")
         return lanes_for_target(ir, config, target_cycles)
     if max_multipliers is not None:
+        if per_lane is None:
+            per_lane = lane_multipliers(ir, config)
         candidates = sorted(
             {
                 stage_cycles(sl.in_features, sl.out_features, L, sl.conv)[1]
@@ -189,9 +202,9 @@ def choose_lanes(
             if T < floor:
                 continue
             choice = lanes_for_target(ir, config, T)
-            if _multipliers(ir, config, choice) <= max_multipliers:
+            if _multipliers(per_lane, choice) <= max_multipliers:
                 return choice
-        smallest = _multipliers(ir, config, [1] * len(slots))
+        smallest = _multipliers(per_lane, [1] * len(slots))
         raise PlanError(
             f"--max-multipliers {max_multipliers} is below the smallest design: one lane per "
             f"stage already uses {smallest} multipliers"

@@ -386,7 +386,9 @@ class Stage:
     memory_bits: Σ bits of ``memories`` (everything the stage's HDL stores).
     memory_blocks: block RAMs (``Plan.ram_family``'s blocks; 18 Kib by default) of the
         ``bram`` memories, port copies included: Σ ``blocks`` of the ``bram`` entries.
-    multipliers: multipliers in the datapath (per lane: forward, input gradient, update).
+    multipliers: the multipliers the stage's HDL instantiates: ``lanes × len(products)``
+        (each counted once whatever its operand widths; shift-add constants are not
+        multipliers and not counted; their DSP blocks: ``build.hard_multipliers``).
     formats: tensor formats.
     update: update constants.
     lfsr_seeds: per-lane LFSR seeds (non-zero, 32 bit).
@@ -658,7 +660,10 @@ class Plan:
         and backward pass + the loss unit + control (``build.sequential_cycles``).
     clock_hz: clock the throughput figure assumes.
     samples_per_s: clock_hz / ideal_cycles_per_sample.
-    memory_bits, multipliers: totals over the stages.
+    memory_bits: total over every memory of the design (stages, loss units, ``memories``).
+    multipliers: Σ ``Stage.multipliers``: the stages' multipliers as built (the stage table's
+        total); the loss units' are not counted here — ``report.md``'s Multipliers table and
+        the board fit (``fit.multipliers``: DSP blocks) add them.
     memory_budget_bits: the budget validated against (0 = none).
     train: the float training settings (``TrainConfig.to_dict()``, plus ``lr1``/``momentum1``).
     head_losses: one loss unit per auxiliary head (local/interlocking), in block order; loss

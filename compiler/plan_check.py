@@ -51,10 +51,10 @@ from .build import (
     forward_weight_bits,
     input_gradient_macs,
     lfsr_seeds,
-    multipliers_per_lane,
     p_sum_bits,
     pass_cycles,
     sequential_cycles,
+    shift_add,
     stage_cycles,
     stage_products,
     tick_cycles,
@@ -353,6 +353,20 @@ def _streams(plan: Plan, cfg: TrainConfig) -> list[tuple[tuple[int, int], ...] |
     return [r.streams for r in roles]
 
 
+def _multipliers_before_products(st: Any) -> int:
+    """Multipliers per lane that plans written before ``Stage.products`` carry (used only to
+    read those plans unchanged): forward and update product (2), input-gradient MACs (one per
+    stream sent on, :func:`input_gradient_macs`), momentum and learning-rate scaling (+1, +1
+    more for the Spike Compensation sum), a ``tanh``/``sigmoid`` LUT +3 and an AvgPool scale
+    that is not a shift-add +2 — whether or not a constant is built from shifts and adders.
+    Plans with ``products`` count ``len(products)`` instead (what the HDL instantiates)."""
+    gin = input_gradient_macs(st.losses, st.grad_losses, st.gin_losses) if st.input_gradient else 0
+    lut = 3 if st.activation.lut else 0
+    g = st.conv
+    pool = 2 if g is not None and g.pool == "avg" and not shift_add(g.pool_scale) else 0
+    return 2 + max(gin, 1 if st.input_gradient else 0) + (2 if st.update.sc else 1) + lut + pool
+
+
 def _same(path: str, value: Any, expected: Any, rule: str) -> None:
     if value != expected:
         raise _err(path, value, f"must be {rule} = {expected!r}")
@@ -443,9 +457,13 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     ws = write_stage(upd.sc, st.slot_cycles)
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")
     _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
-    extra = max(input_gradient_macs(st.losses, st.grad_losses, st.gin_losses) - 1, 0)
-    mults = L * multipliers_per_lane(st.input_gradient, upd.sc, st.activation, extra)
-    _same(f"{p}.multipliers", st.multipliers, mults, "lanes × build.multipliers_per_lane")
+    if st.products is not None:
+        _same(f"{p}.multipliers", st.multipliers, L * len(st.products), "lanes × len(products)")
+    else:  # a plan from before Stage.products: the count it was written with
+        mults = L * _multipliers_before_products(st)
+        _same(
+            f"{p}.multipliers", st.multipliers, mults, "lanes × the count of plans before products"
+        )
     if st.activation.lut:
         if st.activation_lut is None:
             raise _err(f"{p}.activation_lut", None, f"must be the {st.activation} LUT")

@@ -11,8 +11,10 @@
 Every number is read from the plan or the fit (nothing is recomputed here).
 
 Names: *multipliers* are the datapath's products (what the HDL builds, ``Stage.products``;
-``Plan.multipliers`` counts each once); *DSP blocks* are the board's hard multipliers
-(18 × 18 MULT18X18D, 16 × 16 SB_MAC16) that they take. The JSON keys stay ``multipliers``.
+``Stage.multipliers`` = lanes × their count, ``Plan.multipliers`` the stages' sum, each counted
+once; the loss units' are listed in the Multipliers table); *DSP blocks* are the board's hard
+multipliers (18 × 18 MULT18X18D, 16 × 16 SB_MAC16) that they take. The JSON keys stay
+``multipliers``.
 """
 
 from __future__ import annotations

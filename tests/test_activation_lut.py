@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from pipetrain.compiler.act_lut import ERROR_BOUND_LSB, activation_lut, exact
-from pipetrain.compiler.build import PlanError, build_plan, multipliers_per_lane
+from pipetrain.compiler.build import PlanError, build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.frontend import trace
 from pipetrain.compiler.ir import LayerIR, NetworkIR
@@ -114,7 +114,12 @@ def test_compiler_accepts_tanh_and_sigmoid_and_plans_the_rom():
         mask = st.memory("mask")
         assert mask.width == st.lanes * st.formats.y.bits
         assert st.stash_bits == st.memory("xstash").bits + mask.bits
-        assert st.multipliers == st.lanes * multipliers_per_lane(st.input_gradient, False, "tanh")
+        # the interpolation slope × |z| low bits, y·y or y·(1 − y), and g × it (stage_products)
+        assert [q.name for q in st.products][-6:-3] == ["lut_slope", "deriv", "deriv_g"]
+        assert st.multipliers == st.lanes * len(st.products)
+    # per lane: fwd, (gin), the three LUT products, momentum, lr_delta, lr_x
+    assert [s.multipliers for s in plan.stages] == [2 * 7, 5 * 8, 3 * 5]
+    assert plan.multipliers == 69
     last = plan.stages[2]
     assert last.activation_lut is None and last.mask_bits == 1
     assert "activation_lut" not in plan.to_dict()["stages"][2]  # None fields stay out of JSON

@@ -62,7 +62,7 @@ def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
     # 18×18 blocks with the 18-bit operands (numerics §3.2, §5.3): stage 1 (no input gradient)
     # 5 per lane (ŵ·x, m·u 2, lr·δ, e·x), stage 2 6 (+ w·δ), loss unit 1
     assert rows["multipliers"] == {"needed": 5 + 6 + 1, "available": 156}
-    assert plan.multipliers == 7  # datapath multipliers, one each whatever their width
+    assert plan.multipliers == 4 + 5  # the stages' multipliers, one each whatever their width
     assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
     # one lane per stage: w, u 2 080 × 24 → 4 blocks each (Yosys: as the ULX3S builds map
     # these banks, compiler.build._bram_blocks), stage 1's stash 320 × 16 with two read ports
@@ -92,7 +92,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
     # 16×16 SB_MAC16 with 18-bit constants and operands: each 18×16 product takes 2 blocks
     # (ŵ·x, w·δ, lr·δ, e·x), momentum × u (18 × 24) 2
-    assert "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the datapath's 7 " in msg
+    assert "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the datapath's 9 " in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
     assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 50 - 2 * (14 + 3) == 16

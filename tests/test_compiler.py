@@ -15,7 +15,6 @@ from pipetrain.compiler.build import (
     build_plan,
     map_memory,
     memory_kind,
-    multipliers_per_lane,
     stage_cycles,
 )
 from pipetrain.compiler.config import TrainConfig
@@ -30,7 +29,7 @@ from pipetrain.compiler.formats import (
     parse_qformat,
 )
 from pipetrain.compiler.frontend import CompileError, trace
-from pipetrain.compiler.lanes import choose_lanes, parse_lanes
+from pipetrain.compiler.lanes import choose_lanes, lane_multipliers, parse_lanes
 from pipetrain.compiler.models import ModelError, build_mlp, load_model
 from pipetrain.compiler.plan import Plan, QFormat
 from pipetrain.data import load_digits
@@ -256,7 +255,8 @@ def test_sum_rule_memories_and_multipliers():
     mem2 = {m.name: m for m in s2.memories}
     assert mem2["mask"].read_ports == 2 and "dsum_l2" in mem2 and "gbuf_l2" in mem2
     assert s2.gin_losses == (2,) and [n for n in mem2 if n.startswith("gacc")] == ["gacc"]
-    assert s2.multipliers == multipliers_per_lane(True, False)  # one input gradient
+    # one input gradient: fwd, gin, momentum, lr_delta, lr_x
+    assert s2.multipliers == len(s2.products) == 5
     only = build_plan(ir, TrainConfig(strategy="interlocking", blocks=(1, 2), distance=1),
                       lanes=[2, 1, 1, 1])  # fmt: skip
     assert not any(m.name.startswith("dsum") for s in only.stages for m in s.memories)
@@ -324,7 +324,7 @@ def test_stage_memory_and_blocks():
     assert (s2.x_lanes, s2.x_words, s2.stash_entries, s2.x_word_bits) == (4, 8, 3, 64)
     assert plan.memory_bits == 106144 + 18974 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 133728
     assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks + 1 == 21
-    assert s1.multipliers == 4 * multipliers_per_lane(False, False) == 12
+    assert s1.multipliers == 4 * len(s1.products) == 4 * 4  # fwd, momentum, lr_delta, lr_x
 
 
 def test_too_many_lanes_and_idle_lanes():
@@ -402,10 +402,11 @@ def test_lane_policies():
     assert choose_lanes(ir, local, lanes=(4, 1)) == (4, 1, 1)
 
 
-@pytest.mark.parametrize("budget", [7, 16, 40, 100, 200])
+@pytest.mark.parametrize("budget", [9, 16, 40, 100, 200])
 def test_max_multipliers_is_the_fastest_design_within_budget(budget):
     ir, cfg = _ir(), TrainConfig()
-    per = [multipliers_per_lane(False, False), multipliers_per_lane(True, False)]  # 3, 4
+    per = lane_multipliers(ir, cfg)
+    assert per == (4, 5)  # fwd, momentum, lr_delta, lr_x (+ gin): len(Stage.products)
     lanes = choose_lanes(ir, cfg, max_multipliers=budget)
 
     def cost(ls):
@@ -429,8 +430,8 @@ def test_max_multipliers_is_the_fastest_design_within_budget(budget):
 
 
 def test_max_multipliers_too_small():
-    with pytest.raises(PlanError, match="one lane per stage already uses 7 multipliers"):
-        choose_lanes(_ir(), TrainConfig(), max_multipliers=6)
+    with pytest.raises(PlanError, match="one lane per stage already uses 9 multipliers"):
+        choose_lanes(_ir(), TrainConfig(), max_multipliers=8)
 
 
 # ---- formats ------------------------------------------------------------------------------

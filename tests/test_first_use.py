@@ -206,10 +206,10 @@ def test_design_cached_is_false_until_the_build_exists(tmp_path, monkeypatch):
 
 
 def test_plan_multipliers_and_dsp_blocks_count_different_things():
-    """build.json's ``plan.multipliers`` (7) vs ``fit.multipliers.needed`` (6) on the iCEBreaker
-    plan of mlp-digits: the plan counts datapath multiplications per lane, momentum included
-    although its 5-bit constant is built from shifts and adders, and not the loss unit; the fit
-    counts the DSP blocks of the multipliers the HDL instantiates, the loss unit's included."""
+    """build.json's ``plan.multipliers`` (5) vs ``fit.multipliers.needed`` (6) on the iCEBreaker
+    plan of mlp-digits: the plan counts the stages' multipliers the HDL instantiates
+    (``Stage.products``: not the momentum, whose 5-bit constant is built from shifts and adders,
+    and not the loss unit); the fit counts their DSP blocks, the loss unit's included."""
     from pipetrain.compiler.build import multiplier_operands, shift_add
     from pipetrain.compiler.fit import check_fit, plan_totals
     from pipetrain.compiler.targets import BOARDS
@@ -217,11 +217,15 @@ def test_plan_multipliers_and_dsp_blocks_count_different_things():
 
     board = BOARDS["icebreaker"]
     plan = compile_design("mlp-digits", board=board, formats="default", writers=()).plan
-    assert [s.multipliers for s in plan.stages] == [3, 4]  # fwd, d·x, m·u (+ input gradient)
+    assert [s.multipliers for s in plan.stages] == [2, 3]  # fwd, d·x (+ input gradient)
     assert all(shift_add(s.update.momentum.value) for s in plan.stages)  # no m·u multiplier
     assert [len(multiplier_operands(s)) for s in plan.stages] == [2, 3]
+    assert [[p.name for p in s.products] for s in plan.stages] == [
+        ["fwd", "lr_dx"],
+        ["fwd", "gin", "lr_dx"],
+    ]
     totals = plan_totals(plan, board)
-    assert (totals["multipliers"], totals["hard_multipliers"]) == (7, 2 + 3 + 1)  # + loss unit
+    assert (totals["multipliers"], totals["hard_multipliers"]) == (5, 2 + 3 + 1)  # + loss unit
     assert check_fit(plan, board)["multipliers"]["needed"] == totals["hard_multipliers"]
 
 

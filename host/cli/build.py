@@ -112,8 +112,9 @@ def build_cmd(
         for w in result.warnings:  # e.g. interlocking that equals global
             click.echo(f"warning: {w}", err=True)
         require_hdl(plan, "build")  # before anything is built or written
-        # plan.multipliers counts datapath multiplications (shift-add constants too, the loss
-        # unit not); plan.hard_multipliers = fit.multipliers.needed: DSP blocks (docs/boards.md)
+        # plan.multipliers counts the stages' multipliers as built (Stage.products: shift-add
+        # constants and the loss unit not); plan.hard_multipliers = fit.multipliers.needed:
+        # DSP blocks, the loss units' included (docs/boards.md)
         totals = plan_totals(plan, board, lambda p: board_shell(p, onchip_samples))
         meta |= {
             "plan_hash": plan.hash,

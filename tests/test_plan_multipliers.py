@@ -1,0 +1,126 @@
+"""``Stage.multipliers`` / ``Plan.multipliers`` count the multipliers the HDL instantiates:
+lanes × ``len(Stage.products)`` per stage (``build.stage_products``), the stages summed (the
+loss units' are in report.md's Multipliers table and the board fit), and ``plan_check``
+refuses a plan whose counts disagree with its products."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pipetrain.compiler.build import build_plan, stage_products
+from pipetrain.compiler.config import TrainConfig
+from pipetrain.compiler.frontend import trace
+from pipetrain.compiler.lanes import choose_lanes, lane_multipliers
+from pipetrain.compiler.models import load_model
+from pipetrain.compiler.plan import Plan
+from pipetrain.compiler.plan_check import PlanError
+from torch import nn
+
+
+def _ir(spec: str):
+    name, model, _ = load_model(spec)
+    return trace(model, name)
+
+
+def _tanh_ir():
+    m = nn.Sequential(nn.Linear(8, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(), nn.Linear(5, 3))
+    return trace(m, "ts")
+
+
+def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
+    """The ULX3S plan of mlp-digits at --lanes 16,4: per lane stage 1 builds ŵ·x, m·u, lr·δ and
+    e·x (4), stage 2 also w·δ (5): 16·4 + 4·5 = 84 (the hand formula said 16·3 + 4·4 = 64);
+    the fit's DSP blocks (m·u of the 24-bit velocity takes two, the loss unit's e·r one) 105."""
+    from pipetrain.host.flow import compile_design
+
+    res = compile_design(
+        "mlp-digits", board="ulx3s-85f", lanes=(16, 4), formats="default", writers=()
+    )
+    plan = res.plan
+    assert [s.lanes for s in plan.stages] == [16, 4]
+    assert [[p.name for p in s.products] for s in plan.stages] == [
+        ["fwd", "momentum", "lr_delta", "lr_x"],
+        ["fwd", "gin", "momentum", "lr_delta", "lr_x"],
+    ]
+    assert [s.multipliers for s in plan.stages] == [64, 20]
+    assert plan.multipliers == sum(s.lanes * len(s.products) for s in plan.stages) == 84
+    assert res.fit["multipliers"] == {"needed": 105, "available": 156}
+
+
+CASES = {
+    "mlp-digits": (lambda: _ir("mlp-digits"), TrainConfig(), (4, 1), [16, 5]),
+    "mlp-digits-deep": (
+        lambda: _ir("mlp-digits-deep"),
+        TrainConfig(),
+        (4, 3, 3, 1),
+        [16, 15, 15, 5],
+    ),
+    "mlp-digits-wide": (lambda: _ir("mlp-digits-wide"), TrainConfig(), (4, 4, 1), [16, 20, 5]),
+    # Spike Compensation: + a·u and the b·lr product (b·lr·δ, then × x)
+    "sc": (lambda: _ir("mlp-digits"), TrainConfig(mitigation="sc"), (4, 1), [4 * 7, 8]),
+    # tanh/sigmoid: + LUT slope, derivative factor, g × factor
+    "tanh": (_tanh_ir, TrainConfig(), (2, 5, 3), [2 * 7, 5 * 8, 3 * 5]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_multipliers_are_lanes_times_products(case):
+    make, cfg, lanes, expected = CASES[case]
+    ir = make()
+    plan = build_plan(ir, cfg, lanes=lanes)
+    assert [s.multipliers for s in plan.stages] == expected
+    for s in plan.stages:
+        assert s.products == stage_products(s) and all(p.blocks > 0 for p in s.products)
+        assert s.multipliers == s.lanes * len(s.products)
+    assert plan.multipliers == sum(expected)
+    # the max_multipliers search's per-lane counts are these products (any lanes)
+    assert [s.lanes * n for s, n in zip(plan.stages, lane_multipliers(ir, cfg), strict=True)] == (
+        expected
+    )
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and back.hash == plan.hash
+
+
+def test_max_multipliers_counts_the_products():
+    ir, cfg = _ir("mlp-digits"), TrainConfig()
+    lanes = choose_lanes(ir, cfg, max_multipliers=84)
+    plan = build_plan(ir, cfg, lanes=lanes)
+    assert lanes == (16, 4) and plan.multipliers == 84 <= 84
+
+
+@pytest.mark.parametrize(
+    ("edit", "named", "rule"),
+    [
+        (lambda d: d["stages"][0].update(multipliers=48), "stages[0].multipliers", "= 64"),
+        (lambda d: d.update(multipliers=64), "multipliers", "= 84"),
+        # a product dropped by hand: the list must be stage_products'
+        (lambda d: d["stages"][1]["products"].pop(), "stages[1].products", "stage_products"),
+    ],
+)
+def test_a_hand_edited_multiplier_count_is_refused(edit, named, rule):
+    plan = build_plan(_ir("mlp-digits"), TrainConfig(), lanes=(16, 4))
+    doc = json.loads(plan.to_json())
+    edit(doc)
+    with pytest.raises(PlanError) as info:
+        Plan.from_json(json.dumps(doc))
+    msg = str(info.value)
+    assert msg.startswith(f"plan field {named}") or named in msg, msg
+    assert rule in msg, msg
+
+
+def test_a_plan_from_before_products_keeps_its_count():
+    """A plan without ``products`` (written before them) carries the older per-lane count
+    (forward, update, momentum and lr scaling: 3, + 1 with an input gradient) and loads
+    unchanged; the products' count is refused there."""
+    plan = build_plan(_ir("mlp-digits"), TrainConfig(), lanes=(16, 4))
+    doc = json.loads(plan.to_json())
+    for st in doc["stages"]:
+        del st["products"]
+    with pytest.raises(PlanError, match=r"stages\[0\]\.multipliers.*= 48"):
+        Plan.from_json(json.dumps(doc))
+    doc["stages"][0]["multipliers"], doc["stages"][1]["multipliers"] = 48, 16
+    doc["multipliers"] = 64
+    back = Plan.from_json(json.dumps(doc))
+    assert back.multipliers == 64 and back.stages[0].products is None
+    assert json.loads(back.to_json()) == doc  # loaded exactly
