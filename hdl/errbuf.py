@@ -168,12 +168,13 @@ class ErrorBuffer(wiring.Component):
                 m.d.sync += d2.eq(d1)
             m.d.comb += self.delta.delta[lane].eq(d2)
             upd1 = d1  # the update's δ at S1
+            raw1 = dl  # the same before its gating (the scaled errors gate after the product)
             if self.addends:  # the sum rule: δ + the earlier streams' δ, clamped once
                 total = dl
                 for k in range(self.addends):
                     total = total + getattr(self, f"addend{k}").delta[lane]
                 t1, clamped = sat(total, fd)
-                upd1 = wire(m, Mux(live, t1, 0), f"t1_{lane}")
+                upd1, raw1 = wire(m, Mux(live, t1, 0), f"t1_{lane}"), t1
                 t2 = Signal(signed(fd.bits), name=f"t2_{lane}")
                 flag = Signal(name=f"dsat_{lane}")
                 with m.If(s1.valid):
@@ -181,9 +182,12 @@ class ErrorBuffer(wiring.Component):
                 m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
                 m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
             for n, (c, k, bits) in enumerate(self.scales):  # e = rhu(c·δ, k), numerics §5.3
+                # gated after the product (rhu(c·0, k) = 0, the same integers): the pass's
+                # bwd flag reaches only the register's input, not the multiplier's (timing,
+                # derived: the ULX3S's path at lanes 2,4 was bwd → gate → c·δ → rhu, 12 ns)
                 e2 = Signal(signed(bits), name=f"e{n}_2_{lane}")
                 with m.If(s1.valid):
-                    m.d.sync += e2.eq(rhu(upd1 * c, k))
+                    m.d.sync += e2.eq(Mux(live, rhu(raw1 * c, k), 0))
                 m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
         return m
 
