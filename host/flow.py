@@ -100,6 +100,7 @@ def compile_design(
     *,
     data: str | Dataset | None = None,
     calib_samples: int | None = None,
+    calib_epochs: int | None = None,
     board: str | Board | None = None,
     hidden: str | None = None,
     formats: Any = "auto",
@@ -111,7 +112,12 @@ def compile_design(
     ``nn.Module``) into a :class:`~pipetrain.compiler.compile.CompileResult`.
 
     ``data``: ``digits``, a ``.npz`` path or a :class:`~pipetrain.data.Dataset`; it calibrates
-    the ``auto`` formats (``calib_samples`` samples, default the whole training run), sizes
+    the ``auto`` formats over ``calib_epochs`` epochs of its training set or ``calib_samples``
+    samples (at most one of them; default ``config.epochs`` epochs: 1 unless the config or a
+    model file sets it; the CLI passes the epochs of the run, ``pipetrain train`` its
+    ``--epochs``: the weights grow while training, and formats calibrated over fewer epochs
+    clamp them, e.g. mlp-digits-deep seed 2, 4 epochs: 2,046 stage-1 ``w`` clamps calibrated
+    over 1 epoch, 0 over 4), sizes
     ``mlp`` (hidden layers ``hidden``, default :data:`DEFAULT_HIDDEN`) and gives a convolution
     network without ``model.input_shape`` its input shape (one sample's shape, where it fits
     the first convolution; :func:`~pipetrain.compiler.frontend.trace`). Without ``data``
@@ -136,8 +142,17 @@ def compile_design(
     :class:`~pipetrain.compiler.config.ConfigError`, :class:`PlanError`,
     :class:`~pipetrain.compiler.fit.FitError`), :class:`~pipetrain.compiler.targets.BoardError`
     for an unknown board, :class:`~pipetrain.data.DataError` for bad data and
-    :class:`PlanError` for ``hidden`` given with a model other than ``mlp``.
+    :class:`PlanError` for ``hidden`` given with a model other than ``mlp``, and for
+    ``calib_epochs`` < 1 or given with ``calib_samples``.
     """
+    if calib_epochs is not None:
+        if calib_samples is not None:
+            raise PlanError(
+                f"--calib-epochs {calib_epochs} and --calib-samples {calib_samples} both set the "
+                "calibration run's length: give one of them"
+            )
+        if calib_epochs < 1:
+            raise PlanError(f"--calib-epochs must be ≥ 1, got {calib_epochs}")
     if hidden is not None and model != DATA_MLP:
         raise PlanError(
             f"--hidden {hidden} sizes only the data-sized model 'mlp' (hidden= in the API); "
@@ -152,6 +167,8 @@ def compile_design(
         options.setdefault("sample_shape", ds.shape)
     calibrate = None
     if ds is not None and auto:
+        if calib_epochs is not None:  # n samples an epoch: full passes of the training set
+            calib_samples = len(ds.x_train) * calib_epochs
         calibrate = (DefaultDataCalibrator if defaulted else Calibrator)(ds, calib_samples)
     if model == DATA_MLP:
         assert ds is not None

@@ -250,12 +250,17 @@ def test_model_file_config_and_cli_override(tmp_path):
 def test_compile_board_shows_the_fitted_plan(tmp_path):
     """``compile --board icebreaker`` writes and reports the plan ``build --board`` puts in the
     bitstream (the compiler's fitting pass, once): one lane per stage, the board clock, SPRAM
-    weights, and the board's needed / available resources."""
+    weights, and the board's needed / available resources. Its auto formats are calibrated over
+    DEFAULT_EPOCHS epochs, as build's and train's (the library's default is the config's 1)."""
+    from pipetrain.host.cli.options import DEFAULT_EPOCHS
     from pipetrain.host.flow import compile_design
 
     res = _run(["compile", "mlp-digits", "--board", "icebreaker", "--json", "-"], tmp_path)
     out = _json(res)
-    fitted = compile_design("mlp-digits", board="icebreaker", writers=()).plan
+    assert (out["calib_epochs"], out["calib_samples"]) == (DEFAULT_EPOCHS, None) == (4, None)
+    fitted = compile_design(
+        "mlp-digits", board="icebreaker", writers=(), calib_epochs=DEFAULT_EPOCHS
+    ).plan
     assert out["plan_hash"] == fitted.hash and out["board"] == "icebreaker"
     assert [s["lanes"] for s in out["stages"]] == [1, 1] and fitted.clock_hz == 24e6
     assert fitted.ram_family == "ice40"  # its memories counted in the UP5K's 4 Kib EBRs

@@ -123,24 +123,61 @@ def test_other_user_errors(npz40, tmp_path):
 def test_board_option_trains_the_bitstreams_plan():
     """``train --board icebreaker`` compiles the plan ``build --board icebreaker`` puts in the
     bitstream (same hash: the device refuses any other at HELLO), and that board's arithmetic
-    (16-bit weights, 12-bit activations, 5-bit constants) still learns digits."""
+    (16-bit weights, 12-bit activations, 5-bit constants) still learns digits. build calibrates
+    the auto formats over DEFAULT_EPOCHS epochs (it has no --epochs; the rule
+    calibration_epochs, shared with compile and train): a 1-epoch run on the bitstream gives
+    --calib-epochs 4."""
     from pipetrain.compiler.targets import BOARDS
+    from pipetrain.host.cli.options import calibration_epochs
     from pipetrain.host.flow import compile_design
 
+    built = calibration_epochs("mlp-digits", None, None, None)  # what build passes
+    assert built == DEFAULT_EPOCHS == 4
     res = run(
         "train", "mlp-digits", "--board", "icebreaker", "--target", "golden", "--epochs", "1",
-        "--json", "-",
+        "--calib-epochs", str(built), "--json", "-",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     rep = report_of(res)
-    assert rep["board"] == "icebreaker"
-    assert rep["plan_hash"] == compile_design("mlp-digits", board=BOARDS["icebreaker"]).plan.hash
+    assert rep["board"] == "icebreaker" and rep["calib_epochs"] == 4 and rep["epochs"] == 1
+    fitted = compile_design("mlp-digits", board=BOARDS["icebreaker"], calib_epochs=built)
+    assert rep["plan_hash"] == fitted.plan.hash
     # measured 0.883 after one epoch (0.953 after four); chance is 0.1
     assert rep["test_accuracy"] >= 0.85 and rep["saturations"] == 0
     # --board is a click.Choice of the boards, as in build, compile and sim: refused before
     # anything is compiled, naming them
     res = run("train", "--board", "nope", "--target", "golden")
     assert res.exit_code == 2 and "'nope' is not one of 'icebreaker', 'ulx3s-85f'" in res.output
+
+
+def test_calibration_covers_the_run_epochs():
+    """``train`` calibrates the auto formats over its --epochs: the weights grow while
+    training, and formats calibrated over fewer epochs clamp them. Measured (golden model,
+    mlp-digits-deep, seed 2, 3 epochs): calibrated over 1 epoch stage 1's w is clamped 418
+    times (test accuracy 0.8611), over the run's 3 epochs 0 times (0.8528); at 4 epochs it was
+    2,046 vs 0 (seed 1: 181 vs 0). 3 epochs keep the test near 50 s. The two calibrations are
+    different plans (other formats: another hash)."""
+    args = ("train", "mlp-digits-deep", "--target", "golden", "--seed", "2", "--epochs", "3")
+    short = run(*args, "--calib-epochs", "1", "--json", "-")
+    assert short.exit_code == 0, short.output
+    whole = run(*args, "--json", "-")
+    assert whole.exit_code == 0, whole.output
+    short, whole = report_of(short), report_of(whole)
+    assert (short["calib_epochs"], whole["calib_epochs"]) == (1, 3)
+    assert short["calib_samples"] is None and whole["calib_samples"] is None
+    w1 = [r["w"] for r in short["tensor_saturations"] if r["stage"] == "1"]
+    w3 = [r["w"] for r in whole["tensor_saturations"] if r["stage"] == "1"]
+    assert (w1, w3) == ([418], [0])
+    assert short["plan_hash"] != whole["plan_hash"]
+    assert round(short["test_accuracy"], 4) == 0.8611
+    assert round(whole["test_accuracy"], 4) == 0.8528
+
+
+def test_calibration_options_are_checked():
+    res = run("train", "--target", "golden", "--calib-epochs", "2", "--calib-samples", "100")
+    assert res.exit_code == 2 and "give one of them" in res.output
+    res = run("train", "--target", "golden", "--calib-epochs", "0")
+    assert res.exit_code == 2 and "--calib-epochs must be ≥ 1, got 0" in res.output
 
 
 FUNCTIONAL_NET = """

@@ -29,6 +29,7 @@ from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
     board_option,
+    calibration_epochs,
     config_overrides,
     data_option,
     hidden_option,
@@ -72,6 +73,7 @@ def build_cmd(
     hidden: str | None,
     formats: str,
     format_items: tuple[str, ...],
+    calib_epochs: int | None,
     calib_samples: int | None,
     lanes_text: str | None,
     json_out: str | None,
@@ -80,7 +82,10 @@ def build_cmd(
     """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed).
 
     The plan is fitted to the board; the compile and training options are those of
-    `pipetrain train`, so `train --board` with the same options streams the same plan."""
+    `pipetrain train`, so `train --board` with the same options streams the same plan. The
+    auto formats are calibrated over --calib-epochs epochs (default: the model file's epochs,
+    else 4, train's default run); train the board with that many epochs, or with the same
+    --calib-epochs."""
     from ...hdl.board import BoardTop, Loopback, network_core
 
     board = get_board(board_name)
@@ -88,7 +93,13 @@ def build_cmd(
         raise BoardError("give a MODEL or --loopback (not both)")
     overrides = config_overrides(options)
     if overrides.pop("epochs", None) is not None:
-        raise PlanError("--epochs is not part of the plan: give it to `pipetrain train`")
+        raise PlanError(
+            "--epochs is not part of the plan: give it to `pipetrain train` (--calib-epochs N "
+            "calibrates the formats for a run of N epochs)"
+        )
+    calib_epochs = (
+        None if model is None else calibration_epochs(model, calib_epochs, None, calib_samples)
+    )
     meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
     if loopback:
         core: Any = lambda f: Loopback()  # noqa: E731
@@ -102,6 +113,7 @@ def build_cmd(
             formats=formats,
             format_overrides=list(format_items),
             calib_samples=calib_samples,
+            calib_epochs=calib_epochs,
             lanes=parse_lanes(lanes_text) if lanes_text else None,
             writers=(),
             check=lambda ir: require_hdl(ir, "build"),  # before calibrating and fitting
@@ -118,6 +130,9 @@ def build_cmd(
         totals = plan_totals(plan, board, lambda p: board_shell(p, onchip_samples))
         meta |= {
             "plan_hash": plan.hash,
+            # how the auto formats were calibrated (null: not calibrated)
+            "calib_epochs": calib_epochs if result.formats.source.startswith("auto") else None,
+            "calib_samples": calib_samples if result.formats.source.startswith("auto") else None,
             "lanes": [s.lanes for s in plan.stages],
             "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
             "plan": totals,

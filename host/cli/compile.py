@@ -15,7 +15,11 @@ Formats: calibrated on ``--data`` (``digits`` or a ``FILE.npz``); without it a m
 default data set, digits, fits (the built-ins, ``mlp`` sized from it, any 64-input model with
 ≥ 10 outputs) calibrates on digits, and any other model compiles uncalibrated with static
 formats (:func:`pipetrain.compiler.formats.static_formats`); the printed note and
-``report.md`` say which, with the ``--data`` hint.
+``report.md`` say which, with the ``--data`` hint. The calibration run lasts
+``--calib-epochs`` epochs (default ``--epochs``, else the model file's epochs, else 4, the run
+``pipetrain train`` makes; :func:`~pipetrain.host.cli.options.calibration_epochs`), as in
+``build`` and ``train``, so the three compile the same plan; ``--json`` records
+``calib_epochs`` and ``calib_samples``.
 
 Every :class:`~pipetrain.compiler.config.TrainConfig` field has an option here
 (:func:`train_config_options`); they override the model file's ``config``.
@@ -36,6 +40,7 @@ from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
 from .options import (
     board_option,
+    calibration_epochs,
     config_overrides,
     data_option,
     hidden_option,
@@ -86,6 +91,7 @@ def compile_cmd(
     format_items: tuple[str, ...],
     data: str | None,
     hidden: str | None,
+    calib_epochs: int | None,
     calib_samples: int | None,
     lanes_text: str | None,
     target_cycles: int | None,
@@ -99,6 +105,8 @@ def compile_cmd(
 ) -> None:
     """Compile MODEL (built-in name or .py file) into a plan and print the per-stage table."""
     overrides = config_overrides(options)
+    # the run's epochs (--epochs) or --calib-epochs; train and build pick them the same way
+    calib_epochs = calibration_epochs(model, calib_epochs, overrides.get("epochs"), calib_samples)
     if onchip_samples and board_name is None:
         raise PlanError(
             f"--on-chip-data {onchip_samples} counts an on-chip training set in a board's fit: "
@@ -131,6 +139,7 @@ def compile_cmd(
         data=data,
         hidden=hidden,
         calib_samples=calib_samples,
+        calib_epochs=calib_epochs,
         lanes=lanes,
         target_cycles=target_cycles,
         max_multipliers=max_multipliers,
@@ -165,6 +174,8 @@ def compile_cmd(
             "out_dir": str(result.out_dir),
             "files": result.files,
             "formats_source": result.formats.source,
+            "calib_epochs": calib_epochs if result.formats.source.startswith("auto") else None,
+            "calib_samples": calib_samples if result.formats.source.startswith("auto") else None,
             "warnings": result.warnings,
             "notes": list(result.formats.notes),
             "board": board_name,

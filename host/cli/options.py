@@ -11,6 +11,7 @@ import click
 
 from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig, strategy_overrides
+from ...compiler.models import load_model
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
 from ...compiler.targets import BOARDS
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
@@ -18,6 +19,8 @@ from ..flow import DEFAULT_HIDDEN
 
 __all__ = [
     "DEFAULT_EPOCHS",
+    "calibration_epochs",
+    "file_epochs",
     "train_config_options",
     "config_options",
     "plan_format_options",
@@ -61,7 +64,10 @@ def _config_default(field: str) -> str:
     :class:`~pipetrain.compiler.config.TrainConfig` default, which a model file's ``config``
     replaces (``--epochs``: ``train`` runs :data:`pipetrain.host.cli.train.DEFAULT_EPOCHS`)."""
     if field == "epochs":
-        return f"the model file's config, else {DEFAULT_EPOCHS} for train, 1 for calibration"
+        return (
+            f"the model file's config, else {DEFAULT_EPOCHS}; auto formats are calibrated over "
+            "them unless --calib-epochs is given"
+        )
     value = getattr(TrainConfig(), field)
     text = getattr(value, "value", value)
     if isinstance(text, tuple):
@@ -96,7 +102,10 @@ def train_config_options(func: Callable) -> Callable:
 
 def plan_format_options(func: Callable) -> Callable:
     """Add the options that shape the plan's formats and lanes, shared by ``compile`` and
-    ``train``: ``--formats``, ``--format`` (repeatable), ``--calib-samples``, ``--lanes``."""
+    ``train`` (and ``build``): ``--formats``, ``--format`` (repeatable), ``--calib-epochs``,
+    ``--calib-samples``, ``--lanes``. ``--calib-epochs`` defaults to the run's epochs
+    (:func:`calibration_epochs`), the same in every command, so ``train --board`` and ``build
+    --board`` with the same options compile the same plan."""
     options = (
         click.option(
             "--formats",
@@ -119,10 +128,20 @@ def plan_format_options(func: Callable) -> Callable:
             "w=Q3.20; comma-joined keys are refused).",
         ),
         click.option(
+            "--calib-epochs",
+            type=int,
+            default=None,
+            help="Epochs of the auto formats' calibration run (float reference, then golden "
+            "passes): the weights grow while training, so the formats must cover the whole run "
+            f"[default: train: its --epochs; compile: --epochs; else the model file's config "
+            f"epochs, else {DEFAULT_EPOCHS}, train's default run].",
+        ),
+        click.option(
             "--calib-samples",
             type=int,
             default=None,
-            help="Samples streamed for calibration [default: the whole training run].",
+            help="Samples streamed for calibration instead of --calib-epochs epochs "
+            "[default: --calib-epochs epochs of the training set].",
         ),
         click.option(
             "--lanes",
@@ -135,6 +154,43 @@ def plan_format_options(func: Callable) -> Callable:
     for opt in reversed(options):
         func = opt(func)
     return func
+
+
+def file_epochs(model: str) -> int | None:
+    """``config["epochs"]`` of a model file (``.py``), if it sets one; None for a built-in."""
+    if not model.endswith(".py"):
+        return None
+    _, _, cfg = load_model(model)
+    value = cfg.get("epochs") if isinstance(cfg, dict) else getattr(cfg, "epochs", None)
+    return None if value is None else int(value)
+
+
+def calibration_epochs(
+    model: str | None,
+    calib_epochs: int | None,
+    run_epochs: int | None = None,
+    calib_samples: int | None = None,
+) -> int | None:
+    """Epochs of the auto formats' calibration run of ``pipetrain compile``, ``build`` and
+    ``train``: ``--calib-epochs`` when given, else the run's epochs (``run_epochs``: train's
+    ``--epochs``, compile's ``--epochs``), else the model file's ``config["epochs"]``, else
+    :data:`DEFAULT_EPOCHS` (what ``train`` runs). With ``calib_samples`` (``--calib-samples``)
+    given it returns ``calib_epochs`` as given (None: that option sets the length; both given:
+    :func:`~pipetrain.host.flow.compile_design` refuses them), and None without a model.
+
+    Why: the weights grow while training, and formats calibrated over fewer epochs than the
+    run clamp them (measured: mlp-digits-deep, ``train --target golden``, 4 epochs, seed 2:
+    2,046 stage-1 ``w`` clamps with formats calibrated over 1 epoch, 0 over 4; seed 1: 181,
+    0). One rule for every command keeps ``train --board`` on the plan ``build --board``
+    built with the same options (the device refuses another at HELLO).
+    """
+    if calib_epochs is not None or calib_samples is not None:
+        return calib_epochs
+    if run_epochs is not None:
+        return run_epochs
+    if model is None:
+        return None
+    return file_epochs(model) or DEFAULT_EPOCHS
 
 
 def config_overrides(options: dict[str, Any]) -> dict[str, Any]:

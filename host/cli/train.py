@@ -21,14 +21,24 @@ Model ``mlp`` sizes a ReLU MLP from the data (features → ``--hidden`` → clas
 
 Epochs: ``--epochs N``, else the model file's ``config["epochs"]``, else
 :data:`DEFAULT_EPOCHS`. They are not part of the compiled plan (the plan keeps the config's
-value), so a board built with ``pipetrain build MODEL`` accepts any number of epochs.
+value), but the ``auto`` formats are calibrated over them (``--calib-epochs``, default the
+run's epochs; a resumed run: the checkpoint's): the weights grow while training, and formats
+calibrated over 1 epoch clamped mlp-digits-deep's stage-1 ``w`` 181 (seed 1) and 2,046
+(seed 2) times in 4 epochs, over 4 epochs 0 times
+(:func:`~pipetrain.host.cli.options.calibration_epochs`). A board built with ``pipetrain build
+MODEL`` (formats calibrated over :data:`DEFAULT_EPOCHS` epochs, or ``--calib-epochs N``)
+trains any number of epochs with ``--calib-epochs`` of its build, e.g. ``train --board
+icebreaker --epochs 10 --calib-epochs 4``; without it the run's epochs pick other formats, a
+plan the device refuses at HELLO (plan hash).
 
 ``--json FILE`` gets ``{"target", "model", "test_accuracy", "float_test_accuracy",
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
 "samples_per_s", "seconds", "bit_exact", "mismatches", "retransmits", "saturations",
 "stage_saturations", "head_online_accuracy", "tensor_saturations", "tensor_saturations_source",
 "input_saturations", "epochs", "settings", "board", "schedule", "mitigation", "plan_hash",
-"formats_source", "sim_cycles", "wall_s"}``: accuracies are fractions in [0, 1]
+"formats_source", "calib_epochs", "calib_samples", "sim_cycles", "wall_s"}``
+(``calib_epochs``/``calib_samples``: the auto formats' calibration run, null when the formats
+were not calibrated): accuracies are fractions in [0, 1]
 (``float_test_accuracy``: the device's weights loaded into the original module, evaluated by
 PyTorch in float;
 ``online_accuracy``: predictions made during training); ``train_samples`` are the training
@@ -72,7 +82,6 @@ from torch import nn
 from ...compiler.build import PlanError
 from ...compiler.compile import CompileResult
 from ...compiler.lanes import parse_lanes
-from ...compiler.models import load_model
 from ...data import Dataset, load_data
 from ...hdl.support import require_hdl
 from ...sim.bridge import bridge_cached
@@ -88,7 +97,9 @@ from . import cli, emit_json, info, json_option, user_errors
 from .options import (
     DEFAULT_EPOCHS,
     board_option,
+    calibration_epochs,
     config_overrides,
+    file_epochs,
     hidden_option,
     plan_format_options,
     simulator_option,
@@ -176,6 +187,8 @@ def run_training(
     checkpoint_every: int | None = None,
     resume: Checkpoint | None = None,
     onchip: bool = False,
+    calib_epochs: int | None = None,
+    calib_samples: int | None = None,
 ) -> tuple[dict[str, Any], Device]:
     """Train ``result``'s model on ``target`` for ``epochs`` epochs of ``ds``; return the report
     (module docstring) and the closed device.
@@ -189,7 +202,9 @@ def run_training(
     :class:`~pipetrain.host.checkpoint.Checkpoint`, refused with another plan before the target
     is opened; docs/protocol.md §7). ``onchip``: train through the device's on-chip training
     set (:meth:`Device.train`'s ``onchip``; ``sim`` builds its design with a set of the
-    training split's size; docs/protocol.md §2 STORE/RUN).
+    training split's size; docs/protocol.md §2 STORE/RUN). ``calib_epochs``,
+    ``calib_samples``: how ``result``'s auto formats were calibrated (reported only; None:
+    not calibrated, or not said).
     Raises :class:`PlanError` for an unknown target or data that does not fit the model,
     :class:`TrainCheckError` when the device's trained-sample counter differs from the host's.
     """
@@ -281,6 +296,8 @@ def run_training(
         "mitigation": result.plan.mitigation,
         "plan_hash": result.plan.hash,
         "formats_source": result.formats.source,
+        "calib_epochs": calib_epochs,
+        "calib_samples": calib_samples,
         "sim_cycles": (dev.sim_stats or {}).get("cycles"),
         "on_chip_data": onchip,
         "epoch_summaries": rep.epoch_summaries,
@@ -374,15 +391,6 @@ def resume_point(path: str, ck: Checkpoint, epochs: int) -> str:
     )
 
 
-def _file_epochs(model: str) -> int | None:
-    """``config["epochs"]`` of a model file, if it sets one."""
-    if not model.endswith(".py"):
-        return None
-    _, _, cfg = load_model(model)
-    value = cfg.get("epochs") if isinstance(cfg, dict) else getattr(cfg, "epochs", None)
-    return None if value is None else int(value)
-
-
 @cli.command("train")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option(
@@ -448,6 +456,7 @@ def train_cmd(
     hidden: str | None,
     formats: str,
     format_items: tuple[str, ...],
+    calib_epochs: int | None,
     calib_samples: int | None,
     lanes_text: str | None,
     board_name: str | None,
@@ -471,9 +480,14 @@ def train_cmd(
     if epochs is None and ck is not None:
         epochs = ck.epochs
     if epochs is None:
-        epochs = _file_epochs(model) or DEFAULT_EPOCHS
+        epochs = file_epochs(model) or DEFAULT_EPOCHS
     if epochs < 1:
         raise PlanError(f"--epochs must be ≥ 1, got {epochs}")
+    # the formats cover the run (a resumed run: the one that wrote the checkpoint, whose plan
+    # it holds, also when a larger --epochs extends it)
+    calib_epochs = calibration_epochs(
+        model, calib_epochs, ck.epochs if ck is not None else epochs, calib_samples
+    )
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
     if save and not Path(save).resolve().parent.is_dir():
         raise PlanError(f"--save {save!r}: the folder does not exist")
@@ -489,6 +503,7 @@ def train_cmd(
         formats=formats,
         format_overrides=list(format_items),
         calib_samples=calib_samples,
+        calib_epochs=calib_epochs,
         lanes=lanes,
         writers=(),
         # a hardware target refuses a network its HDL does not build before calibrating
@@ -500,6 +515,7 @@ def train_cmd(
         click.echo(f"warning: {w}", err=True)
     if ck is not None and ck.position < epochs * ck.samples:  # else check() says why not
         info(f"resuming {resume_point(str(resume), ck, epochs)}", json_out)
+    calibrated = result.formats.source.startswith("auto")  # not static, default
     try:
         report, _ = run_training(
             result,
@@ -515,6 +531,8 @@ def train_cmd(
             checkpoint_every=checkpoint_every,
             resume=ck,
             onchip=onchip,
+            calib_epochs=calib_epochs if calibrated else None,
+            calib_samples=calib_samples if calibrated else None,
         )
     except (ToolchainError, RTLSimError, LinkError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -526,6 +544,18 @@ def train_cmd(
         + f": {epochs} epoch{'s' if epochs != 1 else ''}, {report['train_samples']} samples"
         + (f" ({report['device_samples']} trained by the device)" if link else "")
         + f", {report['samples_per_s']:.0f} samples/s",
+        *(
+            [
+                "formats: calibrated over "
+                + (
+                    f"{calib_samples} samples"
+                    if calib_samples is not None
+                    else f"{calib_epochs} epoch{'s' if calib_epochs != 1 else ''}"
+                )
+            ]
+            if calibrated
+            else []
+        ),
         f"test_accuracy: {report['test_accuracy']:.4f}",
         f"float_test_accuracy: {report['float_test_accuracy']:.4f} (weights in PyTorch)",
     ]
