@@ -15,8 +15,9 @@ samples of seed 0 through Verilator and the golden model, as ``pipetrain sim`` r
 
 Settings (``SETTINGS``): global PB, local, interlocking d = 1 and d = 2 with the ``only`` and
 ``sum`` rules; blocks end after stages 2, 4, 6 (K = 4 blocks of two stages, one-stage heads).
-Formats are calibrated per setting and seed on ``--calib-epochs`` epochs (default 1, as
-``pipetrain train`` calibrates: the float run, then the golden passes; heads included), so
+Formats are calibrated per setting and seed on ``--calib-epochs`` epochs (default
+``--epochs``, as ``pipetrain train`` calibrates: the float run, then the golden passes; heads
+included); with fewer (the README's table: 1, train's calibration before it covered the run)
 ranges that grow over the later epochs clamp: the table shows how often.
 
 Run: ``python benchmarks/interlocking.py [--seeds 0,1,2] [--epochs 10] [--lr 0.002]
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.002)
-    ap.add_argument("--calib-epochs", type=int, default=1)
+    ap.add_argument("--calib-epochs", type=int, default=None, help="default: --epochs")
     ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names")
     ap.add_argument("--out", default=None)
     ap.add_argument("--jsonl", default=None, help="append every run's result here as it ends")
@@ -215,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         "--from-jsonl", default=None, help="re-render the table of a --jsonl file (no runs)"
     )
     args = ap.parse_args(argv)
+    if args.calib_epochs is None:  # the run's epochs, as pipetrain train calibrates
+        args.calib_epochs = args.epochs
     torch.set_num_threads(1)
     if args.from_jsonl:
         rows, rtl = read_jsonl(args.from_jsonl)

@@ -413,7 +413,9 @@ def test_build_fit_error_is_a_clean_cli_error() -> None:
 def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPatch) -> None:
     """``build --lr …`` puts the same plan in the bitstream that ``train --board --lr …``
     streams (the device checks the hash at HELLO); the toolchain is replaced by a stub that
-    returns the build metadata."""
+    returns the build metadata. --epochs is not in the plan, but both calibrate the auto
+    formats over it: a build for 1 epoch is another plan than the default build's (4 epochs,
+    DEFAULT_EPOCHS), which a 1-epoch run trains with --calib-epochs 4."""
     from pipetrain.host import bitstream
 
     def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
@@ -424,20 +426,27 @@ def test_build_takes_the_training_options_of_train(monkeypatch: pytest.MonkeyPat
         }  # fmt: skip
 
     monkeypatch.setattr(bitstream, "build_design", fake_build)  # build_board's passes
-    args = ["mlp-digits", "--board", "icebreaker", "--lr", "0.004", "--json", "-"]
+    args = ["mlp-digits", "--board", "icebreaker", "--lr", "0.004", "--epochs", "1", "--json", "-"]
     res = _runner().invoke(cli, ["build", *args])
     assert res.exit_code == 0, res.output
     built = json.loads(res.stdout)
-    res = _runner().invoke(cli, ["train", *args, "--target", "golden", "--epochs", "1"])
+    assert (built["calib_epochs"], built["calib_samples"]) == (1, None)
+    res = _runner().invoke(cli, ["train", *args, "--target", "golden"])
     assert res.exit_code == 0, res.output
     trained = json.loads(res.stdout[res.stdout.index("{") :])
-    assert built["plan_hash"] == trained["plan_hash"]
+    assert built["plan_hash"] == trained["plan_hash"] and trained["calib_epochs"] == 1
     from pipetrain.host.flow import compile_design
 
-    default = compile_design("mlp-digits", board=BOARDS["icebreaker"]).plan
+    default = compile_design("mlp-digits", board=BOARDS["icebreaker"], calib_epochs=1).plan
     assert built["plan_hash"] != default.hash  # the learning rate is in the plan
-    res = _runner().invoke(cli, ["build", *args, "--epochs", "3"])
-    assert res.exit_code == 2 and "--epochs is not part of the plan" in res.output
+    res = _runner().invoke(cli, ["build", *args[:5], "--json", "-"])  # default: 4 epochs
+    assert res.exit_code == 0, res.output
+    four = json.loads(res.stdout)
+    assert four["calib_epochs"] == 4 and four["plan_hash"] != built["plan_hash"]
+    lr4 = compile_design(
+        "mlp-digits", board=BOARDS["icebreaker"], config_overrides={"lr": 0.004}, calib_epochs=4
+    )
+    assert four["plan_hash"] == lr4.plan.hash  # what train --epochs 1 --calib-epochs 4 compiles
 
 
 def test_narrowed_logits_keep_the_exp_lut_fraction() -> None:

@@ -245,10 +245,10 @@ def test_train_json_and_summary_carry_the_per_tensor_table(tmp_path) -> None:
 
 def test_default_job_on_golden_has_no_clamp_and_keeps_its_accuracy(tmp_path) -> None:
     """``pipetrain train mlp-digits --epochs 4 --target golden`` with the default formats: the
-    CLI calibrates over one epoch (``TrainConfig.epochs`` = 1: the plan does not depend on
-    ``--epochs``) and trains four, and still no tensor clamps a value (the headroom covers the
-    three epochs the calibration did not replay) and the host's input quantisation clamps
-    none. Test accuracy: measured 0.9556 (430 of 450); the bound 0.95 is the default job's
+    CLI calibrates over the run's four epochs (``--calib-epochs``, default ``--epochs``) and
+    trains four; no tensor clamps a value and the host's input quantisation clamps none
+    (calibrated over one epoch, as before, it did not clamp either). Test accuracy: measured
+    0.9556 (430 of 450) with either calibration; the bound 0.95 is the default job's
     documented level (``DEFAULT_EPOCHS``: ≥ 0.95 for seeds 0–2). Regression: an activation
     headroom of 1 saturated 8,316 values in this run and fell to 0.9250."""
     out = tmp_path / "r.json"

@@ -123,10 +123,10 @@ def test_other_user_errors(npz40, tmp_path):
 def test_board_option_trains_the_bitstreams_plan():
     """``train --board icebreaker`` compiles the plan ``build --board icebreaker`` puts in the
     bitstream (same hash: the device refuses any other at HELLO), and that board's arithmetic
-    (16-bit weights, 12-bit activations, 5-bit constants) still learns digits. build calibrates
-    the auto formats over DEFAULT_EPOCHS epochs (it has no --epochs; the rule
-    calibration_epochs, shared with compile and train): a 1-epoch run on the bitstream gives
-    --calib-epochs 4."""
+    (16-bit weights, 12-bit activations, 5-bit constants) still learns digits. build without
+    --epochs calibrates the auto formats over DEFAULT_EPOCHS epochs (calibration_epochs, the
+    rule of compile, build and train): a 1-epoch run on that bitstream gives --calib-epochs 4
+    (test_board.py: build --epochs 1 matches train --epochs 1)."""
     from pipetrain.compiler.targets import BOARDS
     from pipetrain.host.cli.options import calibration_epochs
     from pipetrain.host.flow import compile_design

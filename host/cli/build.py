@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from ...compiler.build import PlanError
 from ...compiler.fit import logic_cells, plan_totals
 from ...compiler.lanes import parse_lanes
 from ...compiler.targets import BOARDS, BoardError, get_board
@@ -82,23 +81,23 @@ def build_cmd(
     """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed).
 
     The plan is fitted to the board; the compile and training options are those of
-    `pipetrain train`, so `train --board` with the same options streams the same plan. The
-    auto formats are calibrated over --calib-epochs epochs (default: the model file's epochs,
-    else 4, train's default run); train the board with that many epochs, or with the same
-    --calib-epochs."""
+    `pipetrain train`, so `train --board` with the same options streams the same plan. --epochs
+    is not in the plan, but the auto formats are calibrated over it (or --calib-epochs; default:
+    the model file's epochs, else 4, train's default run): train the board with the same
+    --epochs, or another --epochs with --calib-epochs of the build."""
     from ...hdl.board import BoardTop, Loopback, network_core
 
     board = get_board(board_name)
     if loopback == (model is not None):
         raise BoardError("give a MODEL or --loopback (not both)")
     overrides = config_overrides(options)
-    if overrides.pop("epochs", None) is not None:
-        raise PlanError(
-            "--epochs is not part of the plan: give it to `pipetrain train` (--calib-epochs N "
-            "calibrates the formats for a run of N epochs)"
-        )
+    # --epochs: the run the bitstream is for (not in the plan): the auto formats are calibrated
+    # over it, as train and compile calibrate over theirs (calibration_epochs)
+    run_epochs = overrides.pop("epochs", None)
     calib_epochs = (
-        None if model is None else calibration_epochs(model, calib_epochs, None, calib_samples)
+        None
+        if model is None
+        else calibration_epochs(model, calib_epochs, run_epochs, calib_samples)
     )
     meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
     if loopback:

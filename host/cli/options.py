@@ -65,8 +65,8 @@ def _config_default(field: str) -> str:
     replaces (``--epochs``: ``train`` runs :data:`pipetrain.host.cli.train.DEFAULT_EPOCHS`)."""
     if field == "epochs":
         return (
-            f"the model file's config, else {DEFAULT_EPOCHS}; auto formats are calibrated over "
-            "them unless --calib-epochs is given"
+            f"the model file's config, else {DEFAULT_EPOCHS}; not in the plan, but the auto "
+            "formats are calibrated over them unless --calib-epochs is given"
         )
     value = getattr(TrainConfig(), field)
     text = getattr(value, "value", value)
@@ -133,8 +133,8 @@ def plan_format_options(func: Callable) -> Callable:
             default=None,
             help="Epochs of the auto formats' calibration run (float reference, then golden "
             "passes): the weights grow while training, so the formats must cover the whole run "
-            f"[default: train: its --epochs; compile: --epochs; else the model file's config "
-            f"epochs, else {DEFAULT_EPOCHS}, train's default run].",
+            f"[default: --epochs; else the model file's config epochs, else {DEFAULT_EPOCHS}, "
+            "train's default run].",
         ),
         click.option(
             "--calib-samples",
@@ -172,8 +172,9 @@ def calibration_epochs(
     calib_samples: int | None = None,
 ) -> int | None:
     """Epochs of the auto formats' calibration run of ``pipetrain compile``, ``build`` and
-    ``train``: ``--calib-epochs`` when given, else the run's epochs (``run_epochs``: train's
-    ``--epochs``, compile's ``--epochs``), else the model file's ``config["epochs"]``, else
+    ``train``: ``--calib-epochs`` when given, else the run's epochs (``run_epochs``: the
+    command's ``--epochs``; train's resolved epochs, a resumed run's the checkpoint's), else
+    the model file's ``config["epochs"]``, else
     :data:`DEFAULT_EPOCHS` (what ``train`` runs). With ``calib_samples`` (``--calib-samples``)
     given it returns ``calib_epochs`` as given (None: that option sets the length; both given:
     :func:`~pipetrain.host.flow.compile_design` refuses them), and None without a model.

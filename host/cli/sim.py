@@ -4,7 +4,8 @@ Compiles MODEL to a plan (:func:`pipetrain.host.flow.compile_design`, as ``pipet
 does, but with the auto formats calibrated over the config's epochs, 1 unless a model file sets
 them: ``sim`` streams ``--samples`` samples, not epochs, and has no ``--epochs`` or
 ``--calib-epochs``; ``compile``, ``build`` and ``train`` calibrate over the run's epochs,
-default 4, so with auto formats their plan hashes differ from ``sim``'s), generates and builds ``NetworkTop(plan)`` with ``--simulator``
+default 4, so with auto formats their plan hashes differ from ``sim``'s), generates and
+builds ``NetworkTop(plan)`` with ``--simulator``
 (``verilator``, the default, or ``icarus``: :mod:`pipetrain.sim.harness`; cached by plan and
 generator sources), streams the first ``--samples`` training samples of the data set
 (:func:`pipetrain.sim.stimulus.plan_samples`) through the RTL and

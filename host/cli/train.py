@@ -25,11 +25,11 @@ value), but the ``auto`` formats are calibrated over them (``--calib-epochs``, d
 run's epochs; a resumed run: the checkpoint's): the weights grow while training, and formats
 calibrated over 1 epoch clamped mlp-digits-deep's stage-1 ``w`` 181 (seed 1) and 2,046
 (seed 2) times in 4 epochs, over 4 epochs 0 times
-(:func:`~pipetrain.host.cli.options.calibration_epochs`). A board built with ``pipetrain build
-MODEL`` (formats calibrated over :data:`DEFAULT_EPOCHS` epochs, or ``--calib-epochs N``)
-trains any number of epochs with ``--calib-epochs`` of its build, e.g. ``train --board
-icebreaker --epochs 10 --calib-epochs 4``; without it the run's epochs pick other formats, a
-plan the device refuses at HELLO (plan hash).
+(:func:`~pipetrain.host.cli.options.calibration_epochs`). ``train --board B --epochs E``
+streams the plan of ``build --board B --epochs E`` (build calibrates the same way; without
+``--epochs`` over :data:`DEFAULT_EPOCHS`); that board trains any other number of epochs with
+``--calib-epochs`` of its build, e.g. ``train --board icebreaker --epochs 10 --calib-epochs
+4``; without it the run's epochs pick other formats, a plan the device refuses at HELLO.
 
 ``--json FILE`` gets ``{"target", "model", "test_accuracy", "float_test_accuracy",
 "train_accuracy", "online_accuracy", "train_samples", "device_samples", "samples",
