@@ -400,9 +400,7 @@ def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
     text = (tmp_path / "b" / "report.md").read_text()
     assert "- board: `icebreaker` (fitted; see Board below)" in text
     assert text.index("## Board: icebreaker") < text.index("## Stages")
-    assert (
-        "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 24 MHz" in text
-    )
+    assert "1BitSquared iCEBreaker, Lattice iCE40UP5K; `--board icebreaker`): its 24 MHz" in text
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("|")[1:-1]]
