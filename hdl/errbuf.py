@@ -182,12 +182,16 @@ class ErrorBuffer(wiring.Component):
                 m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
                 m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
             for n, (c, k, bits) in enumerate(self.scales):  # e = rhu(c·δ, k), numerics §5.3
-                # gated after the product (rhu(c·0, k) = 0, the same integers): the pass's
-                # bwd flag reaches only the register's input, not the multiplier's (timing,
-                # derived: the ULX3S's path at lanes 2,4 was bwd → gate → c·δ → rhu, 12 ns)
-                e2 = Signal(signed(bits), name=f"e{n}_2_{lane}")
+                # the product c·δ registered at S2, gated after the multiplier, and rounded at
+                # S2 (rhu(c·0, k) = 0: the same integers). Timing, *derived*: the ULX3S's
+                # critical path at lanes 2,4 was bwd / the stashed mask → gate → c·δ → rhu's
+                # carry chain in one cycle (12.0 / 12.2 ns); S1 now ends at the product and
+                # S2's rounding sits before the update's e·x, which has the cycle to itself
+                raw = raw1 * c
+                p2 = Signal(raw.shape(), name=f"e{n}_p2_{lane}")
                 with m.If(s1.valid):
-                    m.d.sync += e2.eq(Mux(live, rhu(raw1 * c, k), 0))
+                    m.d.sync += p2.eq(Mux(live, raw, 0))
+                e2 = wire(m, rhu(p2, k)[:bits].as_signed(), f"e{n}_2_{lane}")
                 m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
         return m
 
