@@ -12,14 +12,16 @@ weight commands run in their parts (:class:`~pipetrain.hdl.link_samples.SamplesC
 
 State memory (*derived*: area on the iCE40UP5K, one EBR): one byte memory holds the response
 buffer (0 .. tx_max−1), then two regions of counters, counter c at byte 4c (LE): the offsets
-latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by an
-8-cycle read-modify-write: two cycles a byte, the read data registered first; writes go through
-a register too — timing, docs/boards.md §4.1). The value slots of the network counters are
+latched by RESET_COUNTERS, and the values of the engine's own counters (incremented by a
+12-cycle read-modify-write: three cycles a byte, the read address and the read data each
+registered; writes go through a register too — timing, docs/boards.md §4.1). The value slots of
+the network counters are
 unused; the session tag (4 bytes, written by SESSION) and the constant HELLO bytes sit there,
 ending right before ``accepted``, so HELLO is one 30-byte copy (tag, constants, ``accepted``,
 ``results_read``); the tag costs no register (*derived*: the iCEBreaker's logic cells are nearly
-all used). READ_COUNTERS forms ``value − offset`` a byte every two cycles (a network counter is
-latched whole first: it may change while it is read). After reset the dispatcher zeroes the
+all used). READ_COUNTERS forms ``value − offset`` a byte every three cycles (a network counter is
+latched whole first: it may change while it is read); SEND hands the response buffer to the
+transmitter a byte every two cycles. After reset the dispatcher zeroes the
 counters, offsets and the session tag (a few hundred cycles, ``busy`` high), so a reset device
 answers HELLO with tag 0.
 """
@@ -81,9 +83,17 @@ class _StateMemory:
     """The dispatcher's byte memory (response buffer, counter offsets and values, HELLO bytes)
     and its operations: append to the response, increment a counter, copy bytes.
 
-    ``ra`` is the read address (``rd.data`` is always ``mem[ra]``, ``rdq`` the cycle after;
-    assign ``ra_next`` to move it), ``wptr`` the response length so far, ``bi`` a byte index
-    (of a counter's 4 bytes).
+    ``wptr`` is the response length so far, ``bi`` a byte index (of a counter's 4 bytes).
+
+    Reads (*derived* (timing): the block RAM's address comes from a register, so no FSM state,
+    handshake or counter drives it; docs/boards.md §4.1): ``ra`` is a register and is the read
+    address ``rd.addr``; ``ra_next`` is its next value (combinational, ``ra`` unless a state
+    assigns it). A state that sets ``ra_next`` = A in cycle t presents A to the block RAM in
+    t + 1; ``rd.data`` = mem[A] in t + 2 and ``rdq`` = mem[A] in t + 3. So a state that computes
+    on what it reads (:meth:`read_phases`) takes three cycles a byte: phase 0 presents ``ra``,
+    phase 1 has ``rd.data`` = mem[ra] (registered into ``rdq``), phase 2 acts on ``rdq`` and
+    moves ``ra``. SEND offers ``rd.data`` itself, from the cycle after ``ra`` moved (two
+    cycles a byte). ``ra`` is also the write address of :meth:`write` (the byte just read).
     """
 
     RET = ("DISPATCH", "IDLE", "DONE", "EXEC")  # where an increment returns to
@@ -112,19 +122,20 @@ class _StateMemory:
         # (every state reads other bytes first), so the delay changes no byte
         self.wr = wr = _Write(Signal.like(port.addr), Signal(8), Signal())
         m.d.sync += [port.addr.eq(wr.addr), port.data.eq(wr.data), port.en.eq(wr.en)]
+        # the read address from a register (timing, docs/boards.md §4.1); see the class doc
         self.ra = Signal(range(self.depth), init=self.OB)
         self.ra_next = Signal.like(self.ra)
-        m.d.comb += [self.ra_next.eq(self.ra), self.rd.addr.eq(self.ra_next)]
+        m.d.comb += [self.ra_next.eq(self.ra), self.rd.addr.eq(self.ra)]
         m.d.sync += self.ra.eq(self.ra_next)
         self.wptr = Signal(range(P.tx_max + 1))
         self.bi = Signal(2)
         self.carry = Signal()  # of a counter increment; 0 for copies
         # the read data, registered: the states that compute on it (INC, the copies, the
-        # counter reads) take two cycles a byte, `ph` 0 (the memory shows mem[ra]) then 1 (``rdq``
-        # holds it: act, move on), so no arithmetic follows the block RAM's slow output
-        # (docs/boards.md §4.1)
+        # counter reads) take three cycles a byte (:meth:`read_phases`), so no arithmetic
+        # follows the block RAM's slow output (docs/boards.md §4.1); `ph` is the phase (SEND
+        # uses it too: 1 once `rd.data` shows mem[ra])
         self.rdq = Signal(8)
-        self.ph = Signal()
+        self.ph = Signal(2)
         m.d.sync += self.rdq.eq(self.rd.data)
         self.sum = Signal(9)  # mem[ra] (from rdq) + carry (+ the addend's byte)
         self.ret = Signal(range(len(self.RET)))
@@ -152,8 +163,8 @@ class _StateMemory:
         self.m.d.comb += [self.wr.addr.eq(self.ra), self.wr.data.eq(value), self.wr.en.eq(1)]
 
     def increment(self, c, ret, addend=None) -> None:
-        """Go to INC: add 1 (or the 32-bit ``addend``) to engine counter ``c`` (4 cycles), then
-        to ``ret`` (a :attr:`RET` name, or ``(cond, if_true, if_false)``)."""
+        """Go to INC: add 1 (or the 32-bit ``addend``) to engine counter ``c`` (12 cycles),
+        then to ``ret`` (a :attr:`RET` name, or ``(cond, if_true, if_false)``)."""
         m = self.m
         m.d.comb += self.ra_next.eq(self.slot(1, c))
         if isinstance(ret, str):
@@ -165,17 +176,21 @@ class _StateMemory:
             m.d.sync += self.addend.eq(addend)
         m.next = "INC"
 
-    def two_phase(self):
-        """In a two-cycle-a-byte state: ``ph`` toggles; the body runs in phase 1 (``rdq`` =
-        mem[ra]); phase 0 holds ``ra``. A state is entered and left with ``ph`` = 0."""
-        self.m.d.sync += self.ph.eq(~self.ph)
-        return self.m.If(self.ph)
+    def read_phases(self):
+        """In a three-cycles-a-byte state: ``ph`` counts 0, 1, 2; phase 0 presents ``ra`` to the
+        block RAM, phase 1 registers ``rd.data`` = mem[ra] into ``rdq``, and the body (the
+        returned ``If``) runs in phase 2 (``rdq`` = mem[ra]) and may move ``ra``; phases 0 and
+        1 hold ``ra``. A state is entered and left with ``ph`` = 0 and ``ra`` set by the cycle
+        before (*derived*: timing, see the class doc)."""
+        act = self.ph == 2
+        self.m.d.sync += self.ph.eq(Mux(act, 0, self.ph + 1))
+        return self.m.If(act)
 
     def increment_state(self, returns: dict) -> None:
-        """The INC state (8 cycles); ``returns[name]()`` runs in its last cycle when it returns
+        """The INC state (12 cycles); ``returns[name]()`` runs in its last cycle when it returns
         to ``name``."""
         m = self.m
-        with m.State("INC"), self.two_phase():
+        with m.State("INC"), self.read_phases():
             m.d.comb += self.ra_next.eq(self.ra + 1)
             self.write(self.sum[:8])
             m.d.sync += [self.carry.eq(self.sum[8]), self.bi.eq(self.bi + 1)]
@@ -192,7 +207,7 @@ class _StateMemory:
         """State ``name``: append ``count`` bytes from ``ra`` on (set by the state before, with
         ``carry`` 0) to the response, then DONE."""
         m = self.m
-        with m.State(name), self.two_phase():
+        with m.State(name), self.read_phases():
             self.emit(self.sum[:8])
             m.d.comb += self.ra_next.eq(self.ra + 1)
             with m.If(self.wptr == count - 1):
@@ -503,8 +518,8 @@ class LinkDispatcher(wiring.Component):
         response; ``accepted`` and ``results_read`` then grow by the samples it fed)."""
         P, args, f = self.params, self.args, self.frame.payload
         with m.State("STORE_INDEX"):
+            m.d.comb += self._args_ready.eq(1)  # from the state alone (timing, as in SESSION)
             with m.If(args.valid):
-                m.d.comb += self._args_ready.eq(1)
                 m.d.sync += st.bi.eq(st.bi + 1)
                 with m.If(st.bi == STORE_INDEX_BYTES - 1):
                     m.next = "STORE_CHECK"
@@ -537,21 +552,32 @@ class LinkDispatcher(wiring.Component):
 
     def _send(self, m: Module, st: _StateMemory, rsp_type: Signal, last_seq: Signal) -> None:
         """SEND: offer the response (header and payload from the response buffer) until the
-        transmitter takes it; then the frame is done."""
+        transmitter takes it; then the frame is done.
+
+        Byte ``ra`` of the buffer is offered in phase 1 (``ph`` = 1: ``ra`` was presented in
+        the cycle before, ``rd.data`` = mem[ra]) until taken; then ``ra`` moves on and phase 0
+        waits for the read (*derived*: timing, the registered read address; two cycles a byte,
+        the UART needs ~167 at 3 Mbaud and 50 MHz). ``data.valid`` comes from registers only.
+        """
         rsp, dat = self.response, self.data
+        shown = st.ph[0]  # DONE left ph = 0 and set ra = 0
         m.d.comb += [
             rsp.valid.eq(1),
             rsp.payload.type.eq(rsp_type),
             rsp.payload.seq.eq(last_seq),
             rsp.payload.length.eq(st.wptr),
-            dat.valid.eq(st.ra != st.wptr),
+            dat.valid.eq(shown & (st.ra != st.wptr)),
             dat.payload.data.eq(st.rd.data),
             dat.payload.last.eq(st.ra + 1 == st.wptr),
         ]
         with m.If(dat.valid & dat.ready):
             m.d.comb += st.ra_next.eq(st.ra + 1)
+            m.d.sync += st.ph.eq(0)
+        with m.Else():
+            m.d.sync += st.ph.eq(1)
         with m.If(rsp.ready):
             m.d.comb += self.frame.ready.eq(1)
+            m.d.sync += st.ph.eq(0)  # IDLE's states are entered with ph = 0
             m.next = "IDLE"
 
     def _counter_states(self, m: Module, st: _StateMemory, sh: Signal) -> None:
@@ -586,7 +612,7 @@ class LinkDispatcher(wiring.Component):
                 m.d.comb += st.ra_next.eq(st.slot(1, c))
                 m.next = "C_LOADV"
 
-        with m.State("C_LOADV"), st.two_phase():
+        with m.State("C_LOADV"), st.read_phases():
             shift_in(st.rdq)
             m.d.comb += st.ra_next.eq(st.ra + 1)
             m.d.sync += bi.eq(bi + 1)
@@ -594,7 +620,7 @@ class LinkDispatcher(wiring.Component):
                 m.d.comb += st.ra_next.eq(st.slot(0, c))
                 m.next = "C_EMIT"
 
-        with m.State("C_EMIT"), st.two_phase():
+        with m.State("C_EMIT"), st.read_phases():
             m.d.comb += [d.eq(sh[0:8] - st.rdq - borrow), st.ra_next.eq(st.ra + 1)]
             with m.If(is_read):
                 st.emit(d[:8])

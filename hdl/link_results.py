@@ -164,7 +164,7 @@ class ReadResults(wiring.Component):
                 with m.If(cmd.valid & args.valid):
                     want = args.payload.data
                     with m.If(want == 0):
-                        m.d.comb += [cmd.ready.eq(1), self.nak.eq(NakReason.BAD_ARG)]
+                        m.next = "REFUSE"
                     with m.Else():
                         lim = buf.level
                         if P.max_results < D:
@@ -174,6 +174,12 @@ class ReadResults(wiring.Component):
                         m.d.comb += emit.payload.eq(n)
                         m.d.sync += left.eq(n)
                         m.next = "EMIT"
+
+            # `cmd.ready` and `nak` come from registers (they steer the dispatcher's next state
+            # and read address; timing, docs/boards.md §4.1): max = 0 is refused a cycle later
+            with m.State("REFUSE"):
+                m.d.comb += [cmd.ready.eq(1), self.nak.eq(NakReason.BAD_ARG)]
+                m.next = "CHECK"
 
             with m.State("EMIT"):
                 with m.If(left == 0):
