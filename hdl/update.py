@@ -266,22 +266,28 @@ class UpdateUnit(wiring.Component):
         with m.If(v[1]):
             m.d.sync += [w2.eq(w1), u2.eq(u1)]
         k = self.k_wop
+        # The operands' rounding rhu(·, k) is formed at S2 from the registered exact value, not
+        # at S1 after the weight bank's read (the same integers; timing, *derived*: the ULX3S's
+        # critical path at lanes 2,4 was the DP16KD's output, 5.6 ns, → rhu's carry chain →
+        # the operand register, 12.1 ns; the S2 multiplies take the rounding before them)
         wg2 = w2  # the input-gradient operand: w itself, or rhu(w, k) (numerics §5.2)
         if k:
-            wg2 = Signal(signed(self.wo.bits), name=f"wg2_{lane}")
-            with m.If(v[1]):
-                m.d.sync += wg2.eq(rhu(w1, k))
+            wg2 = wire(m, rhu(w2, k)[: self.wo.bits].as_signed(), f"wg2_{lane}")
         wh2 = wg2  # without LWP the forward weight is w itself: one register, not two
         if up.lwp_horizon:
-            wh2 = Signal(signed(self.what_bits if not k else self.wo.bits), name=f"wh2_{lane}")
             if self.w_prev:
                 step = wire(m, w1 - self.read.w_prev[lane], f"wstep1_{lane}")  # w.bits + 1
                 pred = w1 + const_mul(up.lwp_horizon, step, self.shift_add)
             else:
                 pred = w1 - const_mul(up.lwp_horizon, u1, self.shift_add)
             what1 = Mux(sp.fwd_train, pred, w1)
+            # exact ŵ: the expression's own width when it is rounded at S2, else what_bits
+            what2 = Signal(what1.shape() if k else signed(self.what_bits), name=f"what2_{lane}")
             with m.If(v[1]):
-                m.d.sync += wh2.eq(rhu(what1, k))  # the forward operand (numerics §3.2)
+                m.d.sync += what2.eq(what1)
+            wh2 = what2  # the forward operand (numerics §3.2), rounded to the operand format
+            if k:
+                wh2 = wire(m, rhu(what2, k)[: self.wo.bits].as_signed(), f"wh2_{lane}")
         m.d.comb += [self.weights.w_hat[lane].eq(wh2), self.weights.w[lane].eq(wg2)]
         return w2, u2
 
