@@ -144,7 +144,10 @@ class WeightAccess(wiring.Component):
                         with m.Case(n):
                             m.d.comb += self.stage(n).en.eq(okr)
                 m.next = "WAIT"
-            with m.State("WAIT"):  # the store registers its answer (rdata two cycles after en)
+            with m.State("WAIT"):  # the store registers its answer (rdata three cycles after en)
+                m.d.comb += self.busy.eq(1)
+                m.next = "WAIT2"
+            with m.State("WAIT2"):
                 m.d.comb += self.busy.eq(1)
                 m.next = "READ"
             with m.State("READ"):

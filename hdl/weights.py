@@ -102,8 +102,9 @@ class WeightStore(wiring.Component):
     write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
         ``(w′, u′[, w_prev′])`` of the slot at the write stage (cannot stall).
     access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs (kind 0
-        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` two cycles after ``en`` (registered): the word
-        read, or the saturated word written.
+        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` three cycles after ``en`` (two registered
+        multiplexer levels after the bank's read): the word read, or the saturated word
+        written.
 
     Raises ValueError for ``w_prev`` with single-port banks.
     """
@@ -164,7 +165,7 @@ class WeightStore(wiring.Component):
             if self.w_prev:
                 m.d.comb += self.read.w_prev[lane].eq(banks[2].read.data)
 
-        # weight-access answer, the cycle after en
+        # weight-access answer: the request registered the cycle after en
         r_we = Signal()
         r_kind = Signal(2)
         r_lane = Signal.like(acc.lane)
@@ -175,19 +176,37 @@ class WeightStore(wiring.Component):
             r_lane.eq(acc.lane),
             r_wv.eq(Mux(acc.kind == 1, u_in, w_in)),
         ]
-        rsel_w = Signal(signed(fw.bits))
-        rsel_u = Signal(signed(fu.bits))
-        rsel_p = Signal(signed(fw.bits))
-        with m.Switch(r_lane):
-            for lane in range(L):
-                with m.Case(lane):
-                    m.d.comb += [rsel_w.eq(self.read.w[lane]), rsel_u.eq(self.read.u[lane])]
-                    if self.w_prev:
-                        m.d.comb += rsel_p.eq(self.read.w_prev[lane])
-        rsel = Mux(r_kind == 0, rsel_w, Mux(r_kind == 1, rsel_u, rsel_p))
-        # registered: a block RAM's output (5.83 ns on the ECP5, docs/boards.md §4.1) drives only
-        # the lanes' multiplexer into this register (the ECP5's critical path at 89.5 MHz)
+        # two registered levels: each group of ≤ 4 lanes' banks through its multiplexer into a
+        # register (one LUT/PFUMX level after a block RAM's output, 5.6 ns on the ECP5), then
+        # the group, the kind and the write data into the answer (timing, *derived*: the
+        # lanes 2,4 critical path at 84.4 MHz was a DP16KD → the 4-lane and kind multiplexers
+        # → this register, 11.85 ns)
+        kinds = 3 if self.w_prev else 2
+        groups = [list(range(q, min(q + 4, L))) for q in range(0, L, 4)]
+        reads = [self.read.w, self.read.u] + ([self.read.w_prev] if self.w_prev else [])
+        fmts = [fw, fu, fw]
+        held = []  # held[q][kind]: group q's lane of that kind, registered
+        for q, members in enumerate(groups):
+            row = []
+            for kind in range(kinds):
+                r = Signal(signed(fmts[kind].bits), name=f"acc_g{q}_k{kind}")
+                with m.Switch(r_lane):
+                    for lane in members:
+                        with m.Case(lane):
+                            m.d.sync += r.eq(reads[kind][lane])
+                row.append(r)
+            held.append(row)
+        r2_we, r2_kind, r2_wv = Signal(), Signal(2), Signal.like(r_wv)
+        r2_group = Signal(range(max(len(groups), 2)))
+        m.d.sync += [r2_we.eq(r_we), r2_kind.eq(r_kind), r2_wv.eq(r_wv), r2_group.eq(r_lane >> 2)]
+        gsel = [Signal(signed(fmts[k].bits), name=f"acc_sel_k{k}") for k in range(kinds)]
+        with m.Switch(r2_group):
+            for q, row in enumerate(held):
+                with m.Case(q):
+                    m.d.comb += [g.eq(r) for g, r in zip(gsel, row, strict=True)]
+        prev = gsel[2] if kinds == 3 else 0  # kind 2 without w_prev banks answers 0
+        rsel = Mux(r2_kind == 0, gsel[0], Mux(r2_kind == 1, gsel[1], prev))
         rq = Signal(signed(max(fw.bits, fu.bits)))
-        m.d.sync += rq.eq(Mux(r_we, r_wv, rsel))
+        m.d.sync += rq.eq(Mux(r2_we, r2_wv, rsel))
         m.d.comb += acc.rdata.eq(rq)
         return m

@@ -88,7 +88,8 @@ def run_stage(model, s, lanes, n=6, seed=0, **cfg):
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
-        await ctx.tick()  # rdata is registered: two cycles after en
+        await ctx.tick()
+        await ctx.tick()  # rdata: three cycles after en (two registered multiplexer levels)
         return ctx.get(acc.rdata)
 
     def set_x(ctx, smp, q):

@@ -73,7 +73,8 @@ def test_stage_unit_equals_the_golden_stage(case, s):
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
-        await ctx.tick()  # rdata is registered: two cycles after en
+        await ctx.tick()
+        await ctx.tick()  # rdata: three cycles after en (two registered multiplexer levels)
         return ctx.get(acc.rdata)
 
     async def bench(ctx):

@@ -71,7 +71,12 @@ def _sat(v, fmt):
 
 @pytest.mark.parametrize(
     "single_port,L,N,G,depth,w_prev",
-    [(False, 3, 4, 2, 4, False), (True, 2, 3, 3, 5, False), (False, 2, 4, 2, 5, True)],
+    [
+        (False, 3, 4, 2, 4, False),
+        (True, 2, 3, 3, 5, False),
+        (False, 2, 4, 2, 5, True),
+        (False, 6, 3, 2, 4, True),  # two lane groups of the answer's multiplexer (4 + 2)
+    ],
 )
 def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
     T = G * (N + 1)
@@ -94,7 +99,8 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
-        await ctx.tick()  # rdata is registered: two cycles after en
+        await ctx.tick()
+        await ctx.tick()  # rdata: three cycles after en (two registered multiplexer levels)
         out = ctx.get(acc.rdata)
         for _ in range(rng.randrange(3)):  # the answer holds while the command is unchanged
             await ctx.tick()
