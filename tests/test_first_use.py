@@ -156,7 +156,7 @@ def test_help_shows_training_defaults_and_describes_every_experiment_option():
         ("--momentum", "0.9"),
         ("--mitigation", "none"),
         ("--schedule", "pb"),
-        ("--epochs", "the model file's config, else 4; not in the plan, but the auto formats"),
+        ("--epochs", "the model file's config, else 4; not a plan field, but the auto formats"),
         ("--hidden", "32"),
     ]:
         assert f"[default: {default}" in lines[opt], lines[opt]

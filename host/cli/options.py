@@ -65,8 +65,9 @@ def _config_default(field: str) -> str:
     replaces (``--epochs``: ``train`` runs :data:`pipetrain.host.cli.train.DEFAULT_EPOCHS`)."""
     if field == "epochs":
         return (
-            f"the model file's config, else {DEFAULT_EPOCHS}; not in the plan, but the auto "
-            "formats are calibrated over them unless --calib-epochs is given"
+            f"the model file's config, else {DEFAULT_EPOCHS}; not a plan field, but the auto "
+            "formats are calibrated over them (so they set the plan's formats and hash) unless "
+            "--calib-epochs is given"
         )
     value = getattr(TrainConfig(), field)
     text = getattr(value, "value", value)
