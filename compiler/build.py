@@ -30,6 +30,8 @@ from .plan import (
     StageFormats,
     UpdateConstants,
     csd,
+    errors_read_as_delta,
+    errors_scaled_at_write,
 )
 from .schedule import (
     early_update_streams,
@@ -68,6 +70,8 @@ __all__ = [
     "stage_products",
     "weight_operand",
     "scaled_error_format",
+    "errors_scaled_at_write",
+    "stage_multipliers",
     "OPERAND_BITS",
     "multiplier_blocks",
     "loss_operands",
@@ -481,6 +485,13 @@ def scaled_error_format(c: Const, fd: QFormat, operand_bits: int | None) -> QFor
     return QFormat(operand_bits, c.frac + fd.frac - k)
 
 
+def stage_multipliers(stage: Stage, products: Sequence[Product] | None = None) -> int:
+    """``Stage.multipliers``: ``lanes`` × the per-lane products of ``products`` (default
+    ``stage.products``) plus the stage's shared ones (``Product.per_stage``)."""
+    ps = stage.products if products is None else products
+    return sum(1 if p.per_stage else stage.lanes for p in ps or ())
+
+
 def _update_constants(
     cfg: TrainConfig,
     delay: int,
@@ -651,6 +662,7 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
         return width
 
     xb = stage.x_operand_bits
+    at_write = stage.scaled_at_write
     add("fwd", stage.w_hat_operand_bits, xb)
     if stage.input_gradient:
         sent = sorted(set(stage.gin_losses) & (set(stage.grad_losses) | set(stage.losses)))
@@ -682,8 +694,13 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
             return
         if conv is not None:  # lr × the summed gradient P on δ (hdl/update.py)
             const(f"{prefix}_p", c.value, stage.memory("wgacc").width)
-        elif e is not None:  # e = rhu(c·δ, k) at S1, then e·x (numerics §5.3)
-            const(f"{prefix}_delta", c.value, f.d.bits)
+        elif e is not None:  # e = rhu(c·δ, k), then e·x (numerics §5.3)
+            if at_write:  # one c·g for the stage, at the error buffer's write
+                for a, b in _const_mul(c.value, f.d.bits)[0]:
+                    blocks = multiplier_blocks(a, b, block_bits)
+                    out.append(Product(f"{prefix}_delta", a, b, blocks, per_stage=True))
+            else:  # per lane at S1
+                const(f"{prefix}_delta", c.value, f.d.bits)
             add(f"{prefix}_x", e.bits, xb)
         elif shift_add(c.value):  # (δ · x) first, then shifts
             add(f"{prefix}_dx", f.d.bits, xb)
@@ -743,9 +760,10 @@ def hard_multipliers(
     min_product_bits: int = 0,
 ) -> int:
     """Estimated hard multiplier blocks (DSPs) of a stage (``lanes`` × its
-    :func:`multiplier_operands`) or a plan (its stages plus the loss units'), for a device whose
-    DSP takes ``block_bits``-wide operands (18: ECP5 MULT18X18D; 16: iCE40 SB_MAC16, with
-    ``min_product_bits=11``); see :func:`multiplier_blocks`.
+    :func:`multiplier_operands`, once for a ``Product.per_stage`` one) or a plan (its stages
+    plus the loss units'), for a device whose DSP takes ``block_bits``-wide operands (18: ECP5
+    MULT18X18D; 16: iCE40 SB_MAC16, with ``min_product_bits=11``); see
+    :func:`multiplier_blocks`.
 
     Unlike ``multipliers`` (multipliers in the datapath), wide operands count several blocks.
     Not counted: the host link's and weight-access address arithmetic (0–3 blocks on ECP5).
@@ -757,7 +775,11 @@ def hard_multipliers(
         return sum(multiplier_blocks(a, b, block_bits, min_bits, min_product_bits) for a, b in ops)
 
     if isinstance(plan_or_stage, Stage):
-        return plan_or_stage.lanes * blocks(multiplier_operands(plan_or_stage))
+        st = plan_or_stage
+        return sum(
+            (1 if p.per_stage else st.lanes) * blocks(((p.a_bits, p.b_bits),))
+            for p in stage_products(st)
+        )
     plan = plan_or_stage
     losses = (plan.loss, *plan.head_losses)
     return sum(hard_multipliers(s, block_bits, min_bits, min_product_bits) for s in plan.stages) + (
@@ -907,6 +929,12 @@ def _stage_memories(
     """Every memory of a stage but ``gacc`` (which needs the accumulator width), in
     ``Stage.memories`` order (hdl/stage.py builds exactly these)."""
     wk = "spram" if spram else None
+    # the error buffer (Stage.reads_delta, Stage.scaled_at_write): g (gbuf), its scaled errors
+    e_bits = sum(e.bits for _, _, e, _ in upd.scaled_errors(f.d))  # sbuf: per lane
+    at_write = sl.conv is None and errors_scaled_at_write(sl.activation, sl.losses, upd, f.d)
+    read_delta = errors_read_as_delta(bool(sl.gin_losses), upd, f.d)
+    gbuf = place_memory("gbuf", 1, 2 * groups, geo.d_word_bits, entries=2, family=family)
+    sbuf = place_memory("sbuf", 1, 2 * groups, L * e_bits, entries=2, family=family)
 
     def lane_mem(name: str, bits: int, kind: str | None) -> MemorySpec:
         return place_memory(
@@ -924,7 +952,8 @@ def _stage_memories(
         place_memory(
             "mask", 1, P * groups, L * _mask_bits(sl.activation, f), entries=P, family=family
         ),
-        place_memory("gbuf", 1, 2 * groups, geo.d_word_bits, entries=2, family=family),
+        *((gbuf,) if not at_write or read_delta else ()),
+        *((sbuf,) if at_write else ()),
     )
 
 
@@ -1462,7 +1491,8 @@ def build_plan(
             )
         )
         products = stage_products(stages[-1])
-        stages[-1] = replace(stages[-1], products=products, multipliers=L * len(products))
+        mults = stage_multipliers(stages[-1], products)
+        stages[-1] = replace(stages[-1], products=products, multipliers=mults)
     classes = layers[-1].out_features
     last = stages[S - 1]
     # the loss units run in the slack the slowest pass leaves after their feeder's pass

@@ -12,8 +12,9 @@ Policies (exactly one applies; :func:`choose_lanes`):
   within the slowest main stage.
 * ``target_cycles=T``: every stage gets the fewest lanes whose pass takes ≤ T cycles.
 * ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers
-  (``Plan.multipliers``: lanes × :func:`lane_multipliers`, the products the HDL builds; so
-  the slowest stage sets the tick and no stage has more lanes than T needs).
+  (``Plan.multipliers``: lanes × :func:`lane_multipliers` + its per-stage ones, the products
+  the HDL builds; so the slowest stage sets the tick and no stage has more lanes than T
+  needs).
 * default: T = the pass of the largest stage (most cycles at one lane) with
   :data:`DEFAULT_LANES` lanes (or one lane per row if it has fewer rows); every other stage
   gets the fewest lanes meeting T. For mlp-digits (64→32→10) that is 4 and 1 lanes, 520
@@ -85,20 +86,26 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
 
 def lane_multipliers(
     ir: NetworkIR, config: TrainConfig, formats: FormatSpec | None = None, **options: Any
-) -> tuple[int, ...]:
-    """Multipliers per lane of each stage (main, then heads) as the HDL builds them:
-    ``len(Stage.products)`` of the one-lane plan of ``ir`` (:func:`build_plan` with ``formats``,
-    default :meth:`FormatSpec.default`, and ``options``: ``const_bits``, ``operand_bits``, …,
-    which decide which constants are shift-adds and which products exist). A lane's list does
-    not depend on the lane count, so ``lanes × this`` is each stage's ``Stage.multipliers`` at
-    any lanes (the ``max_multipliers`` search, :func:`choose_lanes`)."""
+) -> tuple[tuple[int, int], ...]:
+    """``(per lane, per stage)`` multipliers of each stage (main, then heads) as the HDL builds
+    them: the ``Stage.products`` of the one-lane plan of ``ir`` (:func:`build_plan` with
+    ``formats``, default :meth:`FormatSpec.default`, and ``options``: ``const_bits``,
+    ``operand_bits``, …, which decide which constants are shift-adds and which products
+    exist), split by ``Product.per_stage`` (the scaled error formed once at the error buffer's
+    write). Neither count depends on the lane count, so ``lanes × per lane + per stage`` is
+    each stage's ``Stage.multipliers`` at any lanes (the ``max_multipliers`` search,
+    :func:`choose_lanes`)."""
     ones = tuple(1 for _ in stage_slots(ir, config))
     plan = build_plan(ir, config, formats, ones, **options)
-    return tuple(len(st.products or ()) for st in plan.stages)
+    out = []
+    for st in plan.stages:
+        shared = sum(1 for p in st.products or () if p.per_stage)
+        out.append((len(st.products or ()) - shared, shared))
+    return tuple(out)
 
 
-def _multipliers(per_lane: Sequence[int], lanes: Sequence[int]) -> int:
-    return sum(p * L for p, L in zip(per_lane, lanes, strict=True))
+def _multipliers(per_lane: Sequence[tuple[int, int]], lanes: Sequence[int]) -> int:
+    return sum(p * L + s for (p, s), L in zip(per_lane, lanes, strict=True))
 
 
 def _per_stage_hint(slots: Sequence, lanes: tuple[int, ...], one: bool) -> str:
@@ -134,13 +141,13 @@ def choose_lanes(
     lanes: Sequence[int] | None = None,
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
-    per_lane: Sequence[int] | None = None,
+    per_lane: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[int, ...]:
     """Return the lanes of every stage (main stages, then auxiliary heads).
 
-    ``per_lane``: the multipliers of one lane of each stage for ``max_multipliers``
-    (:func:`lane_multipliers` of the plan's formats and options; None: those of the default
-    formats).
+    ``per_lane``: the ``(per lane, per stage)`` multipliers of each stage for
+    ``max_multipliers`` (:func:`lane_multipliers` of the plan's formats and options; None:
+    those of the default formats).
 
     See the module docstring for the policies. Raises :class:`PlanError` when more than one
     policy is given, a list has the wrong length, a lane count exceeds a stage's rows (naming

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -226,6 +227,38 @@ class UpdateConstants:
         return tuple((n, c, e, c.frac + d.frac - e.frac) for n, c, e in out)
 
 
+def errors_scaled_at_write(
+    activation: str, losses: Sequence[int], upd: UpdateConstants, fd: QFormat
+) -> bool:
+    """Whether a Linear stage's error buffer forms its scaled errors ``e = rhu(c·g, k)``
+    (docs/numerics.md §5.3) once per error ``g`` as it is written — one ``c·g`` multiplier per
+    scale for the whole stage, ``e`` kept in the ``sbuf`` memory beside ``gbuf`` — instead of
+    ``rhu(c·δ, k)`` in every lane at every slot (``hdl/errbuf.py``; ``Stage.scaled_at_write``).
+    True when the stage has a scaled error (:meth:`UpdateConstants.scaled_errors` of ``fd``),
+    its δ = f′(z)·g is ``g``
+    gated by a mask (``relu``: the stashed bit ``z > 0``; ``identity``: none), so
+    ``rhu(c·δ, k) = mask·rhu(c·g, k)`` — the same integers — and it has one update stream
+    (``losses``: no earlier stream's δ added to it, the ``sum`` rule of numerics §5.6).
+    Source: *derived* (saves ``L − 1`` DSP blocks per scale and takes the rounding out of the
+    S2 path of ``e·x``)."""
+    if not upd.scaled_errors(fd):
+        return False
+    name = str(getattr(activation, "value", activation))
+    return name in ("relu", "identity") and len(losses) <= 1
+
+
+def errors_read_as_delta(input_gradient: bool, upd: UpdateConstants, fd: QFormat) -> bool:
+    """Whether anything reads a Linear stage's δ itself once its scaled errors are formed at the
+    error buffer's write (:func:`errors_scaled_at_write`): its input gradient ``w·δ``, or a
+    learning-rate product without a scaled error (a shift-add ``c``: ``c·(δ·x)``). When
+    nothing does, the buffer keeps only the scaled errors (no ``gbuf``). Source: *derived*."""
+    if input_gradient:
+        return True
+    exact_lr = upd.lr.value != 0 and upd.lr_delta is None
+    exact_b = upd.sc and upd.sc_lr_b.value != 0 and upd.sc_lr_b_delta is None
+    return exact_lr or exact_b
+
+
 @dataclass(frozen=True)
 class Product:
     """One multiplier of a stage lane as the HDL builds it (``build.stage_products``).
@@ -237,12 +270,16 @@ class Product:
     a_bits, b_bits: the operand widths (bits, signed).
     blocks: 18 × 18 hard multiplier blocks it takes (``build.multiplier_blocks``; 0: shifts
         and adders in logic).
+    per_stage: True: one multiplier for the whole stage, not one per lane (the scaled error
+        ``c·g`` formed at the error buffer's write, ``build.errors_scaled_at_write``); None
+        (absent from the JSON): one per lane.
     """
 
     name: str
     a_bits: int
     b_bits: int
     blocks: int
+    per_stage: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -259,7 +296,8 @@ class MemorySpec:
     name: the HDL submodule name (per-lane: the prefix). Stage: ``w``, ``u`` (weights,
         velocities; ``w_prev`` for the LWP ``w`` form: the weights before the last update),
         ``xstash`` (input stash), ``mask`` (activation-derivative bits), ``gbuf`` (error
-        buffer), ``gacc`` (input-gradient partial sums), ``act_lut`` (tanh/sigmoid ROM).
+        buffer), ``sbuf`` (scaled errors), ``gacc`` (input-gradient partial sums), ``act_lut``
+        (tanh/sigmoid ROM).
         Loss unit: ``zbuf`` (logits), ``lut`` (exp ROM), ``ebuf`` (exp values). Top:
         ``results`` (result FIFO storage).
     per_lane: one bank per lane, named ``name0`` … (weights and velocities).
@@ -401,7 +439,9 @@ class Stage:
     gin_losses: the streams whose input gradient this stage sends back (empty when
         ``input_gradient`` is False).
     memories: every memory the stage's HDL builds (:class:`MemorySpec`), in this order: ``w``,
-        ``u`` (per lane), ``xstash``, ``mask``, ``gbuf``, then ``gacc`` (only with an input
+        ``u`` (per lane), ``xstash``, ``mask``, ``gbuf``, ``sbuf`` (only when the scaled
+        errors are formed at the error buffer's write, ``build.errors_scaled_at_write``), then
+        ``gacc`` (only with an input
         gradient and row_groups > 1), then ``act_lut`` (``tanh``/``sigmoid`` only). Their
         geometry, from the fields below:
 
@@ -411,6 +451,8 @@ class Stage:
           (forward and backward item), 1 write port;
         - ``mask``: ``stash_entries`` × row_groups words of L·``mask_bits`` bits;
         - ``gbuf``: 2 halves × row_groups words of ``d_word_bits`` (written d.bits at a time);
+        - ``sbuf``: the same words of L × Σ e.bits (the scaled errors ``e = rhu(c·g, k)`` of
+          :meth:`UpdateConstants.scaled_errors`, one lane's written at a time);
         - ``gacc``: N words of ``acc_bwd_bits``;
         - ``act_lut`` (``tanh``/``sigmoid`` only, last): the activation ROM, ``len(entries)``
           words of ``activation_lut.word_bits``, one read port per lane, no write port.
@@ -525,6 +567,22 @@ class Stage:
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)
+
+    @property
+    def scaled_at_write(self) -> bool:
+        """The error buffer forms the scaled errors at its write (:func:`errors_scaled_at_write`
+        of this Linear stage; a convolution's lr·P is exact)."""
+        if self.conv is not None:
+            return False
+        return errors_scaled_at_write(self.activation, self.losses, self.update, self.formats.d)
+
+    @property
+    def reads_delta(self) -> bool:
+        """The error buffer gives δ and has ``gbuf``: unless the scaled errors are formed at
+        its write and nothing else reads δ (:func:`errors_read_as_delta`)."""
+        if not self.scaled_at_write:
+            return True
+        return errors_read_as_delta(self.input_gradient, self.update, self.formats.d)
 
     @property
     def weight_shift(self) -> int:

@@ -56,6 +56,7 @@ from .build import (
     sequential_cycles,
     shift_add,
     stage_cycles,
+    stage_multipliers,
     stage_products,
     tick_cycles,
     update_stage,
@@ -458,7 +459,12 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")
     _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
     if st.products is not None:
-        _same(f"{p}.multipliers", st.multipliers, L * len(st.products), "lanes × len(products)")
+        _same(
+            f"{p}.multipliers",
+            st.multipliers,
+            stage_multipliers(st),
+            "lanes × the per-lane products + the per-stage ones",
+        )
     else:  # a plan from before Stage.products: the count it was written with
         mults = L * _multipliers_before_products(st)
         _same(

@@ -286,12 +286,13 @@ def memory_table(plan: Plan) -> str:
 def multiplier_table(plan: Plan) -> str:
     """Return every multiplier of each stage lane as built (``Stage.products``: what it
     multiplies, its operand widths in bits, the 18 × 18 DSP blocks it takes per lane and for
-    the stage's lanes) and the loss units'; stages of plans from before the list are left
-    out."""
+    the stage's lanes — once for a stage's shared one, ``Product.per_stage``, whose row says
+    1 lane) and the loss units'; stages of plans from before the list are left out."""
     rows: list[tuple] = [
-        (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, st.lanes, p.blocks * st.lanes)
+        (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, n, p.blocks * n)
         for st in plan.stages
         for p in st.products or ()
+        for n in [1 if p.per_stage else st.lanes]
     ]
     for name, lu in [("loss", plan.loss)] + [
         (f"L{k}", lu) for k, lu in enumerate(plan.head_losses, start=1)
@@ -393,9 +394,17 @@ def _operand_lines(plan: Plan) -> list[str]:
                 f"the MACs read ŵ and w as {st.weight_operand} (ŵ: w, or LWP's prediction; "
                 f"rhu by {st.weight_shift} bits, round half up, one integer bit more than ŵ)"
             )
+        shared = any(p.per_stage for p in st.products or ())
+        where = (
+            "once per error as it is written, one multiplier for the stage"
+            if shared
+            else ("in every lane")
+        )
         for name, fe in (("lr·δ", st.update.lr_delta), ("b·lr·δ", st.update.sc_lr_b_delta)):
             if fe is not None:
-                parts.append(f"the scaled error {name} as {fe} (`lr_delta`, then `lr_x` = e·x)")
+                parts.append(
+                    f"the scaled error {name} as {fe} (`lr_delta`, {where}; then `lr_x` = e·x)"
+                )
         if parts:
             out.append(f"- stage {st.index}: " + "; ".join(parts))
     return out

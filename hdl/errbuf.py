@@ -54,9 +54,17 @@ class ErrorBuffer(wiring.Component):
     addends: δ values of other streams added at S1 (the ``sum`` rule; 0: none).
     early: also give the S1 δ (``early``) for another buffer's same-tick sum.
     scales: ``(c, k, bits)`` per scaled error ``e = rhu(c·δ, k)`` of the update's δ
-        (docs/numerics.md §5.3: the learning-rate products' ``e``, formed at S1 from the same
-        δ the update reads, so ``e·x`` is one multiplier level at S2); ``bits`` holds it
-        unclamped (the compiler's ``scaled_error_format``).
+        (docs/numerics.md §5.3: the learning-rate products' ``e``, so ``e·x`` is one
+        multiplier level at S2); ``bits`` holds it unclamped (the compiler's
+        ``scaled_error_format``).
+    at_write: form the scaled errors once per error as it is written — ``rhu(c·g, k)``, one
+        ``c·g`` multiplier per scale for the buffer, kept in ``sbuf`` beside ``gbuf`` and gated
+        by the activation's mask at S1 — instead of ``rhu(c·δ, k)`` in every lane from the S1
+        δ (the compiler's ``errors_scaled_at_write``: ``relu``/``identity`` without
+        ``addends``, where both give the same integers).
+    delta_out: build ``gbuf`` and give δ (False: with ``at_write``, when nothing reads δ —
+        a stage without an input gradient whose every learning-rate product takes a scaled
+        error, ``Stage.reads_delta``; ``delta`` is then 0).
 
     Members
     -------
@@ -67,7 +75,7 @@ class ErrorBuffer(wiring.Component):
     mask: ``In(MaskReadSignature(L·stash_bits))`` the stashed ``z > 0`` bits at S1
         (``tanh``/``sigmoid``: the outputs y, ``activation.stash_bits`` = y.bits per lane).
     delta: ``Out(DeltaSignature(L, d.bits))`` δ per lane at S2 (this stream's own: its input
-        gradient's).
+        gradient's; 0 without ``delta_out``).
     addend0 … addend{n−1}: ``In(DeltaSignature(L, d.bits))`` (``addends`` > 0) δ per lane of
         an earlier update stream of this slot's row group at S1 (0 where it did not run).
     total: ``Out(DeltaSignature(L, d.bits))`` (``addends`` > 0) ``sat(δ + Σ addend, d)`` per
@@ -78,7 +86,15 @@ class ErrorBuffer(wiring.Component):
     scaled0 … scaled{n−1}: ``Out(DeltaSignature(L, bits))`` (``scales``) ``rhu(c·δ, k)`` per
         lane at S2, of the update's δ (``total`` with ``addends``, else ``delta``).
 
-    Raises ValueError unless ``(G−1)·L < M ≤ G·L``.
+    The write of ``sbuf`` lands one cycle after its ``g`` (``c·g`` registered, then rounded):
+    the last error of a half arrives at least 3 cycles before the pass that reads it starts
+    (the input gradient's last value leaves at S4 of the second-to-last slot of a pass, whose
+    end is that slot + 1 + 2 + ``write_stage``; the loss unit's δ ends ``TICK_OVERHEAD``
+    cycles before the tick), so the read never sees a half-written word (*derived*; the
+    RTL-vs-golden tests cover both schedules).
+
+    Raises ValueError unless ``(G−1)·L < M ≤ G·L``, or for ``at_write`` with ``addends`` or
+    an activation whose derivative is not a mask.
     """
 
     def __init__(
@@ -92,10 +108,24 @@ class ErrorBuffer(wiring.Component):
         addends: int = 0,
         early: bool = False,
         scales: tuple[tuple[int, int, int], ...] = (),
+        at_write: bool = False,
+        delta_out: bool = True,
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
             raise ValueError(f"{out_features} rows do not fill {G} row groups of {lanes} lanes")
+        if at_write and (addends or activation.name not in ("relu", "identity")):
+            raise ValueError(
+                f"scaled errors at the write need a mask derivative (relu, identity) and no "
+                f"addends, not {activation.name} with {addends} addends"
+            )
+        self.at_write = bool(at_write and scales)
+        if not delta_out and (not self.at_write or early):
+            raise ValueError(
+                "only an error buffer that forms its scaled errors at the write "
+                "and gives no early δ can leave δ out"
+            )
+        self.delta_out = delta_out
         self.pipeline, self.L, self.M, self.fd, self.act = (
             pipeline,
             lanes,
@@ -124,23 +154,14 @@ class ErrorBuffer(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        G, L, M, fd = self.pipeline.row_groups, self.L, self.M, self.fd
+        G, L, M = self.pipeline.row_groups, self.L, self.M
         sp = self.slots
         s1 = slot_at(sp, 1)
-        m.submodules.gbuf = gm = Memory(shape=L * fd.bits, depth=2 * G, init=[])
-        grd, gwr = gm.read_port(), gm.write_port(granularity=fd.bits)
-
         # serial write: word gq, lane gl of the half being filled
         gq = Signal(range(max(G, 2)))
         gl = Signal(range(max(L, 2)))
         last_lane = (M - 1) % L
         wr = self.write
-        m.d.comb += [
-            gwr.addr.eq(Mux(self.halves.write, G, 0) + gq),
-            gwr.data.eq(Cat(*([wr.payload] * L))),
-        ]
-        for lane in range(L):
-            m.d.comb += gwr.en[lane].eq(wr.valid & (gl == lane))
         with m.If(wr.valid):
             with m.If((gq == G - 1) & (gl == last_lane)):
                 m.d.sync += [gq.eq(0), gl.eq(0)]
@@ -148,52 +169,117 @@ class ErrorBuffer(wiring.Component):
                 m.d.sync += [gq.eq(gq + 1), gl.eq(0)]
             with m.Else():
                 m.d.sync += gl.eq(gl + 1)
-
-        # S0: read the slot's row group; S1: δ per lane; S2: registered
-        m.d.comb += grd.addr.eq(Mux(self.halves.read, G, 0) + slot_at(sp, 0).payload.group)
+        waddr = wire(m, Mux(self.halves.write, G, 0) + gq, "waddr")
+        # S0: read the slot's row group's word; S1: δ (and e) per lane; S2: registered
+        raddr = wire(m, Mux(self.halves.read, G, 0) + slot_at(sp, 0).payload.group, "raddr")
+        grd = self._gbuf(m, waddr, gl, raddr) if self.delta_out else None
+        e_bits = sum(bits for _, _, bits in self.scales)
+        srd = self._scaled_at_write(m, waddr, gl, raddr, e_bits) if self.at_write else None
         live_last = M - (G - 1) * L  # lanes ≥ this are padding in the last row group
         for lane in range(L):
-            g = grd.data.word_select(lane, fd.bits).as_signed()
             mb = self.act.stash_bits
             stashed = self.mask.bits[lane] if mb == 1 else self.mask.bits.word_select(lane, mb)
-            dl = wire(m, self.act.derivative(stashed, g), f"dl_{lane}")  # used twice: one copy
             live = sp.bwd
             if lane >= live_last:
                 live = live & ~s1.payload.last_group
-            d1 = wire(m, Mux(live, dl, 0), f"d1_{lane}")
-            if self.with_early:
-                m.d.comb += self.early.delta[lane].eq(d1)
-            d2 = Signal(signed(fd.bits), name=f"d2_{lane}")
-            with m.If(s1.valid):
-                m.d.sync += d2.eq(d1)
-            m.d.comb += self.delta.delta[lane].eq(d2)
-            upd1 = d1  # the update's δ at S1
-            raw1 = dl  # the same before its gating (the scaled errors gate after the product)
-            if self.addends:  # the sum rule: δ + the earlier streams' δ, clamped once
-                total = dl
-                for k in range(self.addends):
-                    total = total + getattr(self, f"addend{k}").delta[lane]
-                t1, clamped = sat(total, fd)
-                upd1, raw1 = wire(m, Mux(live, t1, 0), f"t1_{lane}"), t1
-                t2 = Signal(signed(fd.bits), name=f"t2_{lane}")
-                flag = Signal(name=f"dsat_{lane}")
-                with m.If(s1.valid):
-                    m.d.sync += t2.eq(upd1)
-                m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
-                m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
-            for n, (c, k, bits) in enumerate(self.scales):  # e = rhu(c·δ, k), numerics §5.3
-                # the product c·δ registered at S2, gated after the multiplier, and rounded at
-                # S2 (rhu(c·0, k) = 0: the same integers). Timing, *derived*: the ULX3S's
-                # critical path at lanes 2,4 was bwd / the stashed mask → gate → c·δ → rhu's
-                # carry chain in one cycle (12.0 / 12.2 ns); S1 now ends at the product and
-                # S2's rounding sits before the update's e·x, which has the cycle to itself
-                raw = raw1 * c
-                p2 = Signal(raw.shape(), name=f"e{n}_p2_{lane}")
-                with m.If(s1.valid):
-                    m.d.sync += p2.eq(Mux(live, raw, 0))
-                e2 = wire(m, rhu(p2, k)[:bits].as_signed(), f"e{n}_2_{lane}")
-                m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
+            if grd is not None:
+                g = grd.data.word_select(lane, self.fd.bits).as_signed()
+                self._delta_lane(m, lane, g, stashed, live)
+            if srd is not None:  # e of g from sbuf, gated like δ (mask·rhu(c·g, k)) at S1
+                e_word = srd.data.word_select(lane, e_bits)
+                lo = 0
+                for n, (_, _, bits) in enumerate(self.scales):
+                    eg = e_word[lo : lo + bits].as_signed()
+                    lo += bits
+                    e2 = Signal(signed(bits), name=f"e{n}_2_{lane}")
+                    with m.If(s1.valid):
+                        m.d.sync += e2.eq(Mux(live, self.act.derivative(stashed, eg), 0))
+                    m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
         return m
+
+    def _gbuf(self, m: Module, waddr, wlane, raddr):
+        """``gbuf``: each ``g`` written into lane ``wlane`` of word ``waddr`` as it arrives;
+        read at S0 at ``raddr``. Returns the read port (data at S1)."""
+        G, L, fd = self.pipeline.row_groups, self.L, self.fd
+        m.submodules.gbuf = gm = Memory(shape=L * fd.bits, depth=2 * G, init=[])
+        grd, gwr = gm.read_port(), gm.write_port(granularity=fd.bits)
+        wr = self.write
+        m.d.comb += [
+            gwr.addr.eq(waddr),
+            gwr.data.eq(Cat(*([wr.payload] * L))),
+            grd.addr.eq(raddr),
+        ]
+        for lane in range(L):
+            m.d.comb += gwr.en[lane].eq(wr.valid & (wlane == lane))
+        return grd
+
+    def _delta_lane(self, m: Module, lane: int, g, stashed, live) -> None:
+        """Lane ``lane``'s δ = f′(z)·g at S1 (``early``), registered at S2 (``delta``); the
+        ``sum`` rule's total; the scaled errors ``rhu(c·δ, k)`` formed in the lane."""
+        fd, s1 = self.fd, slot_at(self.slots, 1)
+        dl = wire(m, self.act.derivative(stashed, g), f"dl_{lane}")  # used twice: one copy
+        d1 = wire(m, Mux(live, dl, 0), f"d1_{lane}")
+        if self.with_early:
+            m.d.comb += self.early.delta[lane].eq(d1)
+        d2 = Signal(signed(fd.bits), name=f"d2_{lane}")
+        with m.If(s1.valid):
+            m.d.sync += d2.eq(d1)
+        m.d.comb += self.delta.delta[lane].eq(d2)
+        raw1 = dl  # the update's δ before its gating (the scaled errors gate after the product)
+        if self.addends:  # the sum rule: δ + the earlier streams' δ, clamped once
+            total = dl
+            for k in range(self.addends):
+                total = total + getattr(self, f"addend{k}").delta[lane]
+            t1, clamped = sat(total, fd)
+            upd1, raw1 = wire(m, Mux(live, t1, 0), f"t1_{lane}"), t1
+            t2 = Signal(signed(fd.bits), name=f"t2_{lane}")
+            flag = Signal(name=f"dsat_{lane}")
+            with m.If(s1.valid):
+                m.d.sync += t2.eq(upd1)
+            m.d.sync += flag.eq(s1.valid & live & clamped & (s1.payload.col == 0))
+            m.d.comb += [self.total.delta[lane].eq(t2), self.saturated[lane].eq(flag)]
+        if self.at_write:
+            return
+        for n, (c, k, bits) in enumerate(self.scales):  # e = rhu(c·δ, k), numerics §5.3
+            # the product c·δ registered at S2, gated after the multiplier, and rounded at
+            # S2 (rhu(c·0, k) = 0: the same integers). Timing, *derived*: the ULX3S's
+            # critical path at lanes 2,4 was bwd / the stashed mask → gate → c·δ → rhu's
+            # carry chain in one cycle (12.0 / 12.2 ns); S1 now ends at the product and
+            # S2's rounding sits before the update's e·x, which has the cycle to itself
+            raw = raw1 * c
+            p2 = Signal(raw.shape(), name=f"e{n}_p2_{lane}")
+            with m.If(s1.valid):
+                m.d.sync += p2.eq(Mux(live, raw, 0))
+            e2 = wire(m, rhu(p2, k)[:bits].as_signed(), f"e{n}_2_{lane}")
+            m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
+
+    def _scaled_at_write(self, m: Module, waddr, wlane, raddr, e_bits: int):
+        """``sbuf``: ``rhu(c·g, k)`` of each scale for every written ``g`` — ``c·g`` registered
+        (one multiplier per scale, no enable: a DSP output register), rounded the cycle after
+        and written with the address and lane of its ``g`` (held with it); read at S0 at
+        ``gbuf``'s address. Returns the read port (data at S1)."""
+        G, L = self.pipeline.row_groups, self.L
+        m.submodules.sbuf = sm = Memory(shape=L * e_bits, depth=2 * G, init=[])
+        srd, swr = sm.read_port(), sm.write_port(granularity=e_bits)
+        wr = self.write
+        valid1 = Signal()
+        addr1 = Signal.like(waddr, name="sbuf_addr1")
+        lane1 = Signal.like(wlane, name="sbuf_lane1")
+        m.d.sync += [valid1.eq(wr.valid), addr1.eq(waddr), lane1.eq(wlane)]
+        es = []
+        for n, (c, k, bits) in enumerate(self.scales):
+            raw = wr.payload * c
+            p1 = Signal(raw.shape(), name=f"e{n}_p1")
+            m.d.sync += p1.eq(raw)
+            es.append(rhu(p1, k)[:bits])
+        m.d.comb += [
+            swr.addr.eq(addr1),
+            swr.data.eq(Cat(*([Cat(*es)] * L))),
+            srd.addr.eq(raddr),
+        ]
+        for lane in range(L):
+            m.d.comb += swr.en[lane].eq(valid1 & (lane1 == lane))
+        return srd
 
 
 class DeltaStash(wiring.Component):

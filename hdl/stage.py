@@ -216,6 +216,8 @@ class StageUnit(wiring.Component):
                 activation=self.activation,
                 addends=len(self.early),
                 scales=scaled_errors(st),
+                at_write=st.scaled_at_write,
+                delta_out=st.reads_delta,
             ),
             "update": UpdateUnit(
                 pipe,

@@ -112,14 +112,14 @@ def _auto(model: str, board: str, hidden: str | None = None):
     [
         # DSP blocks bind on the ULX3S (156 MULT18X18D); block RAM, SPRAM and DSPs on the
         # iCEBreaker, where one lane per stage with SPRAM weights is the only plan that fits
-        ("mlp-digits", "ulx3s-85f", [16, 4], 137),
+        ("mlp-digits", "ulx3s-85f", [32, 5], 102),
         ("mlp-digits-deep", "ulx3s-85f", [11, 7, 7, 2], 202),
         (
             "mlp-digits-wide",
             "ulx3s-85f",
-            [13, 13, 1],
-            691,
-        ),  # the loss unit (C + 5 cycles) sets this tick
+            [15, 16, 2],
+            592,
+        ),
         ("mlp-digits", "icebreaker", [1, 1], 4167),
     ],
 )
@@ -152,11 +152,12 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
         result.ir, result.config, result.formats, (4, 1), False, b.clock_hz, 0, b.const_bits,
         (), b.ram_family,
     )  # fmt: skip
-    assert board_lanes(req, b) == (16, 4)
-    # 18-bit operands (numerics §3.2, §5.3): 16 lanes × 5 blocks (ŵ·x, m·u: 2, lr·δ, e·x) + 4 ×
-    # 6 (+ w·δ) + the loss unit's 1 = 105 of 156; the next faster design (32 lanes for a
-    # 65-slot pass, 10 for stage 2: 32·5 + 10·6 + 1 = 221) needs more than 156
-    assert result.fit["multipliers"] == {"needed": 105, "available": 156}
+    assert board_lanes(req, b) == (32, 5)
+    # 18-bit operands (numerics §3.2, §5.3): 32 lanes × 4 blocks (ŵ·x, m·u: 2, e·x) + the
+    # stage's lr·g at the error buffer's write + 5 × 5 (+ w·δ) + 1 + the loss unit's 1 = 156
+    # of 156; the next faster design (10 lanes for stage 2: 128 + 1 + 50 + 1 + 1 = 181) does
+    # not fit
+    assert result.fit["multipliers"] == {"needed": 156, "available": 156}
 
 
 def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -> None:
@@ -165,7 +166,7 @@ def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -
     msg = str(e.value)
     assert "DSP blocks needed, 156 available" in msg
     assert "with the lanes asked for (32,10)" in msg
-    assert "--lanes 16,4 fits (137 cycles/sample)" in msg and "--lanes auto" in msg
+    assert "--lanes 32,5 fits (102 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156
     # explicit lanes that fit win over auto
     small = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [2, 1]})
@@ -190,7 +191,7 @@ def test_cli_lanes_auto_and_explicit_lanes_error(tmp_path: Path) -> None:
     )
     assert res.exit_code == 2
     assert res.output.startswith("Error: mlp-digits does not fit ulx3s-85f")
-    assert "--lanes 16,4 fits" in res.output and "Traceback" not in res.output
+    assert "--lanes 32,5 fits" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
 
 

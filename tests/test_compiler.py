@@ -305,26 +305,30 @@ def test_stage_memory_and_blocks():
     Stage 1 (N 64, M 32, L 4, 8 row groups, D 3): w, u 4 banks × 8·65 = 520 words × 24 → 49,920
     bits each (2 blocks of 1024×18 per bank); stash (D+2) = 5 entries × 64 words × 16 (the host
     writes one value per word) = 5,120 bits, two read ports → 2 copies of one block; mask 5·8 ×
-    4 bits = 160 and error buffer 2·8 words × 4·16 bits = 1,024 in LUT RAM. Σ 106,144 bits, 18
-    blocks.
+    4 bits = 160 and the error buffer's scaled errors (lr·g, formed at the write: 2·8 words ×
+    4·18 bits = 1,152; no input gradient, so nothing reads g itself: no gbuf) in LUT RAM.
+    Σ 106,272 bits, 18 blocks.
     Stage 2 (N 32, M 10, L 1, 10 groups, D 1): w, u 330 × 24 = 7,920 each (one 512×36 block);
     stash 3 entries × ⌈32/4⌉ words × 4·16 bits = 1,536; mask 30 × 1; error buffer 20 × 16 =
-    320; gacc 32 × (18 + 16 + ⌈log2 10⌉ + 1 = 39: the 18-bit weight operand of the input-gradient
-    MAC, numerics §5.2) = 1,248 — all but w, u in LUT RAM. Σ 18,974 bits, 2 blocks.
+    320, scaled errors 20 × 18 = 360; gacc 32 × (18 + 16 + ⌈log2 10⌉ + 1 = 39: the 18-bit
+    weight operand of the input-gradient MAC, numerics §5.2) = 1,248 — all but w, u in LUT
+    RAM. Σ 19,334 bits, 2 blocks.
     Loss unit: logits 10 × 16, exp ROM 512 × 16 = 8,192 (one block), exp values 10 × 16; the
-    result FIFO 2 × 49. Total 106,144 + 18,974 + 8,512 + 98 = 133,728 bits, 21 blocks.
+    result FIFO 2 × 49. Total 106,272 + 19,334 + 8,512 + 98 = 134,216 bits, 21 blocks.
     """
     plan = build_plan(_ir(), TrainConfig(), lanes=[4, 1])
     s1, s2 = plan.stages
-    assert s1.memory_bits == 2 * 4 * 520 * 24 + 5 * 64 * 16 + 40 * 4 + 16 * 64 == 106144
+    assert s1.memory_bits == 2 * 4 * 520 * 24 + 5 * 64 * 16 + 40 * 4 + 16 * 72 == 106272
+    assert [m.name for m in s1.memories] == ["w", "u", "xstash", "mask", "sbuf"]
     assert s1.memory_blocks == 8 + 8 + 2 == sum(m.blocks for m in s1.memories)
     assert s1.stash_bits == 5 * 64 * 16 + 40 * 4
-    assert s2.memory_bits == 2 * 330 * 24 + 24 * 64 + 30 + 20 * 16 + 32 * 39 == 18974
-    assert [m.name for m in s2.memories] == ["w", "u", "xstash", "mask", "gbuf", "gacc"]
+    assert s2.memory_bits == 2 * 330 * 24 + 24 * 64 + 30 + 20 * 16 + 20 * 18 + 32 * 39 == 19334
+    assert [m.name for m in s2.memories] == ["w", "u", "xstash", "mask", "gbuf", "sbuf", "gacc"]
     assert (s2.x_lanes, s2.x_words, s2.stash_entries, s2.x_word_bits) == (4, 8, 3, 64)
-    assert plan.memory_bits == 106144 + 18974 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 133728
+    assert plan.memory_bits == 106272 + 19334 + (10 * 16 + 512 * 16 + 10 * 16) + 2 * 49 == 134216
     assert plan.memory_blocks == s1.memory_blocks + s2.memory_blocks + 1 == 21
-    assert s1.multipliers == 4 * len(s1.products) == 4 * 4  # fwd, momentum, lr_delta, lr_x
+    # fwd, momentum, lr_x per lane; lr_delta once for the stage
+    assert s1.multipliers == 4 * 3 + 1
 
 
 def test_too_many_lanes_and_idle_lanes():
@@ -342,10 +346,10 @@ def test_too_many_lanes_and_idle_lanes():
 
 def test_memory_budget():
     ir = _ir()
-    with pytest.raises(PlanError, match=r"needs 133728 memory bits .* budget is 100000 bits"):
+    with pytest.raises(PlanError, match=r"needs 134216 memory bits .* budget is 100000 bits"):
         build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=100_000)
-    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=133728).memory_bits == (
-        133728
+    assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=134216).memory_bits == (
+        134216
     )
 
 
@@ -406,11 +410,12 @@ def test_lane_policies():
 def test_max_multipliers_is_the_fastest_design_within_budget(budget):
     ir, cfg = _ir(), TrainConfig()
     per = lane_multipliers(ir, cfg)
-    assert per == (4, 5)  # fwd, momentum, lr_delta, lr_x (+ gin): len(Stage.products)
+    # per lane fwd, momentum, lr_x (+ gin); per stage lr_delta (formed at the error buffer's write)
+    assert per == ((3, 1), (4, 1))
     lanes = choose_lanes(ir, cfg, max_multipliers=budget)
 
     def cost(ls):
-        return sum(p * L for p, L in zip(per, ls, strict=True))
+        return sum(a * L + b for (a, b), L in zip(per, ls, strict=True))
 
     def tick(ls):
         return max(stage_cycles(ly.in_features, ly.out_features, L)[1]

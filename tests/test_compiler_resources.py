@@ -56,8 +56,9 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     """With ``operand_bits`` 18 (the default, docs/numerics.md §3.2, §5.3) the forward, input-
     gradient and learning-rate products are one MULT18X18D each; only m·u (an 18-bit constant ×
     the 24-bit velocity, which keeps its width) takes two. mlp-digits at lanes 4,1: stage 1
-    5 blocks per lane (ŵ·x 18×16, m·u 18×24: 2, lr·δ 18×16, e·x 18×16), stage 2 6 (+ w·δ
-    18×16): 20 + 6 + the loss unit's 1 = 27 (38 with exact products)."""
+    4 blocks per lane (ŵ·x 18×16, m·u 18×24: 2, e·x 18×16) and the stage's one lr·g 18×16 at
+    the error buffer's write, stage 2 5 (+ w·δ 18×16) + 1: 17 + 6 + the loss unit's 1 = 24
+    (38 with exact products)."""
     name, module, _ = load_model("mlp-digits")
     plan = build_plan(trace(module, name), TrainConfig(), lanes=[4, 1])
     s1, s2 = plan.stages
@@ -69,8 +70,9 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
         ("lr_x", 18, 16, 1),
     ]
     assert [p.name for p in s1.products] == ["fwd", "momentum", "lr_delta", "lr_x"]
-    assert [hard_multipliers(s) for s in plan.stages] == [20, 6]
-    assert hard_multipliers(plan, 18) == 27
+    assert [p.name for p in s1.products if p.per_stage] == ["lr_delta"]
+    assert [hard_multipliers(s) for s in plan.stages] == [4 * 4 + 1, 6]
+    assert hard_multipliers(plan, 18) == 24
     assert s1.weight_operand.bits == 18 and s1.update.lr_delta.bits == 18
     # report.md lists them, and the rounded operand formats (docs/numerics.md §3.2, §5.3)
     text = render_report(plan)
@@ -80,7 +82,9 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     assert f"rhu by {s1.weight_shift} bits" in text
     section = text[text.index("## Multipliers") :].splitlines()
     total = next(line for line in section if line.startswith("| total |"))
-    assert total.rstrip(" |").endswith(" 27")  # the loss unit included: hard_multipliers(plan)
+    assert total.rstrip(" |").endswith(" 24")  # the loss unit included: hard_multipliers(plan)
+    # the shared lr·g: one block for the stage's 4 lanes
+    assert "| 1     | lr_delta   | 18 × 16      |               1 |     1 |          1 |" in text
     # exact plans (operand_bits None) say nothing of rounding, and list two-block products
     exact = render_report(build_plan(trace(module, name), TrainConfig(), operand_bits=None))
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in exact.splitlines()]

@@ -2,7 +2,8 @@
 half while passes read the other; δ per lane = the activation derivative of the stored error
 (the golden model's ``rhu`` for the LeakyReLU slope), 0 in padding lanes and without a backward
 item (docs/numerics.md §5); the scaled errors ``e = rhu(c·δ, k)`` of the learning-rate
-products (§5.3) of the update's δ, in the 18-bit formats the compiler picks."""
+products (§5.3) of the update's δ, in the 18-bit formats the compiler picks — per lane from δ,
+or (ReLU / identity) once per error at the write, gated by the mask: the same integers."""
 
 from __future__ import annotations
 
@@ -50,18 +51,32 @@ def _derivative(act: str, positive: bool, g: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "act,M,L",
-    [("relu", 5, 2), ("leaky_relu", 7, 3), ("identity", 4, 4), ("leaky_relu", 3, 1)],
+    "act,M,L,at_write,delta_out",
+    [
+        ("relu", 5, 2, False, True),
+        ("leaky_relu", 7, 3, False, True),
+        ("identity", 4, 4, False, True),
+        ("leaky_relu", 3, 1, False, True),
+        # the scaled errors rhu(c·g, k) formed at the write (sbuf), gated by the mask at S1
+        ("relu", 5, 2, True, True),
+        ("identity", 4, 4, True, True),
+        ("relu", 3, 3, True, False),  # one row group (read at once), no gbuf: δ is 0
+        ("relu", 7, 3, True, False),
+    ],
 )
-def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
+def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L, at_write, delta_out):
+    """δ and the scaled errors of every slot, with the next sample's errors written during the
+    pass; the buffer's contract: a half is read from two cycles after its last error's write
+    (the scaled errors' write at the write lands one cycle after ``g``'s)."""
     G = -(-M // L)
     N = 3
-    rng = random.Random(M * 10 + L)
+    rng = random.Random(M * 10 + L + 100 * at_write)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
     activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2, SHIFT_ADD)
     dut = ErrorBuffer(
-        pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES
-    )
+        pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES,
+        at_write=at_write, delta_out=delta_out,
+    )  # fmt: skip
     errors = [[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)] for _ in range(4)]
     results = []
 
@@ -75,6 +90,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
             ctx.set(dut.write.payload, g)
             await ctx.tick()
             ctx.set(dut.write.valid, 0)
+        await ctx.tick()
         # tick t reads half t % 2 and fills the other one with sample t + 1
         for t in range(3):
             rd, bwd = t % 2, t != 1
@@ -107,6 +123,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
                 ctx.set(dut.write.payload, todo.pop(0))
                 await ctx.tick()
             ctx.set(dut.write.valid, 0)
+            await ctx.tick()  # the next pass starts two cycles after the last write
             results.append((t, bwd, masks, seen))
 
     sim = Simulator(dut)
@@ -119,12 +136,26 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L):
         for (n, _i, g), deltas, es in seen:
             for lane, d in enumerate(deltas):
                 j = g * L + lane
-                if not bwd or j >= M:
-                    assert d == 0, (t, j)
-                else:
+                want = 0
+                if bwd and j < M:
                     positive = bool((masks[n] >> lane) & 1)
-                    assert d == _derivative(act, positive, errors[t][j]), (t, j)
-                assert es[lane] == _scaled(d), (t, j)
+                    want = _derivative(act, positive, errors[t][j])
+                assert d == (want if delta_out else 0), (t, j)
+                assert es[lane] == _scaled(want), (t, j)
+
+
+def test_scaled_errors_at_the_write_need_a_mask_derivative_and_no_addends():
+    pipe = SlotPipelineSignature(3, 1, 4, 4)
+    leaky = Activation("leaky_relu", SLOPE, 2, SHIFT_ADD)
+    with pytest.raises(ValueError, match="mask derivative.*leaky_relu"):
+        ErrorBuffer(pipe, lanes=2, out_features=2, d_format=FD, activation=leaky, scales=SCALES,
+                    at_write=True)  # fmt: skip
+    with pytest.raises(ValueError, match="2 addends"):
+        ErrorBuffer(pipe, lanes=2, out_features=2, d_format=FD, activation=Activation("relu"),
+                    scales=SCALES, addends=2, at_write=True)  # fmt: skip
+    with pytest.raises(ValueError, match="leave δ out"):
+        ErrorBuffer(pipe, lanes=2, out_features=2, d_format=FD, activation=Activation("relu"),
+                    scales=SCALES, delta_out=False)  # fmt: skip
 
 
 def test_unknown_activation_raises_naming_stage_and_choices():

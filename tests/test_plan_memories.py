@@ -239,12 +239,13 @@ def test_mlp_digits_memory_totals() -> None:
         ("stage1", "u"): (4, 520, 24, "bram", 8),
         ("stage1", "xstash"): (1, 320, 16, "bram", 2),
         ("stage1", "mask"): (1, 40, 4, "lutram", 0),
-        ("stage1", "gbuf"): (1, 16, 64, "lutram", 0),
+        ("stage1", "sbuf"): (1, 16, 72, "lutram", 0),  # lr·g of 4 lanes; nothing reads g
         ("stage2", "w"): (1, 330, 24, "bram", 1),
         ("stage2", "u"): (1, 330, 24, "bram", 1),
         ("stage2", "xstash"): (1, 24, 64, "lutram", 0),
         ("stage2", "mask"): (1, 30, 1, "lutram", 0),
         ("stage2", "gbuf"): (1, 20, 16, "lutram", 0),
+        ("stage2", "sbuf"): (1, 20, 18, "lutram", 0),
         ("stage2", "gacc"): (1, 32, 39, "lutram", 0),  # 18-bit w operand (numerics §5.2)
         ("loss", "zbuf"): (1, 10, 16, "lutram", 0),
         ("loss", "lut"): (1, 512, 16, "bram", 1),
@@ -252,9 +253,9 @@ def test_mlp_digits_memory_totals() -> None:
         ("top", "results"): (1, 2, 49, "lutram", 0),
     }
     s1, s2 = plan.stages
-    assert s1.memory_bits == 2 * 49920 + 5120 + 160 + 1024 == 106144
-    assert s2.memory_bits == 2 * 7920 + 1536 + 30 + 320 + 1248 == 18974
-    assert plan.memory_bits == 106144 + 18974 + 8512 + 98 == 133728
+    assert s1.memory_bits == 2 * 49920 + 5120 + 160 + 1152 == 106272
+    assert s2.memory_bits == 2 * 7920 + 1536 + 30 + 320 + 360 + 1248 == 19334
+    assert plan.memory_bits == 106272 + 19334 + 8512 + 98 == 134216
     assert plan.memory_blocks == memory_blocks(plan) == 21
 
 

@@ -1,5 +1,7 @@
 """``Stage.multipliers`` / ``Plan.multipliers`` count the multipliers the HDL instantiates:
-lanes × ``len(Stage.products)`` per stage (``build.stage_products``), the stages summed (the
+lanes × the per-lane ``Stage.products`` plus the per-stage ones (``Product.per_stage``: the
+scaled error formed at the error buffer's write) per stage (``build.stage_products``), the
+stages summed (the
 loss units' are in report.md's Multipliers table and the board fit), and ``plan_check``
 refuses a plan whose counts disagree with its products."""
 
@@ -29,9 +31,11 @@ def _tanh_ir():
 
 
 def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
-    """The ULX3S plan of mlp-digits at --lanes 16,4: per lane stage 1 builds ŵ·x, m·u, lr·δ and
-    e·x (4), stage 2 also w·δ (5): 16·4 + 4·5 = 84 (the hand formula said 16·3 + 4·4 = 64);
-    the fit's DSP blocks (m·u of the 24-bit velocity takes two, the loss unit's e·r one) 105."""
+    """The ULX3S plan of mlp-digits at --lanes 16,4: per lane stage 1 builds ŵ·x, m·u and e·x
+    (3), stage 2 also w·δ (4); each stage forms its scaled error lr·g once, at the error
+    buffer's write (ReLU / identity: e = mask·rhu(lr·g, k)): 16·3 + 1 + 4·4 + 1 = 66 (84 when
+    lr·δ was per lane). The fit's DSP blocks (m·u of the 24-bit velocity takes two, the loss
+    unit's e·r one): 16·4 + 1 + 4·5 + 1 + 1 = 87 (105 before)."""
     from pipetrain.host.flow import compile_design
 
     res = compile_design(
@@ -43,24 +47,35 @@ def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
         ["fwd", "momentum", "lr_delta", "lr_x"],
         ["fwd", "gin", "momentum", "lr_delta", "lr_x"],
     ]
-    assert [s.multipliers for s in plan.stages] == [64, 20]
-    assert plan.multipliers == sum(s.lanes * len(s.products) for s in plan.stages) == 84
-    assert res.fit["multipliers"] == {"needed": 105, "available": 156}
+    assert [[p.name for p in s.products if p.per_stage] for s in plan.stages] == [
+        ["lr_delta"],
+        ["lr_delta"],
+    ]
+    assert [s.multipliers for s in plan.stages] == [49, 17]
+    assert plan.multipliers == 66
+    assert res.fit["multipliers"] == {"needed": 87, "available": 156}
 
 
 CASES = {
-    "mlp-digits": (lambda: _ir("mlp-digits"), TrainConfig(), (4, 1), [16, 5]),
+    # per lane fwd, momentum, lr_x (+ gin after stage 1), per stage lr_delta (ReLU: at the write)
+    "mlp-digits": (lambda: _ir("mlp-digits"), TrainConfig(), (4, 1), [4 * 3 + 1, 5]),
     "mlp-digits-deep": (
         lambda: _ir("mlp-digits-deep"),
         TrainConfig(),
         (4, 3, 3, 1),
-        [16, 15, 15, 5],
+        [4 * 3 + 1, 3 * 4 + 1, 3 * 4 + 1, 5],
     ),
-    "mlp-digits-wide": (lambda: _ir("mlp-digits-wide"), TrainConfig(), (4, 4, 1), [16, 20, 5]),
-    # Spike Compensation: + a·u and the b·lr product (b·lr·δ, then × x)
-    "sc": (lambda: _ir("mlp-digits"), TrainConfig(mitigation="sc"), (4, 1), [4 * 7, 8]),
-    # tanh/sigmoid: + LUT slope, derivative factor, g × factor
-    "tanh": (_tanh_ir, TrainConfig(), (2, 5, 3), [2 * 7, 5 * 8, 3 * 5]),
+    "mlp-digits-wide": (
+        lambda: _ir("mlp-digits-wide"),
+        TrainConfig(),
+        (4, 4, 1),
+        [4 * 3 + 1, 4 * 4 + 1, 5],
+    ),
+    # Spike Compensation: + a·u and the b·lr product (b·lr·g per stage, then × x)
+    "sc": (lambda: _ir("mlp-digits"), TrainConfig(mitigation="sc"), (4, 1), [4 * 5 + 2, 8]),
+    # tanh/sigmoid: + LUT slope, derivative factor, g × factor; their lr·δ stays per lane (δ is
+    # not a masked g); the identity output stage forms lr·g at the write
+    "tanh": (_tanh_ir, TrainConfig(), (2, 5, 3), [2 * 7, 5 * 8, 3 * 4 + 1]),
 }
 
 
@@ -72,28 +87,32 @@ def test_stage_multipliers_are_lanes_times_products(case):
     assert [s.multipliers for s in plan.stages] == expected
     for s in plan.stages:
         assert s.products == stage_products(s) and all(p.blocks > 0 for p in s.products)
-        assert s.multipliers == s.lanes * len(s.products)
+        shared = sum(1 for p in s.products if p.per_stage)
+        assert s.multipliers == s.lanes * (len(s.products) - shared) + shared
+        assert shared == (s.scaled_at_write and len(s.update.scaled_errors(s.formats.d)))
     assert plan.multipliers == sum(expected)
-    # the max_multipliers search's per-lane counts are these products (any lanes)
-    assert [s.lanes * n for s, n in zip(plan.stages, lane_multipliers(ir, cfg), strict=True)] == (
-        expected
-    )
+    # the max_multipliers search's counts are these products (any lanes)
+    per = lane_multipliers(ir, cfg)
+    assert [s.lanes * a + b for s, (a, b) in zip(plan.stages, per, strict=True)] == expected
     back = Plan.from_json(plan.to_json())
     assert back == plan and back.hash == plan.hash
 
 
 def test_max_multipliers_counts_the_products():
     ir, cfg = _ir("mlp-digits"), TrainConfig()
-    lanes = choose_lanes(ir, cfg, max_multipliers=84)
+    lanes = choose_lanes(ir, cfg, max_multipliers=66)
     plan = build_plan(ir, cfg, lanes=lanes)
-    assert lanes == (16, 4) and plan.multipliers == 84 <= 84
+    assert lanes == (16, 4) and plan.multipliers == 66 <= 66
+    # one fewer: stage 2 drops to 3 lanes (4 row groups, 132 slots: 16·3 + 1 + 3·4 + 1 = 62)
+    slower = choose_lanes(ir, cfg, max_multipliers=65)
+    assert slower == (16, 3) and build_plan(ir, cfg, lanes=slower).multipliers == 62
 
 
 @pytest.mark.parametrize(
     ("edit", "named", "rule"),
     [
-        (lambda d: d["stages"][0].update(multipliers=48), "stages[0].multipliers", "= 64"),
-        (lambda d: d.update(multipliers=64), "multipliers", "= 84"),
+        (lambda d: d["stages"][0].update(multipliers=48), "stages[0].multipliers", "= 49"),
+        (lambda d: d.update(multipliers=64), "multipliers", "= 66"),
         # a product dropped by hand: the list must be stage_products'
         (lambda d: d["stages"][1]["products"].pop(), "stages[1].products", "stage_products"),
     ],

@@ -13,15 +13,17 @@ from pipetrain.sim.tb.network import build_network, check_network, run_network
 
 
 @pytest.mark.slow
-def test_mlp_digits_at_178_multipliers_runs_at_the_slowest_pass():
-    """``mlp-digits --max-multipliers 178`` (lanes 32, 10: 32·4 + 10·5 multipliers; 150 when
-    the plan counted 3 and 4 per lane): stage 2's pass (38 cycles) and the
+def test_mlp_digits_at_138_multipliers_runs_at_the_slowest_pass():
+    """``mlp-digits --max-multipliers 138`` (lanes 32, 10: 32·3 + 1 + 10·4 + 1 multipliers, the
+    scaled error lr·g once per stage at the error buffer's write — its one-cycle-later write
+    must land before stage 1's one row group is read, G = 1; 178 with lr·δ per lane): stage
+    2's pass (38 cycles) and the
     one-logit-a-cycle loss unit (53 cycles) made a 93-cycle tick; the plan now gives the loss
     unit 5 exp lanes and 2 quotient bits a cycle (⌈10/5⌉ + ⌈17/2⌉ + 10 + 5 + ⌈log2 10⌉ = 30
     cycles ≤ the 32 of slack; 2 exp lanes would take 33), so the tick is stage 1's 70-cycle
     pass + 2 control cycles = 72. Verilator: bit-exact (results, weights, velocities,
     counters) and results exactly 72 cycles apart while samples stream."""
-    res = compile_design("mlp-digits", seed=0, formats="default", max_multipliers=178, writers=())
+    res = compile_design("mlp-digits", seed=0, formats="default", max_multipliers=138, writers=())
     plan, model = res.plan, res.model
     s1, s2 = plan.stages
     assert (s1.lanes, s2.lanes) == (32, 10)
