@@ -32,6 +32,7 @@ from .plan import (
     csd,
     errors_read_as_delta,
     errors_scaled_at_write,
+    low_piece_bits,
 )
 from .schedule import (
     early_update_streams,
@@ -68,6 +69,8 @@ __all__ = [
     "input_gradient_macs",
     "multiplier_operands",
     "stage_products",
+    "logic_pieces",
+    "LOGIC_LOW_BITS",
     "weight_operand",
     "scaled_error_format",
     "errors_scaled_at_write",
@@ -113,6 +116,14 @@ SHIFT_ADD_MAX_TERMS = 3
 #: §3.2, §5.3); the master weights and velocities keep their width so small updates do not
 #: vanish. *Derived* from the ECP5 DSP operand width (a 24 × 16 product takes two blocks).
 OPERAND_BITS = 18
+#: Widest low piece of a constant product's variable operand that new plans form in logic
+#: (``Plan.logic_low_bits``; the boards choose their own, ``Board.logic_low_bits``): m·u of a
+#: 24-bit velocity is one 18 × 18 block for the top 18 bits plus m × the low 6 bits as a
+#: select-add (a few adders) instead of a second block. *Derived*, like :data:`OPERAND_BITS`,
+#: from the ECP5 (DSP blocks bind the ULX3S's lanes, LUT4s do not: mlp-digits 16,4 used 87
+#: of 156 blocks with m·u in two, and ~22 k of 83 k LUT4): 8 bits cover velocities and weights
+#: up to 26 bits with ⌈log2 8⌉ = 3 adder levels and ≤ 7 adders of ~26 bits per product.
+LOGIC_LOW_BITS = 8
 #: Depth and width of one iCE40 UltraPlus SB_SPRAM256KA (16 K × 16 bits, single port).
 SPRAM_CONFIG = (16384, 16)
 SLOPE_FRAC = 16
@@ -577,12 +588,16 @@ def shift_add(value: int) -> bool:
     return len(csd(value)) <= SHIFT_ADD_MAX_TERMS
 
 
-def _const_mul(value: int, operand_bits: int) -> tuple[tuple[tuple[int, int], ...], int]:
-    """Multipliers and result width of ``hdl.arith.const_mul(value, v)`` for a signed
-    ``operand_bits``-wide ``v``: none for 0 and for constants of at most
+def _const_mul(
+    value: int, operand_bits: int, low_bits: int = 0
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Multipliers and result width of ``hdl.arith.const_mul(value, v, …, low_bits)`` for a
+    signed ``operand_bits``-wide ``v``: none for 0 and for constants of at most
     :data:`SHIFT_ADD_MAX_TERMS` signed digits (shifts and adders), else one constant × signal
-    product. The constant's width is counted without its trailing zeros (Yosys shifts them
-    out: an even 19-bit constant needs one SB_MAC16 fewer on iCE40)."""
+    product — of ``v``'s top ``operand_bits − low_bits`` bits when a low piece of ``low_bits``
+    is formed in logic (``Plan.logic_low_bits``; the result is the same integer). The
+    constant's width is counted without its trailing zeros (Yosys shifts them out: an even
+    19-bit constant needs one SB_MAC16 fewer on iCE40)."""
     if value == 0:
         return (), 1
     if shift_add(value):
@@ -591,7 +606,39 @@ def _const_mul(value: int, operand_bits: int) -> tuple[tuple[tuple[int, int], ..
     width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
     odd = value >> ((value & -value).bit_length() - 1)
     odd_width = odd.bit_length() + 1 if odd >= 0 else (-odd - 1).bit_length() + 1
-    return ((odd_width, operand_bits),), width + operand_bits
+    return ((odd_width, operand_bits - low_bits),), width + operand_bits
+
+
+def _split_candidates(stage: Stage) -> tuple[tuple[str, int, int], ...]:
+    """``(product name, constant, operand bits)`` of the constant products of ``stage`` whose
+    variable operand may have a low piece formed in logic (``hdl/update.py``,
+    ``Plan.logic_low_bits``): LWP's H × u (or × (w − w_prev), w.bits + 1), momentum × u,
+    ``lr_wd`` × w and with Spike Compensation ``sc_a`` × u′ and ``sc_lr_wd_b`` × w."""
+    f, up = stage.formats, stage.update
+    out = []
+    if up.lwp_horizon:
+        out.append(("lwp", up.lwp_horizon, f.w.bits + 1 if up.lwp_form == "w" else f.u.bits))
+    out += [("momentum", up.momentum.value, f.u.bits), ("lr_wd", up.lr_wd.value, f.w.bits)]
+    if up.sc:
+        out += [("sc_a", up.sc_a.value, f.u.bits), ("sc_lr_wd_b", up.sc_lr_wd_b.value, f.w.bits)]
+    return tuple(out)
+
+
+def logic_pieces(
+    stage: Stage, operand_bits: int | None, logic_low_bits: int | None
+) -> tuple[tuple[str, int, int], ...]:
+    """``(product name, low bits, constant bits)`` of every constant product of ONE lane of
+    ``stage`` whose low piece is formed in logic (``Plan.logic_low_bits``,
+    :func:`~pipetrain.compiler.plan.low_piece_bits`): a select-add of ``low bits`` terms of the
+    constant (``constant bits`` wide, signed) — the logic-cell estimate counts its adders
+    (``fit.logic_cells``)."""
+    out = []
+    for name, value, bits in _split_candidates(stage):
+        lo = low_piece_bits(value, bits, operand_bits, logic_low_bits, SHIFT_ADD_MAX_TERMS)
+        if lo:
+            width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
+            out.append((name, lo, width))
+    return tuple(out)
 
 
 def x_operand_bits(fx: QFormat) -> int:
@@ -619,15 +666,26 @@ def forward_weight_bits(
 
 def multiplier_operands(stage: Stage) -> tuple[tuple[int, int], ...]:
     """Operand widths (bits, signed) of the multipliers of ONE lane of ``stage``: the
-    ``(a_bits, b_bits)`` of :func:`stage_products`."""
-    return tuple((p.a_bits, p.b_bits) for p in stage_products(stage))
+    ``(a_bits, b_bits)`` of ``Stage.products`` (the plan's rules applied,
+    ``Plan.logic_low_bits`` among them), or of :func:`stage_products` for a stage of a plan
+    from before the list."""
+    products = stage.products if stage.products is not None else stage_products(stage)
+    return tuple((p.a_bits, p.b_bits) for p in products)
 
 
-def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
+def stage_products(
+    stage: Stage,
+    block_bits: int = 18,
+    operand_bits: int | None = None,
+    logic_low_bits: int | None = None,
+) -> tuple[Product, ...]:
     """Every multiplier that ``hdl/stage.py`` (``hdl/conv_stage.py``) instantiates for ONE lane
     of ``stage``, with its operand widths (bits, signed) and ``block_bits`` × ``block_bits``
     blocks (:func:`multiplier_blocks`); ``Stage.products`` records them (derived from the HDL;
-    every lane has the same list):
+    every lane has the same list). ``operand_bits``, ``logic_low_bits``: the plan's
+    (``Plan.operand_bits``, ``Plan.logic_low_bits``; None: no low pieces in logic) — a
+    constant product whose operand has a low piece formed in logic lists the multiplier of
+    the operand's top bits only (:func:`logic_pieces`):
 
     - ``fwd``: the forward MAC ``ŵ · x`` (``Stage.w_hat_operand_bits``, :func:`x_operand_bits`);
     - ``gin``: the input-gradient MAC ``w · δ`` (``Stage.w_operand_bits``, d bits), one per
@@ -647,7 +705,9 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
       ``UpdateConstants.lr_delta``, docs/numerics.md §5.3); with a shift-add lr it is ``dx``
       (δ × x, then shifts); a convolution's is lr × its summed P. Zero constants drop their
       term; constants of few signed digits are shifts and adders (:func:`shift_add`,
-      ``hdl.arith.const_mul``: 0 blocks, not listed).
+      ``hdl.arith.const_mul``: 0 blocks, not listed). ``lwp``, ``momentum``, ``lr_wd``,
+      ``sc_a`` and ``sc_lr_wd_b`` with a low piece in logic: constant × the operand's top
+      ``operand_bits`` bits (e.g. momentum 18 × 18, one block, for a 24-bit u).
     """
     f, up = stage.formats, stage.update
     out: list[Product] = []
@@ -655,8 +715,13 @@ def stage_products(stage: Stage, block_bits: int = 18) -> tuple[Product, ...]:
     def add(name: str, a: int, b: int) -> None:
         out.append(Product(name, a, b, multiplier_blocks(a, b, block_bits)))
 
+    split = {n for n, _, _ in logic_pieces(stage, operand_bits, logic_low_bits)}
+
     def const(name: str, value: int, bits: int) -> int:
-        muls, width = _const_mul(value, bits)
+        low = 0
+        if name in split:
+            low = low_piece_bits(value, bits, operand_bits, logic_low_bits, SHIFT_ADD_MAX_TERMS)
+        muls, width = _const_mul(value, bits, low)
         for a, b in muls:
             add(name, a, b)
         return width
@@ -760,7 +825,8 @@ def hard_multipliers(
     min_product_bits: int = 0,
 ) -> int:
     """Estimated hard multiplier blocks (DSPs) of a stage (``lanes`` × its
-    :func:`multiplier_operands`, once for a ``Product.per_stage`` one) or a plan (its stages
+    :func:`multiplier_operands` — ``Stage.products``, the plan's rules applied —, once for a
+    ``Product.per_stage`` one) or a plan (its stages
     plus the loss units'), for a device whose DSP takes ``block_bits``-wide operands (18: ECP5
     MULT18X18D; 16: iCE40 SB_MAC16, with ``min_product_bits=11``); see
     :func:`multiplier_blocks`.
@@ -778,7 +844,7 @@ def hard_multipliers(
         st = plan_or_stage
         return sum(
             (1 if p.per_stage else st.lanes) * blocks(((p.a_bits, p.b_bits),))
-            for p in stage_products(st)
+            for p in (st.products if st.products is not None else stage_products(st))
         )
     plan = plan_or_stage
     losses = (plan.loss, *plan.head_losses)
@@ -1265,12 +1331,16 @@ def build_plan(
     single_port: Sequence[int] = (),
     ram_family: str = "bram18",
     operand_bits: int | None = OPERAND_BITS,
+    logic_low_bits: int | None = LOGIC_LOW_BITS,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
     ``operand_bits``: the widest variable multiplier operand (``Plan.operand_bits``; default
     :data:`OPERAND_BITS` = 18, one ECP5 DSP block per product; None: every product exact, as
-    plans from before).
+    plans from before). ``logic_low_bits``: the widest low piece of a constant product's
+    operand formed in logic (``Plan.logic_low_bits``; default :data:`LOGIC_LOW_BITS`; 0 or
+    None: never, recorded as None — absent from the JSON — so a plan that never forms one,
+    the iCE40's, keeps the JSON, hash and Verilog of plans from before the field).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1490,7 +1560,7 @@ def build_plan(
                 weight_operand=w_op,
             )
         )
-        products = stage_products(stages[-1])
+        products = stage_products(stages[-1], 18, operand_bits, logic_low_bits)
         mults = stage_multipliers(stages[-1], products)
         stages[-1] = replace(stages[-1], products=products, multipliers=mults)
     classes = layers[-1].out_features
@@ -1568,4 +1638,5 @@ def build_plan(
         ram_family=ram_family,
         shift_add_max_terms=SHIFT_ADD_MAX_TERMS,
         operand_bits=operand_bits,
+        logic_low_bits=logic_low_bits or None,  # never: absent, as in plans from before
     )

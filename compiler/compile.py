@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .build import CONST_MANTISSA_BITS, OPERAND_BITS, FormatSpec, PlanError
+from .build import CONST_MANTISSA_BITS, LOGIC_LOW_BITS, OPERAND_BITS, FormatSpec, PlanError
 from .config import TrainConfig, check_strategy_options, global_if_same
 from .fit import PlanRequest, ShellSource, check_fit, fit_plan
 from .formats import (
@@ -168,6 +168,7 @@ def compile_result(
     const_bits: int = CONST_MANTISSA_BITS,
     single_port: Sequence[int] = (),
     operand_bits: int | None = OPERAND_BITS,
+    logic_low_bits: int | None = LOGIC_LOW_BITS,
     writers: Sequence[ArtifactWriter] | None = None,
     name: str | None = None,
     seed: int | None = None,
@@ -252,6 +253,7 @@ def compile_result(
             const_bits=const_bits,
             single_port=tuple(single_port),
             operand_bits=operand_bits,
+            logic_low_bits=logic_low_bits,
         )
         fit = None
         if board is None:
@@ -292,16 +294,17 @@ def compile_model(
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
-    ``clock_hz``, ``const_bits``, ``single_port`` and ``operand_bits`` (:func:`~pipetrain.
-    compiler.build.build_plan`: constant precision, SPRAM stages, the multipliers' operand
-    width — 18 by default, None keeps every product exact), ``board`` (fit the plan to it,
-    :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, formats, lanes and SPRAM
-    replace those options; lanes not given: the fastest that fit), ``shell`` (the board
-    design's memories outside the plan, :class:`~pipetrain.compiler.fit.Shell` or a function
-    of the plan; counted in the fit), ``writers`` (default :data:`ARTIFACT_WRITERS`),
-    ``name``, ``seed``
-    (shorthand for ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format
-    notes of the report, e.g. which data calibrated the formats), ``check`` (called with the
+    ``clock_hz``, ``const_bits``, ``single_port``, ``operand_bits`` and ``logic_low_bits``
+    (:func:`~pipetrain.compiler.build.build_plan`: constant precision, SPRAM stages, the
+    multipliers' operand width — 18 by default, None keeps every product exact — and the
+    widest low piece of a constant product formed in logic), ``board`` (fit the plan to it,
+    :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, low pieces in logic,
+    formats, lanes and SPRAM replace those options; lanes not given: the fastest that fit),
+    ``shell`` (the board design's memories outside the plan,
+    :class:`~pipetrain.compiler.fit.Shell` or a function of the plan; counted in the fit),
+    ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand for
+    ``config_overrides={"seed": …}``), ``notes`` (lines put first in the format notes of the
+    report, e.g. which data calibrated the formats), ``check`` (called with the
     traced :class:`~pipetrain.compiler.ir.NetworkIR` before calibration and fitting: a hardware
     command refuses a network its HDL does not build before any work, raising its own error),
     ``sample_shape`` (one sample's shape in the caller's data, ``Dataset.shape``: a

@@ -8,8 +8,10 @@ returns the fitted plan or raises :class:`FitError` with needed vs available num
 
 1. constants with ``board.const_bits`` significant bits (iCE40: 5 — lr 0.002 becomes the
    shift 2^-9, m 0.9 becomes 29/32, a three-digit shift-add; no SB_MAC16 for them), the
-   board's clock and its block-RAM family (``board.ram_family``: the plan's memory kinds and
-   block counts are the board's);
+   board's clock, its block-RAM family (``board.ram_family``: the plan's memory kinds and
+   block counts are the board's) and its rule for constant products' low pieces in logic
+   (``board.logic_low_bits``: ECP5 8, so m·u of a 24-bit u takes one MULT18X18D, not two;
+   iCE40 0);
 2. formats narrowed to the board's widths (iCE40: 16-bit weights and velocities, 12-bit
    activations and errors), keeping their calibrated integer bits (:func:`narrow_formats`);
 3. lanes (``--lanes auto``, :func:`board_lanes`): the fastest plan that fits — every
@@ -45,11 +47,13 @@ from .build import (
     BLOCK_RAM_BITS,
     CONST_MANTISSA_BITS,
     EXP_LUT_FRAC,
+    LOGIC_LOW_BITS,
     OPERAND_BITS,
     RAM_FAMILIES,
     FormatSpec,
     build_plan,
     hard_multipliers,
+    logic_pieces,
     memory_blocks,
     place_memory,
     spram_blocks,
@@ -113,6 +117,8 @@ class PlanRequest:
     ram_family: the block-RAM family the memories are placed on (``RAM_FAMILIES``).
     operand_bits: the widest variable multiplier operand (``Plan.operand_bits``; None: every
         product exact).
+    logic_low_bits: the widest low piece of a constant product's operand formed in logic
+        (``Plan.logic_low_bits``; the board's, ``Board.logic_low_bits``, once fitted).
     """
 
     ir: NetworkIR
@@ -126,6 +132,7 @@ class PlanRequest:
     single_port: tuple[int, ...] = ()
     ram_family: str = "bram18"
     operand_bits: int | None = OPERAND_BITS
+    logic_low_bits: int | None = LOGIC_LOW_BITS
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -144,6 +151,7 @@ class PlanRequest:
             self.single_port,
             self.ram_family,
             self.operand_bits,
+            self.logic_low_bits,
         )
 
 
@@ -206,6 +214,13 @@ class LogicModel:
     bram_mux_bit: one output bit of a block-RAM bank beyond its first block in depth (the
         read multiplexer of a bank deeper than one block).
     logic_bit: one bit of a memory the plan keeps in flip-flops (``logic`` kind).
+    select_add_bit: a constant product's low piece formed in logic (``Plan.logic_low_bits``,
+        not in the builds ``lane`` was fitted to), per bit of its ``lo − 1`` adders of
+        ``constant bits + lo`` bits (:func:`~pipetrain.compiler.build.logic_pieces`). ECP5:
+        fitted to ``synth_ecp5`` of three such products (m = 235930 × 24 bits, lo = 6: 79
+        LUT4 slots, 26 bits, lo = 8: 110; 191103 × 24, lo = 6: 172; Yosys makes the tree a
+        carry-save sum of LUT full adders and one CCU2C chain) × ``pack``; iCE40: one logic
+        cell per adder bit, not measured (its plans form none, ``Board.logic_low_bits`` = 0).
     pack: nextpnr cells per synthesised cell of the builds the model was fitted to (LUT4 +
         FF + carry on iCE40, LUT4 + 2 × CCU2C + 2 × DPR16X4 on ECP5; for the record).
     source: the builds the numbers were fitted to (docs/boards.md §3).
@@ -221,6 +236,7 @@ class LogicModel:
     lutram_tile: float
     bram_mux_bit: float
     logic_bit: float
+    select_add_bit: float
     pack: float
     source: str
 
@@ -241,6 +257,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         lutram_tile=0.0,
         bram_mux_bit=1.0,
         logic_bit=1.0,
+        select_add_bit=1.0,
         pack=0.733,
         source="derived from 4 iCEBreaker builds (mlp 64→16/32/48/56→10, one lane per stage) "
         "and the lane from Yosys synthesis of mlp-digits at 2,1 and 4,1 lanes (1,107 "
@@ -257,6 +274,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         lutram_tile=2.27,
         bram_mux_bit=4.26,
         logic_bit=0.5,
+        select_add_bit=0.93,
         pack=1.135,
         source="derived from 4 ULX3S builds (mlp-digits 4,1 and 8,2, -deep 4,3,3,1, -wide 4,4,1)",
     ),
@@ -267,7 +285,8 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
     """Estimated logic cells of the board design of ``plan`` on ``board`` (nextpnr's count:
     iCE40 logic cells, ECP5 LUT4 slots), per part: ``shell`` (UART, FIFO, link engine),
     ``network``, ``loss`` (per loss unit), ``stage<i>`` (:attr:`LogicModel.stage` (+
-    ``ingrad_stage``) + lanes × ``lane`` + (M + N) × ``size`` + its ``lutram`` tiles, deep
+    ``ingrad_stage``) + lanes × (``lane`` + its products' low pieces in logic,
+    ``select_add_bit`` per adder bit) + (M + N) × ``size`` + its ``lutram`` tiles, deep
     block-RAM banks' output bits and ``logic`` memory bits at their costs), and ``total``. A
     plan without stages (a summary) gives ``{"total": 0}``.
 
@@ -279,6 +298,7 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
     if not stages:
         return {"total": 0}
     m = LOGIC_MODELS[board.family]
+    ob, lb = getattr(plan, "operand_bits", None), getattr(plan, "logic_low_bits", None)
     out = {
         "shell": m.shell,
         "network": m.network,
@@ -295,10 +315,11 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
                 flops += mem.banks * mem.words * mem.width
             elif mem.kind == "bram" and mem.config_depth:
                 mux += mem.banks * mem.width * (-(-mem.words // mem.config_depth) - 1)
+        pieces = sum((lo - 1) * (cb + lo) for _, lo, cb in logic_pieces(st, ob, lb))
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)
-            + st.lanes * m.lane
+            + st.lanes * (m.lane + pieces * m.select_add_bit)
             + (st.in_features + st.out_features) * m.size
             + tiles * m.lutram_tile
             + mux * m.bram_mux_bit
@@ -588,6 +609,7 @@ def fit_plan(
         const_bits=board.const_bits,
         single_port=(),
         ram_family=board.ram_family,
+        logic_low_bits=board.logic_low_bits,
     )
     over = narrow_formats(req.build(), board.format_bits())
     if over:

@@ -34,6 +34,7 @@ __all__ = [
     "LossUnit",
     "Plan",
     "csd",
+    "low_piece_bits",
 ]
 
 #: Plan format version. 2: every memory the HDL builds is a :class:`MemorySpec` (physical words,
@@ -60,6 +61,31 @@ def csd(value: int) -> tuple[tuple[int, int], ...]:
         n >>= 1
         k += 1
     return tuple(out)
+
+
+def low_piece_bits(
+    value: int,
+    bits: int,
+    operand_bits: int | None,
+    logic_low_bits: int | None,
+    shift_add_max_terms: int,
+) -> int:
+    """Bits ``lo`` of the low piece of a signed ``bits``-wide operand ``v`` that the constant
+    product ``value · v`` forms in logic (:attr:`Plan.logic_low_bits`), 0 for none:
+    ``value·v = (value·v[lo:] << lo) + value·v[:lo]`` with the top ``operand_bits`` bits
+    ``v[lo:]`` (signed) in one multiplier and ``value·v[:lo]`` (``lo`` unsigned bits) a
+    select-add in logic (``hdl.arith.select_add``) — exactly the same integer. It applies when
+    ``value`` is a multiplier at all (not 0, more than ``shift_add_max_terms`` signed digits,
+    :func:`csd`) and ``v`` is wider than ``operand_bits`` by 1..``logic_low_bits`` bits; None
+    (a plan without the field or without ``operand_bits``) or 0 never. Source: *derived*
+    (Yosys' mul2dsp cuts a 24-bit ``v`` into an 18-bit signed and a 6-bit unsigned piece, one
+    DSP block each; the 6-bit one costs a handful of adders instead)."""
+    if not value or not operand_bits or not logic_low_bits:
+        return 0
+    if len(csd(value)) <= shift_add_max_terms:
+        return 0
+    lo = bits - operand_bits
+    return lo if 0 < lo <= logic_low_bits else 0
 
 
 @dataclass(frozen=True)
@@ -267,7 +293,9 @@ class Product:
     -------
     name: what it multiplies, e.g. ``fwd`` (ŵ·x), ``gin`` (w·δ), ``lr_delta`` (lr·δ),
         ``lr_x`` (e·x), ``momentum`` (m·u); a ``_l<t>`` suffix for interlocking stream ``t``.
-    a_bits, b_bits: the operand widths (bits, signed).
+    a_bits, b_bits: the operand widths (bits, signed) the multiplier takes: of a constant
+        product whose variable operand has a low piece formed in logic
+        (:attr:`Plan.logic_low_bits`), that operand's top ``Plan.operand_bits`` bits.
     blocks: 18 × 18 hard multiplier blocks it takes (``build.multiplier_blocks``; 0: shifts
         and adders in logic).
     per_stage: True: one multiplier for the whole stage, not one per lane (the scaled error
@@ -745,6 +773,16 @@ class Plan:
         (``UpdateConstants.lr_delta``) are rounded to it; master weights and velocities keep
         their own width. None in plans from before (then absent from the JSON: every product
         exact).
+    logic_low_bits: the widest low piece of a constant product formed in logic (bits; 0:
+        never): momentum × u, ``lr_wd`` × w, SC's ``a`` × u′ and ``b·lr·λ`` × w and LWP's
+        H × u (or × (w − w_prev)) with a constant that is not a shift-add and a variable
+        operand wider than ``operand_bits`` by at most this many bits give the top
+        ``operand_bits`` bits to one multiplier (one 18 × 18 block) and form the constant ×
+        the low bits with adders (:meth:`low_piece`, :func:`low_piece_bits`; the same
+        integers). Chosen per board family (``build.LOGIC_LOW_BITS``, ``Board.logic_low_bits``:
+        8 on the ECP5, 0 on the iCE40, whose logic cells are full). None: never — plans from
+        before the field and plans built with 0 (``build_plan`` records 0 as None, absent from
+        the JSON, so such a plan keeps its JSON and hash).
     ram_family: the RAM the memories' ``kind`` and ``blocks`` were decided for
         (``build.RAM_FAMILIES``): ``bram18`` (18 Kib dual-port blocks and 16 × 4 LUT RAM:
         ECP5 DP16KD / TRELLIS_DPR16X4, Xilinx RAMB18) or ``ice40`` (4 Kib EBR, no LUT RAM,
@@ -784,12 +822,21 @@ class Plan:
     ram_family: str = "bram18"
     shift_add_max_terms: int = 3
     operand_bits: int | None = None
+    logic_low_bits: int | None = None
 
     def shift_add(self, value: int) -> bool:
         """Whether ``value`` is multiplied with shifts and adders (at most
         :attr:`shift_add_max_terms` signed digits, :func:`csd`) rather than a multiplier; the
         multiplier estimate (``build.multiplier_operands``) follows the same rule."""
         return len(csd(value)) <= self.shift_add_max_terms
+
+    def low_piece(self, value: int, bits: int) -> int:
+        """Low bits of a ``bits``-wide operand that ``value ·`` it forms in logic (0: none;
+        :attr:`logic_low_bits`, :func:`low_piece_bits`); ``build.stage_products`` follows the
+        same rule."""
+        return low_piece_bits(
+            value, bits, self.operand_bits, self.logic_low_bits, self.shift_add_max_terms
+        )
 
     def all_memories(self) -> tuple[tuple[str, MemorySpec], ...]:
         """Every memory of the design with its owner: ``("stage<index>", m)`` for the stages,

@@ -159,6 +159,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Plan", "result_bits"): (1, None),
     ("Plan", "shift_add_max_terms"): (0, None),
     ("Plan", "operand_bits"): (2, MAX_SUM_BITS),
+    ("Plan", "logic_low_bits"): (0, MAX_SUM_BITS),
     ("Product", "a_bits"): (1, MAX_SUM_BITS),
     ("Product", "b_bits"): (1, MAX_SUM_BITS),
     ("Product", "blocks"): (0, None),
@@ -453,7 +454,9 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "ŵ operand + x.bits + ⌈log2(N+1)⌉ + 1")
     _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w operand + d.bits + ⌈log2 M⌉ + 1")
     if st.products is not None:
-        _same(f"{p}.products", st.products, stage_products(st), "build.stage_products")
+        want = stage_products(st, 18, plan.operand_bits, plan.logic_low_bits)
+        rule = "build.stage_products of operand_bits and logic_low_bits"
+        _same(f"{p}.products", st.products, want, rule)
     _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc), "build.update_stage")
     ws = write_stage(upd.sc, st.slot_cycles)
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")

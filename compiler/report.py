@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .build import RAM_FAMILIES, loss_operands, multiplier_blocks
+from .build import RAM_FAMILIES, logic_pieces, loss_operands, multiplier_blocks
 from .plan import Plan, QFormat, Stage
 from .targets import Board
 
@@ -405,6 +405,11 @@ def _operand_lines(plan: Plan) -> list[str]:
                 parts.append(
                     f"the scaled error {name} as {fe} (`lr_delta`, {where}; then `lr_x` = e·x)"
                 )
+        for name, lo, _ in logic_pieces(st, plan.operand_bits, plan.logic_low_bits):
+            parts.append(
+                f"`{name}` takes the top {plan.operand_bits} bits of its variable operand, the "
+                f"constant × the low {lo} bits is a select-add in logic"
+            )
         if parts:
             out.append(f"- stage {st.index}: " + "; ".join(parts))
     return out
@@ -533,11 +538,20 @@ def render_report(
             "",
         ]
         if plan.operand_bits:
+            lb = plan.logic_low_bits or 0
+            wide = (
+                f"a constant × one of them up to {lb} bits wider gives its top "
+                f"{plan.operand_bits} bits to the block and forms the constant × the low bits "
+                f"in logic (a select-add, `logic_low_bits` = {lb}; the same integers), so m·u "
+                f"takes one block for a u of up to {plan.operand_bits + lb} bits"
+                if lb
+                else "so m·u may take two"
+            )
             lines += [
                 f"Variable operands are at most {plan.operand_bits} bits (one 18 × 18 block per "
-                "multiplier); master weights and velocities keep their width, so m·u may take "
-                "two. The total includes the loss units: it is the board fit's DSP block count "
-                "on an 18 × 18 board.",
+                f"multiplier); master weights and velocities keep their width: {wide}. The "
+                "total includes the loss units: it is the board fit's DSP block count on an "
+                "18 × 18 board.",
                 "",
                 *(ops := _operand_lines(plan)),
                 *([""] if ops else []),

@@ -26,6 +26,7 @@ from .build import (
     BLOCK_RAM_CONFIGS,
     ICE40_BLOCK_RAM_BITS,
     ICE40_BLOCK_RAM_CONFIGS,
+    LOGIC_LOW_BITS,
 )
 
 __all__ = ["Board", "BoardError", "BOARDS", "get_board", "ECP5_BRAM_CONFIGS", "ICE40_BRAM_CONFIGS"]
@@ -82,6 +83,12 @@ class Board:
     ram_family: the block-RAM family the plan's memories are placed on
         (``compiler.build.RAM_FAMILIES``: ``bram18`` = 18 Kib RAMB18/DP16KD, ``ice40`` = 4 Kib
         EBR), so the plan's kinds and block counts are the board's.
+    logic_low_bits: the widest low piece of a constant product's operand that the board's
+        plans form in logic (``Plan.logic_low_bits``; ``compiler.build.LOGIC_LOW_BITS``): ECP5
+        8 — DSP blocks bind its lanes and LUT4s are plentiful (m·u of a 24-bit u: one
+        MULT18X18D and a select-add of 6 terms instead of two blocks); iCE40 0 — its logic
+        cells are the scarce resource (mlp-digits fills 98 % of them) and its 16-bit ``u``/
+        ``w`` with 5-bit shift-add constants leave no such product anyway.
     osc_hz: the board oscillator (Hz), the PLL's reference (0: the network runs on
         ``clock_hz`` directly).
     """
@@ -110,6 +117,7 @@ class Board:
     const_bits: int = 18
     ram_family: str = "bram18"
     osc_hz: float = 0.0
+    logic_low_bits: int = LOGIC_LOW_BITS
 
     def format_bits(self) -> dict[str, int]:
         """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
@@ -201,6 +209,7 @@ BOARDS: dict[str, Board] = {
             activation_bits=12,
             const_bits=5,
             ram_family="ice40",
+            logic_low_bits=0,
         ),
     )
 }

@@ -28,6 +28,9 @@ __all__ = [
     "align",
     "round_upd",
     "const_mul",
+    "const_operand",
+    "select_add",
+    "split_product",
     "wire",
     "ushape",
 ]
@@ -115,13 +118,27 @@ def align(v: Value, f_from: int, f_to: int) -> Value:
     return v << (f_to - f_from)
 
 
-def const_mul(value: int, v: Value | ValueCastable, shift_add: Callable[[int], bool]) -> Value:
+def const_operand(value: int) -> Const:
+    """The integer constant ``value`` as a signed operand of minimal width (one more bit than
+    its magnitude needs): the constant side of a multiplier (``value.bit_length() + 1`` bits)."""
+    width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
+    return Const(value, signed(width))
+
+
+def const_mul(
+    value: int,
+    v: Value | ValueCastable,
+    shift_add: Callable[[int], bool],
+    low_bits: int = 0,
+) -> Value:
     """``value · v`` for an integer constant, exactly: shifts and adders over the constant's
     canonical signed digits (:func:`pipetrain.compiler.plan.csd`) when the plan's rule
     ``shift_add(value)`` says so (:meth:`pipetrain.compiler.plan.Plan.shift_add`: at most
     ``Plan.shift_add_max_terms`` digits), else one product with a signed constant operand of
-    minimal width (a DSP block after synthesis). The plan's multiplier estimate follows the
-    same rule."""
+    minimal width (a DSP block after synthesis) — with ``low_bits`` > 0 (the plan's
+    :meth:`~pipetrain.compiler.plan.Plan.low_piece` of ``value`` and ``v``'s width) of ``v``'s
+    top bits only, ``value · v[:low_bits]`` formed in logic (:func:`split_product`,
+    :func:`select_add`). The plan's multiplier estimate follows the same rules."""
     if value == 0:
         return Const(0, signed(1))
     if value == 1:
@@ -135,8 +152,32 @@ def const_mul(value: int, v: Value | ValueCastable, shift_add: Callable[[int], b
             else:
                 out = out + term if sign > 0 else out - term
         return out
-    width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
-    return Const(value, signed(width)) * v
+    if low_bits:
+        v = Value.cast(v)
+        lo = select_add(value, v[:low_bits])
+        return split_product(value, v[low_bits:].as_signed(), lo, low_bits)
+    return const_operand(value) * v
+
+
+def select_add(value: int, bits: Value) -> Value:
+    """``value · bits`` for an unsigned ``bits`` (a few bits wide) in logic, never a multiplier:
+    Σ_i ``bits[i] ? value << i : 0`` as a balanced adder tree (:func:`tree_sum`, ⌈log2
+    len(bits)⌉ adder levels; each term is ``value << i``'s bits gated by one bit). Yosys sees
+    multiplexers and adders, so it maps no DSP block to it. Exact (the literal definition of
+    the product). Source: *derived* (``Plan.logic_low_bits``)."""
+    bits = Value.cast(bits)
+    terms = [Mux(bits[i], Const(value << i), 0) for i in range(len(bits))]
+    return tree_sum(terms) if terms else Const(0, 1)
+
+
+def split_product(value: int, hi: Value, low_product: Value, low_bits: int) -> Value:
+    """``value · v`` from the pieces of ``v = hi·2^low_bits + lo``: ``(value · hi) << low_bits
+    + low_product``, with ``hi = v[low_bits:]`` (signed) and ``low_product = value · lo`` for
+    the unsigned ``lo = v[:low_bits]`` (:func:`select_add`, possibly formed a pipeline stage
+    earlier and registered). Exact. One multiplier (the constant × ``len(hi)`` bits: one DSP
+    block when ``hi`` is at most the block's width), then one adder — the shape of Yosys'
+    own two-block split, with the low block replaced by logic."""
+    return (const_operand(value) * hi << low_bits) + low_product
 
 
 def ushape(n: int) -> int:
@@ -154,8 +195,9 @@ def wire(m: Module, expr: Value, name: str) -> Signal:
 
 def tree_sum(values: list) -> Value:
     """Σ ``values`` as a balanced adder tree (⌈log2 n⌉ levels; integers, so the order is free):
-    the input gradient's sum across lanes, the loss unit's exp lanes into E and the saturation
-    counters' popcount. Source: *derived* (timing: one adder per level instead of a chain)."""
+    the input gradient's sum across lanes, the loss unit's exp lanes into E, the saturation
+    counters' popcount and :func:`select_add`'s terms. Source: *derived* (timing: one adder
+    per level instead of a chain)."""
     values = list(values)
     while len(values) > 1:
         pairs = [values[k] + values[k + 1] for k in range(0, len(values) - 1, 2)]

@@ -183,7 +183,7 @@ class ConvStageUnit(wiring.Component):
                 x_operand_bits=st.x_operand_bits, what_bits=st.what_bits,
                 update_stage=st.update_stage, rounding=plan.rounding, lfsr=lfsr,
                 shift_add=plan.shift_add, gradient_bits=st.memory("wgacc").width,
-                weight_operand=st.weight_operand,
+                weight_operand=st.weight_operand, low_piece=plan.low_piece,
             ),
             "fwd": ForwardLanes(
                 pipe, lanes=L, live_last=live_last, acc_bits=st.acc_fwd_bits,

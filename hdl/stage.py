@@ -232,6 +232,7 @@ class StageUnit(wiring.Component):
                 lfsr=lfsr,
                 shift_add=plan.shift_add,
                 weight_operand=st.weight_operand,
+                low_piece=plan.low_piece,
             ),
             "fwd": ForwardLanes(
                 pipe,

@@ -17,6 +17,17 @@ From one read of ``(w, u)`` per lane and slot (docs/numerics.md §3):
 * **saturation**: every clamp of ``u′`` and ``w′`` in a live lane raises a flag for the stage's
   saturation counter.
 
+A constant product whose variable operand is wider than the plan's multiplier operand
+(``Plan.logic_low_bits``, ``Plan.low_piece``: momentum × ``u``, ``lr_wd`` and SC's
+``b·lr·λ`` × ``w``, SC's ``a`` × ``u′``, LWP's ``H`` × ``u`` or ``w − w_prev``; constants that
+are not shift-adds) takes the operand's top ``operand_bits`` bits (signed) into one multiplier
+and forms the constant × its low ``lo`` bits (unsigned) in logic, a select-add
+(``arith.select_add``); the sum ``(c·x[lo:] << lo) + c·x[:lo]`` is exactly ``c·x``. For the
+S2 products (momentum, weight decay) the select-add is formed at S1 from the read data and
+registered into S2 beside ``(w, u)`` (same enable), so S2 keeps one multiplier and one adder
+before the term register; SC's ``a·u′`` (S4) and LWP's ŵ (S1) add it beside their
+multiplier.
+
 The learning-rate products are formed as ``η·(δ·x)`` when ``η`` is a shift-add constant (then
 one ``δ·x`` multiplier, exact) and otherwise as ``e·x`` with the scaled error
 ``e = rhu(η·δ, k)`` that the error buffer forms at S1 (``scaled_lr``, docs/numerics.md §5.3: an
@@ -42,7 +53,17 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat, Stage, StageFormats, UpdateConstants
-from .arith import align, const_mul, rhu, round_upd, sat, sat_sides, wire
+from .arith import (
+    align,
+    const_mul,
+    rhu,
+    round_upd,
+    sat,
+    sat_sides,
+    select_add,
+    split_product,
+    wire,
+)
 from .lfsr import LFSR
 from .streams import (
     DeltaSignature,
@@ -104,6 +125,9 @@ class UpdateUnit(wiring.Component):
         arrives on ``delta`` instead of δ (a convolution stage; ``operands`` is then absent).
     weight_operand: the MACs' weight operand format (``Stage.weight_operand``; None: ŵ and
         ``w`` exact).
+    low_piece: the plan's rule (``Plan.low_piece``): ``low_piece(c, bits)`` low bits of a
+        ``bits``-wide operand whose product with the constant ``c`` is formed in logic (0:
+        none; the default: never, every constant product in one multiplier).
 
     Members
     -------
@@ -144,6 +168,7 @@ class UpdateUnit(wiring.Component):
         shift_add: Callable[[int], bool],
         gradient_bits: int | None = None,
         weight_operand: QFormat | None = None,
+        low_piece: Callable[[int, int], int] | None = None,
     ) -> None:
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
             raise ValueError(
@@ -158,6 +183,7 @@ class UpdateUnit(wiring.Component):
         self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
         self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
         self.shift_add, self.gradient_bits = shift_add, gradient_bits
+        self.low_piece = low_piece or (lambda value, bits: 0)
         self.w_prev = bool(update.lwp_horizon) and update.lwp_form == "w"
         f, wp = formats, self.w_prev
         self.wo = weight_operand
@@ -188,10 +214,10 @@ class UpdateUnit(wiring.Component):
             members["scaled_b"] = In(DeltaSignature(lanes, self.e_b.bits))
         super().__init__(members)
 
-    def _terms(self, d2, xb2, w2, u2, c_lr, c_wd, first=None, e=None) -> list[tuple]:
+    def _terms(self, d2, xb2, c_lr, c_wd, wd, first=None, e=None) -> list[tuple]:
         """``(product, fraction bits)`` of ``[first,] c_lr·δ·x, c_wd·w`` with the zero
-        constants left out; ``e``: ``(scaled error at S2, its format)`` — the product is then
-        ``e·x`` (numerics §5.3)."""
+        constants left out; ``wd``: the value ``c_wd·w`` (:meth:`_s2_product`); ``e``:
+        ``(scaled error at S2, its format)`` — the product is then ``e·x`` (numerics §5.3)."""
         f = self.f
         out = [first] if first is not None else []
         if e is not None:
@@ -205,8 +231,26 @@ class UpdateUnit(wiring.Component):
                 dx = const_mul(c_lr.value, d2, self.shift_add) * xb2
             out.append((dx, c_lr.frac + f.d.frac + f.x.frac))
         if c_wd.value:
-            out.append((const_mul(c_wd.value, w2, self.shift_add), c_wd.frac + f.w.frac))
+            out.append((wd, c_wd.frac + f.w.frac))
         return out
+
+    def _s2_product(self, m: Module, lane: int, v: list, value: int, x1, x2, name: str):
+        """``value · x`` at S2 for the operand ``x`` read at S1 (``x1``) and registered at S2
+        (``x2``): :func:`~.arith.const_mul` of ``x2``, or with a low piece (``lo`` =
+        ``low_piece(value, bits)`` > 0) the multiplier of ``x2``'s top bits plus
+        ``value · x[:lo]``, a select-add formed at S1 from ``x1`` and registered with the same
+        enable as ``x2`` (so it is always ``value · x2[:lo]``, exactly): S2 keeps one
+        multiplier and one adder before the term register (*derived*, timing: the same shape as
+        Yosys' two-block split)."""
+        bits = x2.shape().width
+        lo = self.low_piece(value, bits)
+        if not lo:
+            return const_mul(value, x2, self.shift_add)
+        low1 = select_add(value, x1[:lo])
+        low2 = Signal(low1.shape(), name=f"{name}lo2_{lane}")
+        with m.If(v[1]):
+            m.d.sync += low2.eq(low1)
+        return split_product(value, x2[lo:].as_signed(), low2, lo)
 
     def elaborate(self, platform) -> Module:
         m = Module()
@@ -275,11 +319,13 @@ class UpdateUnit(wiring.Component):
             wg2 = wire(m, rhu(w2, k)[: self.wo.bits].as_signed(), f"wg2_{lane}")
         wh2 = wg2  # without LWP the forward weight is w itself: one register, not two
         if up.lwp_horizon:
+            H = up.lwp_horizon
             if self.w_prev:
                 step = wire(m, w1 - self.read.w_prev[lane], f"wstep1_{lane}")  # w.bits + 1
-                pred = w1 + const_mul(up.lwp_horizon, step, self.shift_add)
+                lo = self.low_piece(H, f.w.bits + 1)
+                pred = w1 + const_mul(H, step, self.shift_add, lo)
             else:
-                pred = w1 - const_mul(up.lwp_horizon, u1, self.shift_add)
+                pred = w1 - const_mul(H, u1, self.shift_add, self.low_piece(H, f.u.bits))
             what1 = Mux(sp.fwd_train, pred, w1)
             # exact ŵ: the expression's own width when it is rounded at S2, else what_bits
             what2 = Signal(what1.shape() if k else signed(self.what_bits), name=f"what2_{lane}")
@@ -293,27 +339,33 @@ class UpdateUnit(wiring.Component):
 
     def _products(self, m: Module, lane: int, v: list, w2: Signal, u2: Signal):
         """S2: the terms of U (and V with SC) as registers, read at S3 only — without enables,
-        so Yosys can absorb them into DSP output registers; ``w`` carried to S3."""
+        so Yosys can absorb them into DSP output registers; ``w`` carried to S3. ``m·u``,
+        ``c_wd·w``: :meth:`_s2_product` (a low piece's select-add from S1)."""
         f, up = self.f, self.up
         d2 = self.delta.delta[lane]
         xb2 = None if self.gradient_bits is not None else self.operands.x_bwd
         w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)
-        mom = (const_mul(up.momentum.value, u2, self.shift_add), up.momentum.frac + f.w.frac)
+        u1, w1 = self.read.u[lane], self.read.w[lane]
+        mom_v = self._s2_product(m, lane, v, up.momentum.value, u1, u2, "mom")
+        mom = (mom_v, up.momentum.frac + f.w.frac)
         e_lr = e_b = None
         if self.e_lr is not None:
             e_lr = (self.scaled_lr.delta[lane], self.e_lr)
         if self.e_b is not None:
             e_b = (self.scaled_b.delta[lane], self.e_b)
         u_terms, v_terms = [], []
-        for n, (expr, frac) in enumerate(self._terms(d2, xb2, w2, u2, up.lr, up.lr_wd, mom, e_lr)):
+        wd = self._s2_product(m, lane, v, up.lr_wd.value, w1, w2, "wd") if up.lr_wd.value else None
+        for n, (expr, frac) in enumerate(self._terms(d2, xb2, up.lr, up.lr_wd, wd, mom, e_lr)):
             r = Signal(expr.shape(), name=f"ut{n}_{lane}")
             m.d.sync += r.eq(expr)
             u_terms.append((r, frac))
         if up.sc:
+            c = up.sc_lr_wd_b.value
+            vwd = self._s2_product(m, lane, v, c, w1, w2, "vwd") if c else None
             for n, (expr, frac) in enumerate(
-                self._terms(d2, xb2, w2, u2, up.sc_lr_b, up.sc_lr_wd_b, e=e_b)
+                self._terms(d2, xb2, up.sc_lr_b, up.sc_lr_wd_b, vwd, e=e_b)
             ):
                 r = Signal(expr.shape(), name=f"vt{n}_{lane}")
                 m.d.sync += r.eq(expr)
@@ -372,7 +424,9 @@ class UpdateUnit(wiring.Component):
         us4 = Signal(name=f"us4_{lane}")
         with m.If(v[3]):
             m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(u_clamp)]
-        V = align(const_mul(up.sc_a.value, u4, self.shift_add), up.sc_a.frac + f.w.frac, up.frac_v)
+        a = up.sc_a.value  # a·u′: its low piece (if any) beside the multiplier, at S4
+        au = const_mul(a, u4, self.shift_add, self.low_piece(a, f.u.bits))
+        V = align(au, up.sc_a.frac + f.w.frac, up.frac_v)
         for r, frac in v_terms:
             r4 = Signal(r.shape(), name=f"{r.name}_4")
             with m.If(v[3]):

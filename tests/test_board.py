@@ -60,8 +60,9 @@ def test_mlp_digits_fits_ulx3s_with_numbers() -> None:
     plan = build_plan(MLP_DIGITS, TrainConfig())
     rows = check_fit(plan, BOARDS["ulx3s-85f"])
     # 18×18 blocks with the 18-bit operands (numerics §3.2, §5.3): stage 1 (no input gradient)
-    # 5 per lane (ŵ·x, m·u 2, lr·δ, e·x), stage 2 6 (+ w·δ), loss unit 1
-    assert rows["multipliers"] == {"needed": 5 + 6 + 1, "available": 156}
+    # 4 per lane (ŵ·x, m·u — its top 18 bits; m × the low 6 bits of the 24-bit u is logic,
+    # Plan.logic_low_bits —, lr·δ, e·x), stage 2 5 (+ w·δ), loss unit 1
+    assert rows["multipliers"] == {"needed": 4 + 5 + 1, "available": 156}
     assert plan.multipliers == 4 + 5  # the stages' multipliers, one each whatever their width
     assert rows["memory_bits"] == {"needed": plan.memory_bits, "available": 3_833_856}
     # one lane per stage: w, u 2 080 × 24 → 4 blocks each (Yosys: as the ULX3S builds map

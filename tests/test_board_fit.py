@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 from pipetrain.compiler.build import OPERAND_BITS
 from pipetrain.compiler.fit import (
+    LOGIC_MODELS,
     FitError,
     PlanRequest,
     board_lanes,
@@ -110,16 +112,12 @@ def _auto(model: str, board: str, hidden: str | None = None):
 @pytest.mark.parametrize(
     ("model", "board", "lanes", "cycles"),
     [
-        # DSP blocks bind on the ULX3S (156 MULT18X18D); block RAM, SPRAM and DSPs on the
-        # iCEBreaker, where one lane per stage with SPRAM weights is the only plan that fits
-        ("mlp-digits", "ulx3s-85f", [32, 5], 102),
-        ("mlp-digits-deep", "ulx3s-85f", [11, 7, 7, 2], 202),
-        (
-            "mlp-digits-wide",
-            "ulx3s-85f",
-            [15, 16, 2],
-            592,
-        ),
+        # DSP blocks bind on the ULX3S (156 MULT18X18D; one per product, m·u's low 6 bits in
+        # logic: Plan.logic_low_bits); block RAM, SPRAM and DSPs on the iCEBreaker, where one
+        # lane per stage with SPRAM weights is the only plan that fits
+        ("mlp-digits", "ulx3s-85f", [32, 10], 72),  # one lane per row: nothing faster
+        ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 3], 169),
+        ("mlp-digits-wide", "ulx3s-85f", [19, 16, 2], 523),
         ("mlp-digits", "icebreaker", [1, 1], 4167),
     ],
 )
@@ -135,7 +133,7 @@ def test_lanes_auto_is_the_fastest_plan_that_fits(model, board, lanes, cycles) -
         b.const_bits, (), b.ram_family,
     )  # fmt: skip
     faster = [L for T, L in lane_candidates(result.ir, result.config) if T < cycles]
-    assert faster
+    assert faster or [s.lanes for s in plan.stages] == [s.rows for s in plan.stages]
     for cand in faster:
         p, _ = plan_with_lanes(req, b, cand)
         if p.ideal_cycles_per_sample >= cycles:
@@ -152,21 +150,29 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
         result.ir, result.config, result.formats, (4, 1), False, b.clock_hz, 0, b.const_bits,
         (), b.ram_family,
     )  # fmt: skip
-    assert board_lanes(req, b) == (32, 5)
-    # 18-bit operands (numerics §3.2, §5.3): 32 lanes × 4 blocks (ŵ·x, m·u: 2, e·x) + the
-    # stage's lr·g at the error buffer's write + 5 × 5 (+ w·δ) + 1 + the loss unit's 1 = 156
-    # of 156; the next faster design (10 lanes for stage 2: 128 + 1 + 50 + 1 + 1 = 181) does
-    # not fit
-    assert result.fit["multipliers"] == {"needed": 156, "available": 156}
+    assert board_lanes(req, b) == (32, 10)
+    # 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once at the error buffer's write
+    # and m·u's low 6 bits in logic (logic_low_bits 8): one block per product — 32 lanes × 3
+    # (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's 1 = 139 of 156: one lane per
+    # row (72 cycles/sample); with m·u in two blocks 32,10 needs 181 and 32,5 (156 blocks,
+    # 102 cycles) is the fastest fit
+    assert result.fit["multipliers"] == {"needed": 139, "available": 156}
+    two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
+    assert check_fit(result.plan, b)["multipliers"]["needed"] == 139
+    with pytest.raises(FitError, match="181 DSP blocks needed"):
+        check_fit(two, b)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 5)
 
 
 def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -> None:
+    # (mlp-digits fits with one lane per row, 32,10: 139 DSP blocks)
     with pytest.raises(FitError) as e:
-        _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [32, 10]})
+        _compile({"model": "mlp-digits-deep", "board": "ulx3s-85f", "lanes": [16, 16, 16, 10]})
     msg = str(e.value)
     assert "DSP blocks needed, 156 available" in msg
-    assert "with the lanes asked for (32,10)" in msg
-    assert "--lanes 32,5 fits (102 cycles/sample)" in msg and "--lanes auto" in msg
+    assert "with the lanes asked for (16,16,16,10)" in msg
+    assert "221 DSP blocks needed" in msg  # 16·3 + 1 + 2·(16·4 + 1) + 10·4 + 1 + 1
+    assert "--lanes 16,8,8,3 fits (169 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156
     # explicit lanes that fit win over auto
     small = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [2, 1]})
@@ -186,12 +192,11 @@ def test_cli_lanes_auto_and_explicit_lanes_error(tmp_path: Path) -> None:
     assert rep["fit"]["logic_cells"]["available"] == 5_280
     assert rep["fit"]["bram_blocks"] == {"needed": 21, "available": 30}
     assert "logic cells (estimate)" in res.output
-    res = CliRunner().invoke(
-        cli, [*args, "ulx3s-85f", "--lanes", "32,10", "--out", str(tmp_path / "b")]
-    )
+    deep = ["compile", "mlp-digits-deep", "--formats", "default", "--board", "ulx3s-85f"]
+    res = CliRunner().invoke(cli, [*deep, "--lanes", "16,16,16,10", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2
-    assert res.output.startswith("Error: mlp-digits does not fit ulx3s-85f")
-    assert "--lanes 32,5 fits" in res.output and "Traceback" not in res.output
+    assert res.output.startswith("Error: mlp-digits-deep does not fit ulx3s-85f")
+    assert "--lanes 16,8,8,3 fits" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
 
 
@@ -203,6 +208,12 @@ def test_logic_estimate_parts() -> None:
     # lanes cost logic: 8 lanes in stage 1 is more than 4
     more = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [8, 1]})
     assert logic_cells(more.plan, BOARDS["ulx3s-85f"])["stage1"] > parts["stage1"]
+    # m·u's select-add (6 terms of the 19-bit m: 5 adders of ~25 bits) per lane, at the ECP5's
+    # select_add_bit; without low pieces in logic (logic_low_bits 0) the lanes cost less
+    bare = logic_cells(dataclasses.replace(result.plan, logic_low_bits=0), BOARDS["ulx3s-85f"])
+    added = LOGIC_MODELS["ecp5"].select_add_bit * 5 * (19 + 6)
+    assert parts["stage1"] - bare["stage1"] == pytest.approx(4 * added, abs=1)
+    assert parts["stage2"] - bare["stage2"] == pytest.approx(added, abs=1)
 
 
 # --- slow: a fresh build validates the fixture -------------------------------------------------

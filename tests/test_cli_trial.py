@@ -426,7 +426,7 @@ def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
 def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_auto(tmp_path):
     """``--lanes 16`` on 64→32→10 gives stage 2 (10 rows) 16 lanes: the error names the
     per-stage lanes that do (the count kept where it fits, the other stages balanced to its
-    pass: 16,4 — the ULX3S's auto choice) and ``--lanes auto``."""
+    pass: 16,4) and ``--lanes auto``."""
     from pipetrain.compiler.build import PlanError
     from pipetrain.compiler.config import TrainConfig
     from pipetrain.compiler.frontend import trace

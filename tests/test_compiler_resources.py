@@ -54,25 +54,33 @@ def test_block_estimate_matches_the_ecp5_builds(model: str, lanes: tuple, measur
 
 def test_18_bit_operands_take_one_block_per_product() -> None:
     """With ``operand_bits`` 18 (the default, docs/numerics.md §3.2, §5.3) the forward, input-
-    gradient and learning-rate products are one MULT18X18D each; only m·u (an 18-bit constant ×
-    the 24-bit velocity, which keeps its width) takes two. mlp-digits at lanes 4,1: stage 1
-    4 blocks per lane (ŵ·x 18×16, m·u 18×24: 2, e·x 18×16) and the stage's one lr·g 18×16 at
-    the error buffer's write, stage 2 5 (+ w·δ 18×16) + 1: 17 + 6 + the loss unit's 1 = 24
-    (38 with exact products)."""
+    gradient and learning-rate products are one MULT18X18D each, and so is m·u (an 18-bit
+    constant × the 24-bit velocity, which keeps its width): its top 18 bits take the block, m ×
+    the low 6 bits is a select-add in logic (``logic_low_bits`` = 8, the default). mlp-digits at
+    lanes 4,1: stage 1 3 blocks per lane (ŵ·x 18×16, m·u 18×18, e·x 18×16) and the stage's one
+    lr·g 18×16 at the error buffer's write, stage 2 4 (+ w·δ 18×16) + 1: 13 + 5 + the loss
+    unit's 1 = 19 (24 with m·u in two blocks, ``logic_low_bits`` = 0; 38 with exact
+    products)."""
     name, module, _ = load_model("mlp-digits")
     plan = build_plan(trace(module, name), TrainConfig(), lanes=[4, 1])
     s1, s2 = plan.stages
+    assert plan.logic_low_bits == 8 and s2.formats.u.bits == 24
     assert [(p.name, p.a_bits, p.b_bits, p.blocks) for p in s2.products] == [
         ("fwd", 18, 16, 1),
         ("gin", 18, 16, 1),
-        ("momentum", 18, 24, 2),
+        ("momentum", 18, 18, 1),
         ("lr_delta", 18, 16, 1),
         ("lr_x", 18, 16, 1),
     ]
     assert [p.name for p in s1.products] == ["fwd", "momentum", "lr_delta", "lr_x"]
     assert [p.name for p in s1.products if p.per_stage] == ["lr_delta"]
-    assert [hard_multipliers(s) for s in plan.stages] == [4 * 4 + 1, 6]
-    assert hard_multipliers(plan, 18) == 24
+    assert [hard_multipliers(s) for s in plan.stages] == [4 * 3 + 1, 5]
+    assert hard_multipliers(plan, 18) == 19
+    # without low pieces in logic m·u takes two blocks (Yosys' mul2dsp: 18 signed + 6 unsigned)
+    two = build_plan(trace(module, name), TrainConfig(), lanes=[4, 1], logic_low_bits=0)
+    mom = [p for p in two.stages[1].products if p.name == "momentum"]
+    assert [(p.a_bits, p.b_bits, p.blocks) for p in mom] == [(18, 24, 2)]
+    assert hard_multipliers(two, 18) == 24 and two.multipliers == plan.multipliers
     assert s1.weight_operand.bits == 18 and s1.update.lr_delta.bits == 18
     # report.md lists them, and the rounded operand formats (docs/numerics.md §3.2, §5.3)
     text = render_report(plan)
@@ -82,9 +90,12 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     assert f"rhu by {s1.weight_shift} bits" in text
     section = text[text.index("## Multipliers") :].splitlines()
     total = next(line for line in section if line.startswith("| total |"))
-    assert total.rstrip(" |").endswith(" 24")  # the loss unit included: hard_multipliers(plan)
+    assert total.rstrip(" |").endswith(" 19")  # the loss unit included: hard_multipliers(plan)
     # the shared lr·g: one block for the stage's 4 lanes
     assert "| 1     | lr_delta   | 18 × 16      |               1 |     1 |          1 |" in text
+    assert "`momentum` takes the top 18 bits of its variable operand, the constant × the low 6" in (
+        text
+    )
     # exact plans (operand_bits None) say nothing of rounding, and list two-block products
     exact = render_report(build_plan(trace(module, name), TrainConfig(), operand_bits=None))
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in exact.splitlines()]

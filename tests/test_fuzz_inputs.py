@@ -124,6 +124,39 @@ def test_every_plan_round_trips_exactly():
         assert Plan.from_dict(plan.to_dict()) == plan
 
 
+def test_logic_low_bits_round_trips_and_plans_from_before_load():
+    """``Plan.logic_low_bits`` (8 in new plans without a board; 0, the iCE40's, is recorded as
+    None) round-trips exactly; a plan from before the field (no key) loads with None, whose
+    products are the ones without low pieces in logic — so where a product has one (the local
+    base: 24-bit u, m·u 18 × 18), dropping the key is refused by name, and where none has (d4:
+    28-bit u and w, 10 bits more than the multiplier's 18) the plan loads unchanged but for
+    the field."""
+    local, d4 = BASES["local"], BASES["d4"]
+    assert local.logic_low_bits == d4.logic_low_bits == 8
+    mom = [p for st in local.stages for p in st.products if p.name == "momentum"]
+    assert mom and all((p.b_bits, p.blocks) == (18, 1) for p in mom)
+    for plan in (
+        build_plan(
+            TINY, TrainConfig(strategy="local", blocks=(1,)), lanes=[2, 1, 3], logic_low_bits=0
+        ),
+        build_plan(TINY, TrainConfig(), lanes=[2, 1, 3], logic_low_bits=None),
+    ):
+        back = Plan.from_json(plan.to_json())
+        assert back == plan and back.hash == plan.hash
+        assert plan.logic_low_bits is None and "logic_low_bits" not in plan.to_dict()
+        mom = [p for st in plan.stages for p in st.products if p.name == "momentum"]
+        assert all((p.b_bits, p.blocks) == (24, 2) for p in mom)
+    doc = copy.deepcopy(DOCS["local"])
+    del doc["logic_low_bits"]
+    with pytest.raises(PlanError, match=r"stages\[0\]\.products .*logic_low_bits"):
+        Plan.from_json(json.dumps(doc))
+    doc = copy.deepcopy(DOCS["d4"])
+    del doc["logic_low_bits"]
+    old = Plan.from_json(json.dumps(doc))
+    assert old.logic_low_bits is None and old.stages == d4.stages and old.hash != d4.hash
+    assert json.loads(old.to_json()) == doc
+
+
 @pytest.mark.parametrize(
     "edit, named",
     [
@@ -131,6 +164,8 @@ def test_every_plan_round_trips_exactly():
         (lambda d: d["stages"][1]["formats"]["w"].pop("frac"), "stages[1].formats.w.frac"),
         (lambda d: d["stages"][0].update(lanez=2), "stages[0].lanez"),
         (lambda d: d.update(shift_add_max_terms=True), "shift_add_max_terms"),
+        (lambda d: d.update(logic_low_bits=-1), "logic_low_bits"),
+        (lambda d: d.update(logic_low_bits=6.0), "logic_low_bits"),
         (lambda d: d["stages"][2].update(lanes="2"), "stages[2].lanes"),
         (lambda d: d["stages"][0]["formats"]["x"].update(bits=2.0), "stages[0].formats.x.bits"),
         (lambda d: d["stages"][3]["formats"]["d"].update(bits=99), "stages[3].formats.d.bits"),

@@ -15,7 +15,7 @@ from pipetrain.compiler.build import FormatSpec, build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.compiler.plan import QFormat
-from pipetrain.hdl.arith import rhu, rne, rsr, sat
+from pipetrain.hdl.arith import const_mul, rhu, rne, rsr, sat, select_add, split_product
 from pipetrain.hdl.lfsr import LFSR, leap_matrix
 from pipetrain.hdl.loss import LossUnit, loss_unit_cycles
 from pipetrain.sim import fixed
@@ -106,6 +106,75 @@ def test_sat_every_value_of_small_shapes(shape):
     for x, got in seen:
         for (fmt, _, _), g in zip(outs, got, strict=True):
             assert g == fixed.sat_int(x, fmt), (shape, fmt, x)
+
+
+# (constant, operand bits, low bits): momentum 0.9 at 18 bits (235930 = 2·117965, 9 signed
+# digits), an odd and a negative constant, SC's a, widths 19..26 and pieces of 1..8 bits
+SPLITS = [
+    (235930, 24, 6),
+    (235930, 26, 8),
+    (191103, 24, 6),
+    (117965, 19, 1),
+    (-235930, 24, 6),
+    (-191103, 25, 7),
+    (0x2AAAB, 22, 4),
+]
+
+
+@pytest.mark.parametrize("value,bits,lo", SPLITS)
+def test_constant_product_with_a_low_piece_in_logic_is_exact(value, bits, lo):
+    """``value·u`` with the low ``lo`` bits of ``u`` as a select-add (``Plan.logic_low_bits``):
+    combinational (:func:`const_mul` with ``low_bits``) and as the update unit builds m·u
+    (the select-add registered beside ``u`` at S1, :func:`split_product` at S2) equal the
+    integer ``value·u`` for random ``u`` and the format's extremes; the select-add's netlist
+    holds no multiplier cell (Yosys cannot map it to a DSP block)."""
+    never = lambda c: False  # noqa: E731 (the constant is a multiplier, not a shift-add)
+    u = Signal(signed(bits))
+    en = Signal()
+    m = Module()
+    comb = Signal(signed(bits + value.bit_length() + 2), name="comb")
+    m.d.comb += comb.eq(const_mul(value, u, never, lo))
+    low1 = select_add(value, u[:lo])
+    u2, low2 = Signal(signed(bits)), Signal(low1.shape())
+    with m.If(en):
+        m.d.sync += [u2.eq(u), low2.eq(low1)]
+    piped = Signal.like(comb, name="piped")
+    m.d.comb += piped.eq(split_product(value, u2[lo:].as_signed(), low2, lo))
+    rng = random.Random(value ^ bits ^ lo)
+    top = 1 << (bits - 1)
+    values = [-top, top - 1, 0, -1, 1, (1 << lo) - 1, -(1 << lo), top - (1 << lo)]
+    values += [rng.randrange(-top, top) for _ in range(300)]
+    seen = []
+
+    async def bench(ctx):
+        prev = None
+        for x in values:
+            ctx.set(u, x)
+            ctx.set(en, 1)
+            got_comb = ctx.get(comb)
+            await ctx.tick()
+            seen.append((x, got_comb, ctx.get(piped)))
+            ctx.set(en, 0)  # held: the registered pieces keep the last enabled u
+            await ctx.tick()
+            assert ctx.get(piped) == seen[-1][2]
+            prev = x
+        assert prev == values[-1]
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(seen) == len(values)
+    for x, c, p in seen:
+        assert c == value * x and p == value * x, (x, c, p)
+    # the select-add is multiplexers and adders: no $mul for Yosys' mul2dsp to map
+    from amaranth.back import rtlil
+
+    sa = Module()
+    bits_in, out = Signal(lo), Signal(low1.shape())
+    sa.d.comb += out.eq(select_add(value, bits_in))
+    text = rtlil.convert(sa, ports=[bits_in, out])
+    assert "$mul" not in text and "$add" in text or lo == 1
 
 
 # ---- LFSR ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ inference / forward-only passes in between (no draws, no write-back)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 
@@ -84,14 +85,30 @@ CASES = [
     # LWP w form: ŵ = w + H·(w − w_prev) from the w_prev read, the old w written back as w_prev
     (dict(mitigation="sc+lwp", lwp_form="w"), 0),
     (dict(mitigation="lwp", lwp_form="w", rounding="nearest_even", const_bits=5), 1),
+    # LWP's H (5, 3) as multipliers (at most 1 signed digit is a shift-add): H·u, H·(w − w_prev)
+    # with their low pieces in logic beside the multiplier at S1 (plan.logic_low_bits)
+    (dict(mitigation="sc+lwp", max_terms=1), 0),
+    (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1), 1),
 ]
 
 
 @pytest.mark.parametrize("case,s", CASES, ids=lambda c: str(c))
 def test_update_unit_equals_the_reference_slot_by_slot(case, s):
-    plan, _, _ = tiny(**case)
+    """Every case with 18-bit constants has m·u and λ·w (and SC's a·u′, b·lr·λ·w) with a low
+    piece in logic (24-bit u and w, ``logic_low_bits`` = 8: the top 18 bits in the multiplier,
+    the constant × the low 6 bits a select-add); ``max_terms`` makes LWP's H one too."""
+    opts = {k: v for k, v in case.items() if k != "max_terms"}
+    plan, _, _ = tiny(**opts)
+    if "max_terms" in case:
+        plan = dataclasses.replace(plan, shift_add_max_terms=case["max_terms"])
     st = plan.stages[s]
     f, up = st.formats, st.update
+    if case.get("const_bits", 18) == 18:  # the low pieces this case exercises
+        assert plan.low_piece(up.momentum.value, f.u.bits) == f.u.bits - 18 == 6
+        assert not up.sc or plan.low_piece(up.sc_a.value, f.u.bits) == 6
+    if "max_terms" in case:
+        hb = f.w.bits + 1 if up.lwp_form == "w" else f.u.bits
+        assert plan.low_piece(up.lwp_horizon, hb) == hb - 18 > 0
     N, G, L, M = st.in_features, st.row_groups, st.lanes, st.out_features
     pipe = SlotPipelineSignature(N, G, st.cycles_per_tick, st.write_stage)
     lfsr = LFSRConfig(
@@ -110,6 +127,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         lfsr=lfsr,
         shift_add=plan.shift_add,
         weight_operand=st.weight_operand,
+        low_piece=plan.low_piece,
     )
     scaled = list(zip(scaled_error_ports(st), scaled_errors(st), strict=True))
     w_form = up.lwp_horizon > 0 and up.lwp_form == "w"

@@ -34,8 +34,10 @@ def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
     """The ULX3S plan of mlp-digits at --lanes 16,4: per lane stage 1 builds ŵ·x, m·u and e·x
     (3), stage 2 also w·δ (4); each stage forms its scaled error lr·g once, at the error
     buffer's write (ReLU / identity: e = mask·rhu(lr·g, k)): 16·3 + 1 + 4·4 + 1 = 66 (84 when
-    lr·δ was per lane). The fit's DSP blocks (m·u of the 24-bit velocity takes two, the loss
-    unit's e·r one): 16·4 + 1 + 4·5 + 1 + 1 = 87 (105 before)."""
+    lr·δ was per lane). The fit's DSP blocks: one per product — m·u of the 24-bit velocity too:
+    its top 18 bits take the block, m × the low 6 bits is a select-add in logic
+    (``Plan.logic_low_bits`` = 8 on the ECP5; it took two before) — and the loss unit's e·r:
+    16·3 + 1 + 4·4 + 1 + 1 = 67 (105 before both)."""
     from pipetrain.host.flow import compile_design
 
     res = compile_design(
@@ -53,7 +55,11 @@ def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
     ]
     assert [s.multipliers for s in plan.stages] == [49, 17]
     assert plan.multipliers == 66
-    assert res.fit["multipliers"] == {"needed": 87, "available": 156}
+    assert plan.logic_low_bits == 8 and plan.operand_bits == 18
+    mom = [p for s in plan.stages for p in s.products if p.name == "momentum"]
+    assert [(p.a_bits, p.b_bits, p.blocks) for p in mom] == [(18, 18, 1)] * 2
+    assert all(s.formats.u.bits == 24 for s in plan.stages)  # so the low piece is 6 bits
+    assert res.fit["multipliers"] == {"needed": 67, "available": 156}
 
 
 CASES = {
@@ -86,7 +92,8 @@ def test_stage_multipliers_are_lanes_times_products(case):
     plan = build_plan(ir, cfg, lanes=lanes)
     assert [s.multipliers for s in plan.stages] == expected
     for s in plan.stages:
-        assert s.products == stage_products(s) and all(p.blocks > 0 for p in s.products)
+        want = stage_products(s, 18, plan.operand_bits, plan.logic_low_bits)
+        assert s.products == want and all(p.blocks > 0 for p in s.products)
         shared = sum(1 for p in s.products if p.per_stage)
         assert s.multipliers == s.lanes * (len(s.products) - shared) + shared
         assert shared == (s.scaled_at_write and len(s.update.scaled_errors(s.formats.d)))
