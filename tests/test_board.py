@@ -83,11 +83,12 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     # counted in 4 Kib EBRs, every memory as the HDL builds it: stage 1's 2 080 × 24-bit
     # weights and velocities take 14 each (2 048 × 2: 12, the last 32 words 256 × 16: 2; the
     # rule measured on ECP5, docs/boards.md §3), its stash 320 × 16 with two read
-    # ports 2 × 2, mask 160 × 1 and error buffer 64 × 16 1 each; stage 2's w, u 330 × 24 3
-    # each, stash 96 × 16 1 × 2, error buffer 1, gacc 32 × 39 3 (its 30-bit mask is
-    # flip-flops); loss unit: logits 1, exp ROM 512 × 16 2, exp values 1 (the 18 Kib count: 17)
-    assert ebr == 14 + 14 + 4 + 1 + 1 + 3 + 3 + 2 + 1 + 3 + 1 + 2 + 1 == 50
-    # the memory as built (133 728 bits, tests/test_plan_memories.py) is already more than the
+    # ports 2 × 2, mask 160 × 1 1 and the scaled errors lr·g 64 × 18 2 (formed at the error
+    # buffer's write; nothing reads g itself: no gbuf); stage 2's w, u 330 × 24 3 each, stash
+    # 96 × 16 1 × 2, error buffer 1, scaled errors 20 × 18 2, gacc 32 × 39 3 (its 30-bit mask
+    # is flip-flops); loss unit: logits 1, exp ROM 512 × 16 2, exp values 1
+    assert ebr == 14 + 14 + 4 + 1 + 2 + 3 + 3 + 2 + 1 + 2 + 3 + 1 + 2 + 1 == 53
+    # the memory as built (134 216 bits, tests/test_plan_memories.py) is already more than the
     # 120 Kib of EBR, so that is the message
     assert f"{plan.memory_bits} memory bits needed, 122880 available (block RAM)" in msg
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
@@ -96,7 +97,7 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     assert "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the datapath's 9 " in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
-    assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 50 - 2 * (14 + 3) == 16
+    assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 53 - 2 * (14 + 3) == 19
     with pytest.raises(FitError) as e2:
         check_fit(sp, BOARDS["icebreaker"])
     # 24-bit w and u take two 16-bit SPRAMs each: 8 needed, 4 on the chip
