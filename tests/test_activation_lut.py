@@ -117,9 +117,10 @@ def test_compiler_accepts_tanh_and_sigmoid_and_plans_the_rom():
         # the interpolation slope × |z| low bits, y·y or y·(1 − y), and g × it (stage_products)
         assert [q.name for q in st.products][-6:-3] == ["lut_slope", "deriv", "deriv_g"]
         assert st.multipliers == st.lanes * len(st.products)
-    # per lane: fwd, (gin), the three LUT products, momentum, lr_delta, lr_x
-    assert [s.multipliers for s in plan.stages] == [2 * 7, 5 * 8, 3 * 5]
-    assert plan.multipliers == 69
+    # per lane: fwd, (gin), the three LUT products, momentum, lr_delta, lr_x; the identity
+    # output stage forms lr·g once at the error buffer's write (Stage.scaled_at_write)
+    assert [s.multipliers for s in plan.stages] == [2 * 7, 5 * 8, 3 * 4 + 1]
+    assert plan.multipliers == 67
     last = plan.stages[2]
     assert last.activation_lut is None and last.mask_bits == 1
     assert "activation_lut" not in plan.to_dict()["stages"][2]  # None fields stay out of JSON

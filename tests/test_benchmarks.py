@@ -527,7 +527,9 @@ def test_operands_check_exact_twin_differs_only_in_the_multiplies(mitigation: st
         for f in dataclasses.fields(r.plan)
         if getattr(r.plan, f.name) != getattr(e.plan, f.name)
     }
-    assert changed <= {"stages", "operand_bits", "memory_bits"}
+    # multipliers: the 18-bit plan forms lr·g once per stage (Stage.scaled_at_write), the exact
+    # twin lr·(δ·x) in every lane
+    assert changed <= {"stages", "operand_bits", "memory_bits", "multipliers"}
     for a, b in zip(r.plan.stages, e.plan.stages, strict=True):
         # the formats, lanes, delays and LFSR seeds are the 18-bit plan's: only arithmetic moves
         assert (a.formats, a.lanes, a.delay, a.lfsr_seeds) == (
@@ -539,7 +541,7 @@ def test_operands_check_exact_twin_differs_only_in_the_multiplies(mitigation: st
         stage = {f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)}
         assert stage <= {
             "weight_operand", "update", "products", "acc_fwd_bits", "acc_bwd_bits",
-            "memories", "memory_bits",
+            "memories", "memory_bits", "multipliers",
         }  # fmt: skip
         upd = {
             f.name
@@ -547,8 +549,13 @@ def test_operands_check_exact_twin_differs_only_in_the_multiplies(mitigation: st
             if getattr(a.update, f.name) != getattr(b.update, f.name)
         }
         assert upd <= {"lr_delta", "sc_lr_b_delta", "frac_u", "frac_v", "sum_bits"}
-        # a memory may change only where an accumulator width does (the gradient accumulator)
-        for ma, mb in zip(a.memories, b.memories, strict=True):
+        # a memory may change only where an accumulator width does (the gradient accumulator),
+        # and the 18-bit plan's scaled errors formed at the write add sbuf (and drop gbuf
+        # where nothing reads δ itself: stage 1)
+        am = [m for m in a.memories if m.name != "sbuf" and (m.name != "gbuf" or a.reads_delta)]
+        bm = [m for m in b.memories if m.name != "gbuf" or a.reads_delta]
+        assert [m.name for m in a.memories if m.name == "sbuf"] == ["sbuf"] * a.scaled_at_write
+        for ma, mb in zip(am, bm, strict=True):
             assert ma == mb or (ma.name == mb.name == "gacc" and mb.width > ma.width)
         # the exact twin multiplies exactly; the 18-bit plan reads 18-bit weights (24-bit w:
         # every stage narrows) and, where lr is no shift-add constant, an 18-bit scaled error
