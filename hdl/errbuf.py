@@ -62,6 +62,9 @@ class ErrorBuffer(wiring.Component):
         by the activation's mask at S1 — instead of ``rhu(c·δ, k)`` in every lane from the S1
         δ (the compiler's ``errors_scaled_at_write``: ``relu``/``identity`` without
         ``addends``, where both give the same integers).
+    register_write: (``at_write``) register ``g`` before ``c·g``: the writer's value is not
+        a register output (an input gradient's ``sat(rhu(Σ))`` at S4); the ``sbuf`` write then
+        lands two cycles after ``g``'s instead of one.
     delta_out: build ``gbuf`` and give δ (False: with ``at_write``, when nothing reads δ —
         a stage without an input gradient whose every learning-rate product takes a scaled
         error, ``Stage.reads_delta``; ``delta`` is then 0).
@@ -86,12 +89,13 @@ class ErrorBuffer(wiring.Component):
     scaled0 … scaled{n−1}: ``Out(DeltaSignature(L, bits))`` (``scales``) ``rhu(c·δ, k)`` per
         lane at S2, of the update's δ (``total`` with ``addends``, else ``delta``).
 
-    The write of ``sbuf`` lands one cycle after its ``g`` (``c·g`` registered, then rounded):
-    the last error of a half arrives at least 3 cycles before the pass that reads it starts
-    (the input gradient's last value leaves at S4 of the second-to-last slot of a pass, whose
-    end is that slot + 1 + 2 + ``write_stage``; the loss unit's δ ends ``TICK_OVERHEAD``
-    cycles before the tick), so the read never sees a half-written word (*derived*; the
-    RTL-vs-golden tests cover both schedules).
+    The write of ``sbuf`` lands one cycle after its ``g`` (``c·g`` registered, then rounded),
+    two with ``register_write``: an input gradient's last value leaves at S4 of the
+    second-to-last slot of a pass, at least 3 cycles before the pass ends (that slot + 1 +
+    2 + ``write_stage``), and the reading pass starts after the tick's control cycles, so
+    the two cycles land in time; the loss unit's δ (a register: one cycle) ends
+    ``TICK_OVERHEAD`` cycles before the tick. The read never sees a half-written word
+    (*derived*; the RTL-vs-golden tests cover both schedules, one row group included).
 
     Raises ValueError unless ``(G−1)·L < M ≤ G·L``, or for ``at_write`` with ``addends`` or
     an activation whose derivative is not a mask.
@@ -110,6 +114,7 @@ class ErrorBuffer(wiring.Component):
         scales: tuple[tuple[int, int, int], ...] = (),
         at_write: bool = False,
         delta_out: bool = True,
+        register_write: bool = False,
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
@@ -125,7 +130,7 @@ class ErrorBuffer(wiring.Component):
                 "only an error buffer that forms its scaled errors at the write "
                 "and gives no early δ can leave δ out"
             )
-        self.delta_out = delta_out
+        self.delta_out, self.register_write = delta_out, register_write
         self.pipeline, self.L, self.M, self.fd, self.act = (
             pipeline,
             lanes,
@@ -254,21 +259,29 @@ class ErrorBuffer(wiring.Component):
             m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
 
     def _scaled_at_write(self, m: Module, waddr, wlane, raddr, e_bits: int):
-        """``sbuf``: ``rhu(c·g, k)`` of each scale for every written ``g`` — ``c·g`` registered
-        (one multiplier per scale, no enable: a DSP output register), rounded the cycle after
-        and written with the address and lane of its ``g`` (held with it); read at S0 at
-        ``gbuf``'s address. Returns the read port (data at S1)."""
+        """``sbuf``: ``rhu(c·g, k)`` of each scale for every written ``g`` (registered first with
+        ``register_write``) — ``c·g`` registered (one multiplier per scale, no enable: a DSP
+        output register), rounded the cycle after and written with the address and lane of
+        its ``g`` (held with it); read at S0 at ``gbuf``'s address. Returns the read port
+        (data at S1)."""
         G, L = self.pipeline.row_groups, self.L
         m.submodules.sbuf = sm = Memory(shape=L * e_bits, depth=2 * G, init=[])
         srd, swr = sm.read_port(), sm.write_port(granularity=e_bits)
         wr = self.write
-        valid1 = Signal()
-        addr1 = Signal.like(waddr, name="sbuf_addr1")
-        lane1 = Signal.like(wlane, name="sbuf_lane1")
-        m.d.sync += [valid1.eq(wr.valid), addr1.eq(waddr), lane1.eq(wlane)]
+
+        def registered(values: tuple, tag: str) -> list[Signal]:
+            regs = [Signal.like(x, name=f"sbuf_{tag}{n}") for n, x in enumerate(values)]
+            m.d.sync += [r.eq(x) for r, x in zip(regs, values, strict=True)]
+            return regs
+
+        valid, addr, lane_w, g = wr.valid, waddr, wlane, wr.payload
+        if self.register_write:  # timing, *derived*: -deep on the ULX3S had stage 3's gin
+            # rounding and clamp → stage 2's c·g → its register as the critical path (16.5 ns)
+            valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
+        valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
         es = []
         for n, (c, k, bits) in enumerate(self.scales):
-            raw = wr.payload * c
+            raw = g * c
             p1 = Signal(raw.shape(), name=f"e{n}_p1")
             m.d.sync += p1.eq(raw)
             es.append(rhu(p1, k)[:bits])

@@ -42,6 +42,7 @@ from ..compiler.plan import Plan, Stage
 from ..compiler.schedule import early_update_streams, main_stream, tick_streams
 from .activation import activation_of
 from .errbuf import DeltaStash, ErrorBuffer
+from .graph import stage_graph
 from .mac import ForwardLanes, InputGradient
 from .saturation import SaturationCounter
 from .sequencer import SlotSequencer
@@ -218,6 +219,7 @@ class StageUnit(wiring.Component):
                 scales=scaled_errors(st),
                 at_write=st.scaled_at_write,
                 delta_out=st.reads_delta,
+                register_write=bool(stage_graph(plan).senders(st.index - 1, self.main)),
             ),
             "update": UpdateUnit(
                 pipe,

@@ -51,23 +51,26 @@ def _derivative(act: str, positive: bool, g: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "act,M,L,at_write,delta_out",
+    "act,M,L,at_write,delta_out,reg",
     [
-        ("relu", 5, 2, False, True),
-        ("leaky_relu", 7, 3, False, True),
-        ("identity", 4, 4, False, True),
-        ("leaky_relu", 3, 1, False, True),
+        ("relu", 5, 2, False, True, False),
+        ("leaky_relu", 7, 3, False, True, False),
+        ("identity", 4, 4, False, True, False),
+        ("leaky_relu", 3, 1, False, True, False),
         # the scaled errors rhu(c·g, k) formed at the write (sbuf), gated by the mask at S1
-        ("relu", 5, 2, True, True),
-        ("identity", 4, 4, True, True),
-        ("relu", 3, 3, True, False),  # one row group (read at once), no gbuf: δ is 0
-        ("relu", 7, 3, True, False),
+        ("relu", 5, 2, True, True, False),
+        ("identity", 4, 4, True, True, True),
+        ("relu", 3, 3, True, False, False),  # one row group (read at once), no gbuf: δ is 0
+        ("relu", 7, 3, True, False, True),  # g registered before c·g
     ],
 )
-def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L, at_write, delta_out):
+def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
+    act, M, L, at_write, delta_out, reg
+):
     """δ and the scaled errors of every slot, with the next sample's errors written during the
-    pass; the buffer's contract: a half is read from two cycles after its last error's write
-    (the scaled errors' write at the write lands one cycle after ``g``'s)."""
+    pass; the buffer's contract: a half is read from two cycles after its last error's write,
+    three with ``register_write`` (the scaled errors' write lands one cycle after ``g``'s, two
+    with ``register_write``)."""
     G = -(-M // L)
     N = 3
     rng = random.Random(M * 10 + L + 100 * at_write)
@@ -75,7 +78,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L, at_
     activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2, SHIFT_ADD)
     dut = ErrorBuffer(
         pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES,
-        at_write=at_write, delta_out=delta_out,
+        at_write=at_write, delta_out=delta_out, register_write=reg,
     )  # fmt: skip
     errors = [[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)] for _ in range(4)]
     results = []
@@ -90,7 +93,8 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L, at_
             ctx.set(dut.write.payload, g)
             await ctx.tick()
             ctx.set(dut.write.valid, 0)
-        await ctx.tick()
+        for _ in range(1 + reg):
+            await ctx.tick()
         # tick t reads half t % 2 and fills the other one with sample t + 1
         for t in range(3):
             rd, bwd = t % 2, t != 1
@@ -123,7 +127,8 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(act, M, L, at_
                 ctx.set(dut.write.payload, todo.pop(0))
                 await ctx.tick()
             ctx.set(dut.write.valid, 0)
-            await ctx.tick()  # the next pass starts two cycles after the last write
+            for _ in range(1 + reg):  # the next pass: two cycles after the last write (three)
+                await ctx.tick()
             results.append((t, bwd, masks, seen))
 
     sim = Simulator(dut)
