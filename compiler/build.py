@@ -399,18 +399,20 @@ def stage_cycles(
     return groups, groups * (in_features + 1)
 
 
-def update_stage(sc: bool) -> int:
+def update_stage(sc: bool, operand_registers: int = 0) -> int:
     """Pipeline stage where u′ and w′ are ready in ``hdl/stage.py``: :data:`PASS_LATENCY` − 1
-    = 4, 5 with Spike Compensation (its V sum has its own stage)."""
-    return PASS_LATENCY - 1 + (1 if sc else 0)
+    = 4, 5 with Spike Compensation (its V sum has its own stage), + ``operand_registers``
+    (``Stage.operand_registers``: the multipliers' operands registered once more, every stage
+    after the products one later)."""
+    return PASS_LATENCY - 1 + (1 if sc else 0) + operand_registers
 
 
-def write_stage(sc: bool, slot_cycles: int) -> int:
-    """Pipeline stage of the weight write-back in ``hdl/stage.py``: 4 (5 with Spike
-    Compensation); with single-port weight memories (``slot_cycles`` = 2: a read every other
-    cycle) the write must land on the cycles between reads, an odd distance from the read, so
-    an even write stage gets one more register (derived)."""
-    ws = update_stage(sc)
+def write_stage(sc: bool, slot_cycles: int, operand_registers: int = 0) -> int:
+    """Pipeline stage of the weight write-back in ``hdl/stage.py``: :func:`update_stage`;
+    with single-port weight memories (``slot_cycles`` = 2: a read every other cycle) the write
+    must land on the cycles between reads, an odd distance from the read, so an even write
+    stage gets one more register (derived)."""
+    ws = update_stage(sc, operand_registers)
     return ws + 1 if slot_cycles == 2 and ws % 2 == 0 else ws
 
 
@@ -419,11 +421,13 @@ def pass_cycles(stage: Stage) -> int:
     ``cycles_per_tick`` slots, one every ``slot_cycles`` cycles, plus the pipeline latency up to
     the write-back (derived: ``hdl/stage.py``; the tests compare the measured tick with the
     plan)."""
-    return _pass_cycles(stage.cycles_per_tick, stage.slot_cycles, stage.update.sc)
+    return _pass_cycles(
+        stage.cycles_per_tick, stage.slot_cycles, stage.update.sc, stage.operand_registers or 0
+    )
 
 
-def _pass_cycles(cycles_per_tick: int, slot_cycles: int, sc: bool) -> int:
-    return slot_cycles * (cycles_per_tick - 1) + 2 + write_stage(sc, slot_cycles)
+def _pass_cycles(cycles_per_tick: int, slot_cycles: int, sc: bool, registers: int = 0) -> int:
+    return slot_cycles * (cycles_per_tick - 1) + 2 + write_stage(sc, slot_cycles, registers)
 
 
 def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) -> int:
@@ -1332,6 +1336,7 @@ def build_plan(
     ram_family: str = "bram18",
     operand_bits: int | None = OPERAND_BITS,
     logic_low_bits: int | None = LOGIC_LOW_BITS,
+    operand_registers: int = 0,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
@@ -1341,6 +1346,9 @@ def build_plan(
     operand formed in logic (``Plan.logic_low_bits``; default :data:`LOGIC_LOW_BITS`; 0 or
     None: never, recorded as None — absent from the JSON — so a plan that never forms one,
     the iCE40's, keeps the JSON, hash and Verilog of plans from before the field).
+    ``operand_registers``: 0 or 1, the multipliers' operand registers of every Linear stage
+    (``Stage.operand_registers``; the board's, ``Board.operand_registers``: 1 on the ECP5;
+    0 is recorded as None, absent from the JSON, so plans without them keep their hash).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1443,6 +1451,8 @@ def build_plan(
         lanes_of[sl.index] = L
         what_bits = geo.what_bits
         w_op = weight_operand(f.w, what_bits, operand_bits)
+        # the operand registers are built for Linear stages (hdl/stage.py), not convolutions
+        opr = operand_registers if sl.conv is None else 0
         wh_bits, wg_bits = (what_bits, f.w.bits) if w_op is None else (w_op.bits, w_op.bits)
         acc_fwd = wh_bits + f.x.bits + _ceil_log2(N + 1) + 1
         acc_bwd = wg_bits + f.d.bits + _ceil_log2(M) + 1
@@ -1545,9 +1555,9 @@ def build_plan(
                 gin_bits=f.gin.bits if sl.gin_losses else 0,
                 what_bits=what_bits,
                 x_operand_bits=geo.x_operand_bits,
-                update_stage=update_stage(upd.sc),
-                write_stage=write_stage(upd.sc, 2 if spram else 1),
-                pass_cycles=_pass_cycles(cycles, 2 if spram else 1, upd.sc),
+                update_stage=update_stage(upd.sc, opr),
+                write_stage=write_stage(upd.sc, 2 if spram else 1, opr),
+                pass_cycles=_pass_cycles(cycles, 2 if spram else 1, upd.sc, opr),
                 attach=sl.attach,
                 grad_losses=sl.grad_losses,
                 gin_losses=sl.gin_losses,
@@ -1558,6 +1568,7 @@ def build_plan(
                 conv=sl.conv,
                 streams=sl.streams if config.strategy != "global" else None,
                 weight_operand=w_op,
+                operand_registers=opr or None,
             )
         )
         products = stage_products(stages[-1], 18, operand_bits, logic_low_bits)

@@ -169,6 +169,7 @@ def compile_result(
     single_port: Sequence[int] = (),
     operand_bits: int | None = OPERAND_BITS,
     logic_low_bits: int | None = LOGIC_LOW_BITS,
+    operand_registers: int = 0,
     writers: Sequence[ArtifactWriter] | None = None,
     name: str | None = None,
     seed: int | None = None,
@@ -254,6 +255,7 @@ def compile_result(
             single_port=tuple(single_port),
             operand_bits=operand_bits,
             logic_low_bits=logic_low_bits,
+            operand_registers=operand_registers,
         )
         fit = None
         if board is None:
@@ -294,12 +296,14 @@ def compile_model(
     :meth:`FormatSpec.default`; or a FormatSpec), ``format_overrides`` (``{"s1.x": QFormat}`` or
     ``["s1.x=Q3.12", …]``), lanes via ``lanes``/``target_cycles``/``max_multipliers``
     (:func:`~pipetrain.compiler.lanes.choose_lanes`), ``memory_budget_bits`` (0 = none),
-    ``clock_hz``, ``const_bits``, ``single_port``, ``operand_bits`` and ``logic_low_bits``
-    (:func:`~pipetrain.compiler.build.build_plan`: constant precision, SPRAM stages, the
-    multipliers' operand width — 18 by default, None keeps every product exact — and the
-    widest low piece of a constant product formed in logic), ``board`` (fit the plan to it,
+    ``clock_hz``, ``const_bits``, ``single_port``, ``operand_bits``, ``logic_low_bits`` and
+    ``operand_registers`` (:func:`~pipetrain.compiler.build.build_plan`: constant precision,
+    SPRAM stages, the multipliers' operand width — 18 by default, None keeps every product
+    exact —, the widest low piece of a constant product formed in logic, and the multipliers'
+    operand registers, 0 or 1), ``board`` (fit the plan to it,
     :func:`~pipetrain.compiler.fit.fit_plan`: its clock, constants, low pieces in logic,
-    formats, lanes and SPRAM replace those options; lanes not given: the fastest that fit),
+    operand registers, formats, lanes and SPRAM replace those options; lanes not given: the
+    fastest that fit),
     ``shell`` (the board design's memories outside the plan,
     :class:`~pipetrain.compiler.fit.Shell` or a function of the plan; counted in the fit),
     ``writers`` (default :data:`ARTIFACT_WRITERS`), ``name``, ``seed`` (shorthand for

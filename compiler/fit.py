@@ -120,6 +120,8 @@ class PlanRequest:
         product exact).
     logic_low_bits: the widest low piece of a constant product's operand formed in logic
         (``Plan.logic_low_bits``; the board's, ``Board.logic_low_bits``, once fitted).
+    operand_registers: the Linear stages' multiplier operand registers, 0 or 1
+        (``Stage.operand_registers``; the board's, ``Board.operand_registers``, once fitted).
     """
 
     ir: NetworkIR
@@ -134,6 +136,7 @@ class PlanRequest:
     ram_family: str = "bram18"
     operand_bits: int | None = OPERAND_BITS
     logic_low_bits: int | None = LOGIC_LOW_BITS
+    operand_registers: int = 0
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -153,6 +156,7 @@ class PlanRequest:
             self.ram_family,
             self.operand_bits,
             self.logic_low_bits,
+            self.operand_registers,
         )
 
 
@@ -633,6 +637,7 @@ def fit_plan(
         single_port=(),
         ram_family=board.ram_family,
         logic_low_bits=board.logic_low_bits,
+        operand_registers=board.operand_registers,
     )
     over = narrow_formats(req.build(), board.format_bits())
     if over:

@@ -503,7 +503,7 @@ class Stage:
     x_operand_bits: width of the x operand of the forward and update products (signed): x.bits,
         or x.bits + 1 when the bias input 2^x.frac does not fit x's signed range (*derived*).
     update_stage: pipeline stage where u′ and w′ are ready: ``build.PASS_LATENCY`` − 1 = 4 (5
-        with Spike Compensation, whose V sum has its own stage).
+        with Spike Compensation, whose V sum has its own stage), + ``operand_registers``.
     write_stage: pipeline stage of the weight write-back: ``update_stage``, + 1 with
         single-port memories when it is even (the write must fall between reads; *derived*).
     pass_cycles: cycles of one fused pass from the start pulse to done:
@@ -518,6 +518,12 @@ class Stage:
         rounding never needs a clamp; None when ``what_bits`` ≤ the plan's ``operand_bits``
         (or it has none): the MACs read ŵ and ``w`` exactly (then absent from the JSON). One
         18 × 18 DSP block per product (ECP5 MULT18X18D) instead of two.
+    operand_registers: 1 when every multiplier of the stage's lanes (forward, input gradient,
+        update) reads operands registered once more, right before it (the products one stage
+        later, S3 → S4, and every later stage one later: ``update_stage``, ``write_stage``,
+        ``pass_cycles`` + 1); None for none (then absent from the JSON). Chosen by the board
+        (``Board.operand_registers``: 1 on the ECP5, whose DSP blocks sit apart from the lanes'
+        logic; *derived*, timing only: the same integers). Linear stages only.
     products: every multiplier of one lane as built (:class:`Product`: name, operand widths,
         18 × 18 blocks), in ``build.stage_products`` order; None in plans from before (then
         absent from the JSON).
@@ -592,6 +598,7 @@ class Stage:
     streams: tuple[tuple[int, int], ...] | None = None
     weight_operand: QFormat | None = None
     products: tuple[Product, ...] | None = None
+    operand_registers: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)

@@ -128,6 +128,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Stage", "update_stage"): (0, None),
     ("Stage", "write_stage"): (0, None),
     ("Stage", "pass_cycles"): (1, None),
+    ("Stage", "operand_registers"): (1, 1),
     ("Stage", "attach"): (0, None),
     ("Stage", "slot_cycles"): (1, 2),
     ("LossUnit", "classes"): (1, None),
@@ -457,8 +458,11 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
         want = stage_products(st, 18, plan.operand_bits, plan.logic_low_bits)
         rule = "build.stage_products of operand_bits and logic_low_bits"
         _same(f"{p}.products", st.products, want, rule)
-    _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc), "build.update_stage")
-    ws = write_stage(upd.sc, st.slot_cycles)
+    opr = st.operand_registers or 0
+    if opr and st.conv is not None:
+        raise _err(f"{p}.operand_registers", opr, "a convolution stage has none (null)")
+    _same(f"{p}.update_stage", st.update_stage, update_stage(upd.sc, opr), "build.update_stage")
+    ws = write_stage(upd.sc, st.slot_cycles, opr)
     _same(f"{p}.write_stage", st.write_stage, ws, "build.write_stage")
     _same(f"{p}.pass_cycles", st.pass_cycles, pass_cycles(st), "build.pass_cycles")
     if st.products is not None:

@@ -89,6 +89,12 @@ class Board:
         MULT18X18D and a select-add of 6 terms instead of two blocks); iCE40 0 — its logic
         cells are the scarce resource (mlp-digits fills 98 % of them) and its 16-bit ``u``/
         ``w`` with 5-bit shift-add constants leave no such product anyway.
+    operand_registers: the multipliers' operand registers of the board's plans
+        (``Stage.operand_registers``, 0 or 1): ECP5 1 — its MULT18X18D blocks sit in rows
+        apart from the lanes' logic, and a register next to each block keeps the routing to
+        it out of the multiplier's path (one cycle more per pass; *derived*, timing:
+        docs/boards.md §4.2); iCE40 0 — yosys absorbs registers into SB_MAC16 and its logic
+        cells are full.
     osc_hz: the board oscillator (Hz), the PLL's reference (0: the network runs on
         ``clock_hz`` directly).
     """
@@ -118,6 +124,7 @@ class Board:
     ram_family: str = "bram18"
     osc_hz: float = 0.0
     logic_low_bits: int = LOGIC_LOW_BITS
+    operand_registers: int = 0
 
     def format_bits(self) -> dict[str, int]:
         """``{tensor: widest bits}`` the board's plans use (0: the compiler's choice)."""
@@ -171,6 +178,7 @@ BOARDS: dict[str, Board] = {
             platform="amaranth_boards.ulx3s:ULX3S_85F_Platform",
             clock_hz=50e6,  # 25 MHz × 2 (EHXPLLL); mlp-digits: Fmax 56.1 MHz (boards.md §4)
             osc_hz=25e6,
+            operand_registers=1,
             baud=3_000_000,  # the FT231X maximum: divisor 17 at 50 MHz, 2.941 Mbaud (−1.96 %)
             luts=83_640,
             ffs=83_640,

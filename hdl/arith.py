@@ -193,6 +193,20 @@ def wire(m: Module, expr: Value, name: str) -> Signal:
     return sig
 
 
+def delayed(m: Module, value: Value, name: str, registers: int) -> Value:
+    """``value`` through ``registers`` registers without an enable (0: ``value`` itself), named
+    ``name``, ``name_1``, …: the multipliers' operand registers (``Stage.operand_registers``).
+    A pipeline register of a lockstep slot pipeline needs no enable: the stage after it reads
+    it exactly one cycle after the stage before it was valid. Source: *derived* (timing: a
+    register next to each DSP block takes the routing to the block out of the multiplier's
+    path, docs/boards.md §4.2)."""
+    for k in range(registers):
+        r = Signal(value.shape(), name=name if k == 0 else f"{name}_{k}")
+        m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
 def tree_sum(values: list) -> Value:
     """Σ ``values`` as a balanced adder tree (⌈log2 n⌉ levels; integers, so the order is free):
     the input gradient's sum across lanes, the loss unit's exp lanes into E, the saturation

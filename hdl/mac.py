@@ -17,7 +17,9 @@ gin.frac), gin)`` (rounded and clamped at S4, from the sum registered at S3), se
 
 Products are registered without enables (S2 → S3): S3 reads them exactly one cycle after a valid
 S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
-SB_MAC16, ECP5 MULT18X18D) instead of spending flip-flops.
+SB_MAC16; Yosys does not pack ECP5 MULT18X18D registers). With ``Stage.operand_registers`` = 1
+the operands are registered once more per lane right before the multiplier (no enable either),
+and the product, the sums and the outputs come one stage later (S3 → S4, S4 → S5).
 
 Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes), docs/numerics.md
 §2, §5 (the arithmetic); the pipeline is *derived*.
@@ -32,7 +34,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
-from .arith import rhu, sat, tree_sum, wire
+from .arith import delayed, rhu, sat, tree_sum, wire
 from .streams import (
     DeltaSignature,
     LaneWeightsSignature,
@@ -59,14 +61,17 @@ class ForwardLanes(wiring.Component):
     w_format, x_format, y_format: Q-formats of ``w``, ``x`` and the output ``y``.
     what_bits: width of ŵ. x_operand_bits: width of the ``x`` operand.
     activation: the stage's :class:`~pipetrain.hdl.activation.Activation`.
+    operand_registers: P = 0 or 1 (``Stage.operand_registers``): ŵ and ``x`` registered P
+        times more per lane before the multiplier; the product, the accumulation and the
+        output then come P stages later (S3+P, S4+P).
 
     Members
     -------
-    slots: ``In(pipeline.subset(S3, S4; fwd))``.
+    slots: ``In(pipeline.subset(S3+P, S4+P; fwd))``.
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
-        ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4 of the group's bias slot in
+        ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4+P of the group's bias slot in
         forward passes (cannot stall).
     mask_write: ``Out(ValidSignature(mask_layout(row_groups, L·stash_bits)))`` the ``z > 0``
         bits (``tanh``/``sigmoid``: the ``L`` outputs, y.bits each), with ``y``.
@@ -86,14 +91,16 @@ class ForwardLanes(wiring.Component):
         what_bits: int,
         x_operand_bits: int,
         activation: Activation,
+        operand_registers: int = 0,
     ) -> None:
         self.pipeline, self.L, self.live_last, self.acc_bits = pipeline, lanes, live_last, acc_bits
         self.fw, self.fx, self.fy = w_format, x_format, y_format
         self.what_bits, self.act = what_bits, activation
+        self.P = P = operand_registers
         G = pipeline.row_groups
         super().__init__(
             {
-                "slots": In(pipeline.subset(stages=(3, 4), flags=("fwd",))),
+                "slots": In(pipeline.subset(stages=(3 + P, 4 + P), flags=("fwd",))),
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
@@ -106,8 +113,9 @@ class ForwardLanes(wiring.Component):
         m = Module()
         N = self.pipeline.in_features
         L, fw, fx, fy = self.L, self.fw, self.fx, self.fy
-        sp = self.slots
-        s3, s4 = slot_at(sp, 3), slot_at(sp, 4)
+        sp, P = self.slots, self.P
+        # "S3"/"S4" below: the stages after the product, P later with operand registers
+        s3, s4 = slot_at(sp, 3 + P), slot_at(sp, 4 + P)
         first3 = s3.payload.col == 0
         fire3 = s3.valid & sp.fwd & (s3.payload.col == N)
         fire4 = Signal()
@@ -121,7 +129,9 @@ class ForwardLanes(wiring.Component):
         for lane in range(L):
             # S2: ŵ·x; S3: accumulate, round and saturate after the bias column
             pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{lane}")
-            m.d.sync += pf3.eq(self.weights.w_hat[lane] * self.operands.x_fwd)
+            wa = delayed(m, self.weights.w_hat[lane], f"wa_{lane}", P)
+            xa = delayed(m, self.operands.x_fwd, f"xa_{lane}", P)
+            m.d.sync += pf3.eq(wa * xa)
             facc = Signal(signed(self.acc_bits), name=f"facc_{lane}")
             fsum = Signal(signed(self.acc_bits), name=f"fsum_{lane}")
             m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3)
@@ -171,13 +181,15 @@ class InputGradient(wiring.Component):
     lanes: L.
     acc_bits: accumulator width (``Stage.acc_bwd_bits``).
     w_format, d_format, gin_format: Q-formats of ``w``, δ and the output ``gin``.
+    operand_registers: P = 0 or 1 (``Stage.operand_registers``): ``w`` and δ registered P
+        times more per lane before the multiplier; the sums and ``gin`` P stages later.
 
     Members
     -------
-    slots: ``In(pipeline.subset(S2, S3; bwd))``.
+    slots: ``In(pipeline.subset(S2+P, S3+P; bwd))``.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
-    gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4 of the
+    gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4+P of the
         last row group's slots ``i < N`` in backward passes (cannot stall).
     saturated: ``Out(1)`` ``gin`` clamped (one cycle, with ``gin``).
 
@@ -195,6 +207,7 @@ class InputGradient(wiring.Component):
         d_format: QFormat,
         gin_format: QFormat,
         what_bits: int,
+        operand_registers: int = 0,
     ) -> None:
         N, G = pipeline.in_features, pipeline.row_groups
         if G > 1 and N < 4:
@@ -205,9 +218,10 @@ class InputGradient(wiring.Component):
             )
         self.pipeline, self.L, self.acc_bits = pipeline, lanes, acc_bits
         self.fw, self.fd, self.fg = w_format, d_format, gin_format
+        self.P = P = operand_registers
         super().__init__(
             {
-                "slots": In(pipeline.subset(stages=(2, 3), flags=("bwd",))),
+                "slots": In(pipeline.subset(stages=(2 + P, 3 + P), flags=("bwd",))),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "delta": In(DeltaSignature(lanes, d_format.bits)),
                 "gin": Out(ValidSignature(signed(gin_format.bits))),
@@ -219,14 +233,18 @@ class InputGradient(wiring.Component):
         m = Module()
         N, G = self.pipeline.in_features, self.pipeline.row_groups
         L, fw, fd, fg = self.L, self.fw, self.fd, self.fg
-        sp = self.slots
-        s2, s3 = slot_at(sp, 2), slot_at(sp, 3)
+        sp, P = self.slots, self.P
+        # "S2"/"S3" below: the product's stage and the one after it, P later with operand
+        # registers
+        s2, s3 = slot_at(sp, 2 + P), slot_at(sp, 3 + P)
         # S2: w·δ per lane; S3: sum across lanes, a balanced adder tree (⌈log2 L⌉ levels; the
         # integers are exact, so the order is free) + the partial sum of earlier row groups
         terms = []
         for lane in range(L):
             pg3 = Signal(signed(fw.bits + fd.bits), name=f"pg3_{lane}")
-            m.d.sync += pg3.eq(self.weights.w[lane] * self.delta.delta[lane])
+            wa = delayed(m, self.weights.w[lane], f"wga_{lane}", P)
+            da = delayed(m, self.delta.delta[lane], f"da_{lane}", P)
+            m.d.sync += pg3.eq(wa * da)
             terms.append(pg3)
         gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))

@@ -25,8 +25,13 @@ The parts (each its own module, connected only through the signatures of
 Another stage kind (a convolution, an auxiliary head) is another composition of these parts.
 Every part takes its geometry as constructor parameters, read here, in one place, from the
 plan's :class:`~pipetrain.compiler.plan.Stage` (``x_lanes``, ``x_words``, ``stash_entries``,
-``what_bits``, ``x_operand_bits``, ``update_stage``, ``write_stage``, …). A pass takes
-``Stage.pass_cycles`` cycles from the start pulse to ``done``.
+``what_bits``, ``x_operand_bits``, ``update_stage``, ``write_stage``, ``operand_registers``,
+…). A pass takes ``Stage.pass_cycles`` cycles from the start pulse to ``done``.
+
+With ``Stage.operand_registers`` = 1 (the ECP5 board's plans) every multiplier of the forward,
+input-gradient and update parts reads operands registered once more, per lane, right before
+it: the products leave at S4 instead of S3 and everything after them is one stage later (the
+stage numbers in the parts' docstrings are then + 1 from S3 on).
 
 Source: docs/architecture.md §3 (fused pass, lane ownership, adder tree), docs/numerics.md §2–§6
 (the arithmetic); the partition and the pipeline are *derived*.
@@ -178,6 +183,7 @@ class StageUnit(wiring.Component):
         geometry is read)."""
         plan, st = self.plan, self.stage
         f, L = st.formats, st.lanes
+        opr = st.operand_registers or 0  # the multipliers' operand registers (S2 → S3)
         live_last = st.out_features - (st.row_groups - 1) * L  # lanes live in the last group
         pipe = SlotPipelineSignature(
             st.in_features, st.row_groups, st.cycles_per_tick, st.write_stage
@@ -235,6 +241,7 @@ class StageUnit(wiring.Component):
                 shift_add=plan.shift_add,
                 weight_operand=st.weight_operand,
                 low_piece=plan.low_piece,
+                operand_registers=opr,
             ),
             "fwd": ForwardLanes(
                 pipe,
@@ -247,6 +254,7 @@ class StageUnit(wiring.Component):
                 what_bits=st.w_hat_operand_bits,
                 x_operand_bits=st.x_operand_bits,
                 activation=self.activation,
+                operand_registers=opr,
             ),
         }
 
@@ -259,6 +267,7 @@ class StageUnit(wiring.Component):
                 d_format=f.d,
                 gin_format=f.gin,
                 what_bits=st.w_hat_operand_bits,
+                operand_registers=opr,
             )
 
         if self.primary_gin:

@@ -58,6 +58,7 @@ from .arith import (
     align,
     const_mul,
     const_operand,
+    delayed,
     rhu,
     round_upd,
     sat,
@@ -118,7 +119,7 @@ class UpdateUnit(wiring.Component):
     update: the stage's update constants (momentum, learning rate, SC, LWP horizon and form).
     x_operand_bits: width of the ``x`` operand (``Stage.x_operand_bits``).
     what_bits: width of ŵ (``Stage.what_bits``).
-    update_stage: stage where ``w′, u′`` are ready (4, 5 with SC; ``Stage.update_stage``).
+    update_stage: stage where ``w′, u′`` are ready (4, 5 with SC, + P; ``Stage.update_stage``).
     rounding: ``stochastic`` or ``nearest_even``.
     lfsr: the LFSR settings (:class:`LFSRConfig`, one seed per lane).
     shift_add: the plan's rule (``Plan.shift_add``): whether a constant is multiplied with shifts
@@ -130,6 +131,9 @@ class UpdateUnit(wiring.Component):
     low_piece: the plan's rule (``Plan.low_piece``): ``low_piece(c, bits)`` low bits of a
         ``bits``-wide operand whose product with the constant ``c`` is formed in logic (0:
         none; the default: never, every constant product in one multiplier).
+    operand_registers: P = 0 or 1 (``Stage.operand_registers``): the S2 products' operands
+        (δ, ``x``, the scaled errors, ``u``, ``w``, the select-adds) registered P times more
+        per lane before the multipliers; U, u′, w′ (and SC's V) then come P stages later.
 
     Members
     -------
@@ -171,11 +175,13 @@ class UpdateUnit(wiring.Component):
         gradient_bits: int | None = None,
         weight_operand: QFormat | None = None,
         low_piece: Callable[[int, int], int] | None = None,
+        operand_registers: int = 0,
     ) -> None:
-        if pipeline.depth < update_stage or update_stage != 4 + int(update.sc):
+        P = operand_registers
+        if pipeline.depth < update_stage or update_stage != 4 + int(update.sc) + P:
             raise ValueError(
                 f"update stage {update_stage} (write stage {pipeline.depth}) does not match the "
-                f"pipeline (4, 5 with Spike Compensation)"
+                f"pipeline (4, 5 with Spike Compensation, + {P} operand registers)"
             )
         if len(lfsr.seeds) != lanes:
             raise ValueError(f"{len(lfsr.seeds)} LFSR seeds for {lanes} lanes")
@@ -184,6 +190,7 @@ class UpdateUnit(wiring.Component):
         self.pipeline, self.L, self.live_last = pipeline, lanes, live_last
         self.f, self.up, self.xb, self.what_bits = formats, update, x_operand_bits, what_bits
         self.update_stage, self.rounding, self.lfsr = update_stage, rounding, lfsr
+        self.P = P
         self.shift_add, self.gradient_bits = shift_add, gradient_bits
         self.low_piece = low_piece or (lambda value, bits: 0)
         self.w_prev = bool(update.lwp_horizon) and update.lwp_form == "w"
@@ -254,11 +261,14 @@ class UpdateUnit(wiring.Component):
         bits = x2.shape().width
         lo = self.low_piece(value, bits)
         if not lo:
+            x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
             return [(const_mul(value, x2, self.shift_add), frac)]
         low1 = select_add(value, x1[:lo])
         low2 = Signal(low1.shape(), name=f"{name}lo2_{lane}")
         with m.If(v[1]):
             m.d.sync += low2.eq(low1)
+        low2 = delayed(m, low2, f"{name}loa_{lane}", self.P)  # beside x2's operand registers
+        x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
         return [(const_operand(value) * x2[lo:].as_signed(), frac - lo), (low2, frac)]
 
     def elaborate(self, platform) -> Module:
@@ -275,9 +285,9 @@ class UpdateUnit(wiring.Component):
             flags += lane_flags
             us = self.update_stage
             new = [new_u, new_w]
-            if self.w_prev:  # the old w, carried S3 → update stage: the new w_prev
+            if self.w_prev:  # the old w, carried S3+P → update stage: the new w_prev
                 old = w3
-                for k in range(3, us):
+                for k in range(3 + self.P, us):
                     r = Signal.like(w3, name=f"wp{k + 1}_{lane}")
                     with m.If(v[k]):
                         m.d.sync += r.eq(old)
@@ -350,21 +360,30 @@ class UpdateUnit(wiring.Component):
         """S2: the terms of U (and V with SC) as registers, read at S3 only — without enables,
         so Yosys can absorb them into DSP output registers; ``w`` carried to S3. ``m·u``,
         ``c_wd·w``: :meth:`_s2_product` (a low piece's select-add from S1)."""
-        f, up = self.f, self.up
-        d2 = self.delta.delta[lane]
-        xb2 = None if self.gradient_bits is not None else self.operands.x_bwd
+        f, up, P = self.f, self.up, self.P
+        # the variable operands, registered P times more right before the multipliers (the
+        # constant products' operands in _s2_product); "S2"/"S3" below are then S2+P/S3+P
+        d2 = delayed(m, self.delta.delta[lane], f"da_{lane}", P)
+        xb2 = None
+        if self.gradient_bits is None:
+            xb2 = delayed(m, self.operands.x_bwd, f"xba_{lane}", P)
         w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)
+        for k in range(P):  # w carried to S3+P
+            wk = Signal(signed(f.w.bits), name=f"w{4 + k}_{lane}")
+            with m.If(v[3 + k]):
+                m.d.sync += wk.eq(w3)
+            w3 = wk
         u1, w1 = self.read.u[lane], self.read.w[lane]
         mom = self._s2_product(
             m, lane, v, up.momentum.value, u1, u2, "mom", up.momentum.frac + f.w.frac
         )
         e_lr = e_b = None
         if self.e_lr is not None:
-            e_lr = (self.scaled_lr.delta[lane], self.e_lr)
+            e_lr = (delayed(m, self.scaled_lr.delta[lane], f"ela_{lane}", P), self.e_lr)
         if self.e_b is not None:
-            e_b = (self.scaled_b.delta[lane], self.e_b)
+            e_b = (delayed(m, self.scaled_b.delta[lane], f"eba_{lane}", P), self.e_b)
         u_terms, v_terms = [], []
         wd = []
         if up.lr_wd.value:
@@ -390,16 +409,16 @@ class UpdateUnit(wiring.Component):
     def _update(self, m: Module, lane: int, v: list, live, u_terms, v_terms, w3):
         """S3: U and u′ with the lane's LFSR draw (backward slots only), w′ without SC (S4
         registers); with SC, :meth:`_spike_compensation`. Returns ``(u′, w′, clamp flags)``."""
-        f, up, cfg = self.f, self.up, self.lfsr
+        f, up, cfg, P = self.f, self.up, self.lfsr, self.P
         R = cfg.round_bits
-        upd3 = v[3] & self.slots.bwd
+        upd3 = v[3 + P] & self.slots.bwd
         m.submodules[f"lfsr{lane}"] = lf = LFSR(cfg.poly, cfg.width, cfg.leap, cfg.seeds[lane])
         m.d.comb += lf.draw.eq(upd3)
         # a balanced adder tree (integers: the order is free; ⌈log2 n⌉ adders deep)
         U = tree_sum([align(r, frac, up.frac_u) for r, frac in u_terms])
         ku = up.frac_u - f.w.frac
         ur = wire(m, round_upd(U, ku, lf.next[:R], self.rounding, R), f"ur_{lane}")
-        upd_live = upd3 & live(3)
+        upd_live = upd3 & live(3 + P)
         if up.sc:
             uq, uc = sat(ur, f.u)
             uq = wire(m, uq, f"uq_{lane}")
@@ -414,7 +433,7 @@ class UpdateUnit(wiring.Component):
         wc_hi, wc_lo = sat(w3 - f.u.max_int, f.w), sat(w3 - f.u.min_int, f.w)
         w_hi4, s_hi4 = Signal(signed(f.w.bits), name=f"whi4_{lane}"), Signal(name=f"shi4_{lane}")
         w_lo4, s_lo4 = Signal(signed(f.w.bits), name=f"wlo4_{lane}"), Signal(name=f"slo4_{lane}")
-        with m.If(v[3]):
+        with m.If(v[3 + P]):
             m.d.sync += [ur4.eq(ur), w4.eq(w3), live4.eq(upd_live)]
             m.d.sync += [w_hi4.eq(wc_hi[0]), s_hi4.eq(wc_hi[1])]
             m.d.sync += [w_lo4.eq(wc_lo[0]), s_lo4.eq(wc_lo[1])]
@@ -424,26 +443,26 @@ class UpdateUnit(wiring.Component):
         wm, sm = sat(wire(m, w4 - ur4[: f.u.bits].as_signed(), f"wd_{lane}"), f.w)
         wq = Mux(hi, w_hi4, Mux(lo, w_lo4, wm))
         wc = Mux(hi, s_hi4, Mux(lo, s_lo4, sm))
-        return u4, wire(m, wq, f"w4q_{lane}"), [v[4] & uc & live4, v[4] & wc & live4]
+        return u4, wire(m, wq, f"w4q_{lane}"), [v[4 + P] & uc & live4, v[4 + P] & wc & live4]
 
     def _spike_compensation(
         self, m: Module, lane: int, v: list, live, lf, uq, u_clamp, w3, v_terms
     ):
         """S3 → S4: u′, w, the V terms and the draw's upper bits registered; S4: ``V`` and
         ``w′ = sat(w − round_upd(V))``, registered at S5."""
-        f, up, R = self.f, self.up, self.lfsr.round_bits
+        f, up, R, P = self.f, self.up, self.lfsr.round_bits, self.P
         u4 = Signal(signed(f.u.bits), name=f"u4_{lane}")
         w4 = Signal(signed(f.w.bits), name=f"w4_{lane}")
         rw4 = Signal(self.lfsr.width - R, name=f"rw4_{lane}")
         us4 = Signal(name=f"us4_{lane}")
-        with m.If(v[3]):
+        with m.If(v[3 + P]):
             m.d.sync += [u4.eq(uq), w4.eq(w3), rw4.eq(lf.next[R:]), us4.eq(u_clamp)]
         a = up.sc_a.value  # a·u′: its low piece (if any) beside the multiplier, at S4
         au = const_mul(a, u4, self.shift_add, self.low_piece(a, f.u.bits))
         V = align(au, up.sc_a.frac + f.w.frac, up.frac_v)
         for r, frac in v_terms:
             r4 = Signal(r.shape(), name=f"{r.name}_4")
-            with m.If(v[3]):
+            with m.If(v[3 + P]):
                 m.d.sync += r4.eq(r)
             V = V + align(r4, frac, up.frac_v)
         dw = round_upd(V, up.frac_v - f.w.frac, rw4[:R], self.rounding, R)
@@ -451,6 +470,6 @@ class UpdateUnit(wiring.Component):
         u5 = Signal(signed(f.u.bits), name=f"u5_{lane}")
         w5 = Signal(signed(f.w.bits), name=f"w5_{lane}")
         ws5 = Signal(name=f"ws5_{lane}")
-        with m.If(v[4]):
-            m.d.sync += [u5.eq(u4), w5.eq(wq), ws5.eq(wc & self.slots.bwd & live(4))]
-        return u5, w5, [v[4] & us4, v[5] & ws5]
+        with m.If(v[4 + P]):
+            m.d.sync += [u5.eq(u4), w5.eq(wq), ws5.eq(wc & self.slots.bwd & live(4 + P))]
+        return u5, w5, [v[4 + P] & us4, v[5 + P] & ws5]

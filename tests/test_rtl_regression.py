@@ -13,6 +13,7 @@ failing case names the seed and the command that reruns it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from pipetrain.sim.tb.regress import (
     CI_MAX_LANES,
     CI_MAX_SIZE,
     CI_RANDOM_CASES,
+    OPERAND_REGISTER_CASES,
     REGRESS_SEED_ENV,
     SMOKE_CASES,
     Case,
@@ -73,6 +75,24 @@ def _check_reproducibly(case: Case, command: str) -> None:
 @pytest.mark.parametrize("case", SMOKE_CASES, ids=[c.name for c in SMOKE_CASES])
 def test_smoke_case_bit_exact(case):
     _check_reproducibly(case, f'pytest "{HERE}::test_smoke_case_bit_exact[{case.name}]"')
+
+
+@pytest.mark.parametrize(
+    "case", OPERAND_REGISTER_CASES, ids=[c.name for c in OPERAND_REGISTER_CASES]
+)
+def test_operand_registers_bit_exact(case):
+    """The multipliers' operand registers (``Stage.operand_registers`` = 1, the ECP5 board's
+    plans) move every product and what follows it one stage later and add one cycle to each
+    pass; the integers stay those of the golden model, and the plan's pass and tick cycles
+    follow (checked in :func:`_check` and here against the same case without them)."""
+    _check_reproducibly(case, f'pytest "{HERE}::test_operand_registers_bit_exact[{case.name}]"')
+    plan = prepare(case)[0]
+    base = prepare(replace(case, operand_registers=0))[0]
+    for st, st0 in zip(plan.stages, base.stages, strict=True):
+        assert st.operand_registers == 1 and st0.operand_registers is None
+        assert st.pass_cycles == st0.pass_cycles + 1
+        assert st.write_stage == st0.write_stage + 1
+    assert plan.tick_cycles >= base.tick_cycles
 
 
 @pytest.mark.parametrize("name", ["d4-local-h2", "d5-inter-d1", "d5-inter-sum-h2"])

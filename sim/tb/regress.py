@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,7 @@ class Case:
     head_stages: int = 1
     distance: int = 1
     rule: str = "only"
+    operand_registers: int = 0
 
     @property
     def depth(self) -> int:
@@ -163,6 +164,7 @@ def prepare(case: Case) -> tuple[Plan, nn.Module, torch.Tensor, list[int], list[
         formats=case_formats(case.formats, case.depth),
         lanes=case.lanes,
         name=case.name.replace("-", "_"),
+        operand_registers=case.operand_registers,
     )
     gen = torch.Generator().manual_seed(1000 + case.seed)
     xf = torch.randn(case.samples, case.input_values, generator=gen)
@@ -255,6 +257,26 @@ SMOKE_CASES: tuple[Case, ...] = (
         samples=12,
         seed=5,
     ),
+)
+
+
+#: Smoke cases again with the multipliers' operand registers (``Stage.operand_registers`` = 1,
+#: the ECP5 board's plans): SC, LWP ``v`` and ``w`` forms with weight decay (the select-adds'
+#: registers), several row groups with an input gradient (``gacc`` one stage later), the
+#: sequential schedule, interlocking with the ``sum`` rule (the extra streams' input
+#: gradients), round-half-to-even with identity.
+OPERAND_REGISTER_CASES: tuple[Case, ...] = tuple(
+    replace(c, name=f"{c.name}-opr", operand_registers=1)
+    for c in SMOKE_CASES
+    if c.name
+    in (
+        "d2-lanes-sc",
+        "d2-seq-rne-mse",
+        "d3-lwp-leaky-narrow",
+        "d4-sclwp-wd-wide",
+        "d5-inter-sum-h2",
+        "d2-identity-rne",
+    )
 )
 
 
