@@ -150,3 +150,35 @@ def test_a_plan_from_before_products_keeps_its_count():
     back = Plan.from_json(json.dumps(doc))
     assert back.multipliers == 64 and back.stages[0].products is None
     assert json.loads(back.to_json()) == doc  # loaded exactly
+
+
+def test_operand_registers_are_the_boards_and_round_trip():
+    """``Stage.operand_registers``: 1 in every Linear stage of an ECP5 board plan (each pass one
+    cycle longer: ``pass_cycles`` = slots − 1 + 2 + write stage 5), none on the iCE40 and
+    without a board (absent from the JSON, so those plans keep their hash); the plan
+    round-trips exactly and a hand edit is refused naming the field."""
+    from pipetrain.host.flow import compile_design
+
+    def plan_of(board):
+        kw = {"board": board} if board else {"lanes": (32, 10)}
+        return compile_design("mlp-digits", formats="default", writers=(), **kw).plan
+
+    ecp5, ice, none = plan_of("ulx3s-85f"), plan_of("icebreaker"), plan_of(None)
+    assert [s.operand_registers for s in ecp5.stages] == [1, 1]
+    assert [(s.update_stage, s.write_stage, s.pass_cycles) for s in ecp5.stages] == [
+        (5, 5, 65 - 1 + 2 + 5),
+        (5, 5, 33 - 1 + 2 + 5),
+    ]
+    assert [s.pass_cycles for s in none.stages] == [70, 38]  # the same lanes without them
+    assert ecp5.tick_cycles == 71 + 2
+    for plan in (ice, none):
+        assert all(s.operand_registers is None for s in plan.stages)
+        assert "operand_registers" not in plan.to_json()
+    assert Plan.from_dict(json.loads(ecp5.to_json())) == ecp5
+    edited = json.loads(ecp5.to_json())
+    edited["stages"][0]["operand_registers"] = 2
+    with pytest.raises(PlanError, match=r"stages\[0\]\.operand_registers = 2"):
+        Plan.from_dict(edited)
+    edited["stages"][0]["operand_registers"] = None
+    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 5: must be"):
+        Plan.from_dict(edited)
