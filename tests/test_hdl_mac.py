@@ -48,7 +48,16 @@ def _unpack(word, bits, n):
 
 
 @pytest.mark.parametrize(
-    "case,s", [(dict(), 0), (dict(), 1), (dict(mitigation="lwp"), 2), (dict(lanes=(5, 2, 3)), 0)]
+    "case,s",
+    [
+        (dict(), 0),
+        (dict(), 1),
+        (dict(mitigation="lwp"), 2),
+        (dict(lanes=(5, 2, 3)), 0),
+        # the ECP5's operand registers: the products, sums and outputs one stage later
+        (dict(operand_registers=1), 1),
+        (dict(mitigation="lwp", lanes=(5, 2, 3), operand_registers=1), 0),
+    ],
 )
 def test_forward_lanes_equal_the_reference(case, s):
     plan, _, _ = tiny(**case)
@@ -66,6 +75,7 @@ def test_forward_lanes_equal_the_reference(case, s):
         what_bits=st.w_hat_operand_bits,
         x_operand_bits=st.x_operand_bits,
         activation=activation_of(st, plan.shift_add),
+        operand_registers=st.operand_registers or 0,
     )
     rng = random.Random(s * 17 + len(case))
     log = []
@@ -126,7 +136,13 @@ def test_forward_lanes_equal_the_reference(case, s):
 
 
 @pytest.mark.parametrize(
-    "case,s", [(dict(), 1), (dict(mitigation="sc"), 2), (dict(lanes=(2, 4, 3)), 1)]
+    "case,s",
+    [
+        (dict(), 1),
+        (dict(mitigation="sc"), 2),
+        (dict(lanes=(2, 4, 3)), 1),
+        (dict(operand_registers=1), 1),  # two row groups: gacc read and written one later
+    ],
 )
 def test_input_gradient_equals_the_reference(case, s):
     plan, _, _ = tiny(**case)
@@ -141,7 +157,9 @@ def test_input_gradient_equals_the_reference(case, s):
         d_format=f.d,
         gin_format=f.gin,
         what_bits=st.w_hat_operand_bits,
+        operand_registers=st.operand_registers or 0,
     )
+    P = st.operand_registers or 0
     rng = random.Random(s * 31 + len(case))
     log = []
 
@@ -159,7 +177,7 @@ def test_input_gradient_equals_the_reference(case, s):
                         ctx.set(dut.weights.w[k], w[k])
                         ctx.set(dut.delta.delta[k], d[k])
                 if ctx.get(dut.gin.valid):
-                    outs.append((pipe_[4][1], ctx.get(dut.gin.payload)))
+                    outs.append((pipe_[4 + P][1], ctx.get(dut.gin.payload)))
                 flags[0] += ctx.get(dut.saturated)
 
             await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.35, bwd=bwd, cycle=cycle)

@@ -89,6 +89,10 @@ CASES = [
     # with their low pieces in logic beside the multiplier at S1 (plan.logic_low_bits)
     (dict(mitigation="sc+lwp", max_terms=1), 0),
     (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1), 1),
+    # the ECP5's operand registers (every S2 operand, the select-adds too, one stage more)
+    (dict(operand_registers=1), 1),
+    (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1, operand_registers=1), 0),
+    (dict(mitigation="sc", rounding="nearest_even", operand_registers=1), 2),
 ]
 
 
@@ -128,6 +132,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         shift_add=plan.shift_add,
         weight_operand=st.weight_operand,
         low_piece=plan.low_piece,
+        operand_registers=st.operand_registers or 0,
     )
     scaled = list(zip(scaled_error_ports(st), scaled_errors(st), strict=True))
     w_form = up.lwp_horizon > 0 and up.lwp_form == "w"

@@ -24,11 +24,13 @@ def tiny(
     const_bits=18,
     single_port=(),
     acts=("leaky_relu", "relu"),
+    operand_registers=0,
     **cfg,
 ):
     """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots).
     ``const_bits``/``single_port``: :func:`build_plan`'s board options (few-bit constants,
-    single-port SPRAM weight memories). ``acts``: the two hidden activations (``tanh``,
+    single-port SPRAM weight memories), ``operand_registers`` (the ECP5's: every product one
+    stage later). ``acts``: the two hidden activations (``tanh``,
     ``sigmoid``, … instead of LeakyReLU, ReLU)."""
     torch.manual_seed(1)
     model = nn.Sequential(
@@ -49,6 +51,7 @@ def tiny(
             lanes=list(lanes),
             const_bits=const_bits,
             single_port=single_port,
+            operand_registers=operand_registers,
         )
     return plan, model, config
 
