@@ -357,7 +357,8 @@ class FormatSpec:
     head_y, head_d, head_w, head_u: formats of the auxiliary-head stages in stage order (the
         output, error, weights, velocities); missing entries default to ``logits``, the last
         ``d``, ``w`` and ``u``. A head stage's input format is its attach stage's output format.
-    source: how the formats were chosen (``default``, ``auto``; ``+overrides`` appended).
+    source: how the formats were chosen (``default``, ``static``, ``auto``; then
+        `` + overrides (KEY=Qi.f, …)`` or the board fit's `` + narrowed to B's widths (…)``).
     notes: remarks of the format choice for the report (e.g. precision given up to keep the
         update sum within 62 bits).
     """

@@ -26,12 +26,20 @@ from pathlib import Path
 
 from torch import nn
 
-from .build import CONST_MANTISSA_BITS, LOGIC_LOW_BITS, OPERAND_BITS, FormatSpec, PlanError
+from .build import (
+    CONST_MANTISSA_BITS,
+    LOGIC_LOW_BITS,
+    OPERAND_BITS,
+    FormatSpec,
+    PlanError,
+    stage_slots,
+)
 from .config import TrainConfig, check_strategy_options, global_if_same
-from .fit import PlanRequest, ShellSource, check_fit, fit_plan
+from .fit import PlanRequest, ShellSource, board_request, check_fit, fit_plan
 from .formats import (
     Ranges,
     apply_overrides,
+    check_override_widths,
     formats_from_ranges,
     parse_format_overrides,
     static_formats,
@@ -209,7 +217,8 @@ def compile_result(
             chosen = choose_lanes(ir, config, lanes, target_cycles)  # fail fast
         elif lanes is not None or target_cycles is not None:
             choose_lanes(ir, config, lanes, target_cycles, max_multipliers)  # one policy: raises
-        if fmt_over:  # check the override keys before a calibration run
+        if fmt_over:  # check the override keys and widths before a calibration run
+            check_override_widths(fmt_over)
             apply_overrides(FormatSpec.default(len(ir.layers)), fmt_over, ir, config)
         if isinstance(formats, FormatSpec):
             spec = apply_overrides(formats, fmt_over, ir, config)
@@ -237,18 +246,19 @@ def compile_result(
             )
         if notes:
             spec = dataclasses.replace(spec, notes=(*notes, *spec.notes))
-        if max_multipliers is not None:  # the formats decide which products exist
-            per_lane = lane_multipliers(
-                ir, config, spec, const_bits=const_bits, single_port=tuple(single_port),
-                operand_bits=operand_bits,
-            )  # fmt: skip
-            chosen = choose_lanes(ir, config, max_multipliers=max_multipliers, per_lane=per_lane)
         request = PlanRequest(
             ir,
             config,
             spec,
-            tuple(chosen),
+            tuple(chosen) if max_multipliers is None else tuple(1 for _ in stage_slots(ir, config)),
             lanes_given=any(v is not None for v in (lanes, target_cycles, max_multipliers)),
+            lanes_option=(
+                f"--max-multipliers {max_multipliers}"
+                if max_multipliers is not None
+                else f"--target-cycles {target_cycles}"
+                if target_cycles is not None
+                else None
+            ),
             clock_hz=clock_hz,
             memory_budget_bits=memory_budget_bits,
             const_bits=const_bits,
@@ -257,6 +267,16 @@ def compile_result(
             logic_low_bits=logic_low_bits,
             operand_registers=operand_registers,
         )
+        if max_multipliers is not None:  # the formats and constants decide which products
+            # exist: with a board, the board's (its constants, e.g. 5-bit shift-adds on iCE40)
+            at = request if board is None else board_request(request, board)
+            per_lane = lane_multipliers(
+                ir, config, at.formats, const_bits=at.const_bits, single_port=at.single_port,
+                operand_bits=at.operand_bits, ram_family=at.ram_family,
+                logic_low_bits=at.logic_low_bits,
+            )  # fmt: skip
+            chosen = choose_lanes(ir, config, max_multipliers=max_multipliers, per_lane=per_lane)
+            request = request.replace(lanes=tuple(chosen))
         fit = None
         if board is None:
             plan = request.build()

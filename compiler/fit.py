@@ -55,6 +55,7 @@ from .build import (
     build_plan,
     hard_multipliers,
     logic_pieces,
+    loss_operands,
     memory_blocks,
     place_memory,
     spram_blocks,
@@ -75,6 +76,7 @@ __all__ = [
     "LogicModel",
     "LOGIC_MODELS",
     "fit_plan",
+    "board_request",
     "board_lanes",
     "lane_candidates",
     "plan_with_lanes",
@@ -83,6 +85,7 @@ __all__ = [
     "logic_cells",
     "shell_blocks",
     "narrow_formats",
+    "narrowed_label",
     "spram_stages",
 ]
 
@@ -122,6 +125,9 @@ class PlanRequest:
         (``Plan.logic_low_bits``; the board's, ``Board.logic_low_bits``, once fitted).
     operand_registers: the Linear stages' multiplier operand registers, 0 or 1
         (``Stage.operand_registers``; the board's, ``Board.operand_registers``, once fitted).
+    lanes_option: the option that chose ``lanes`` when it was not ``--lanes``, as the user gave
+        it (``--max-multipliers 20``, ``--target-cycles 100``): a fit error names it (None: "the
+        lanes asked for").
     """
 
     ir: NetworkIR
@@ -137,6 +143,7 @@ class PlanRequest:
     operand_bits: int | None = OPERAND_BITS
     logic_low_bits: int | None = LOGIC_LOW_BITS
     operand_registers: int = 0
+    lanes_option: str | None = None
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -374,10 +381,6 @@ def plan_totals(plan: Any, board: Board | None = None, shell: ShellSource = None
     }
 
 
-def _cells_name(board: Board) -> str:
-    return "logic cells" if board.family == "ice40" else "LUT4s"
-
-
 def check_fit(plan: Any, board: Board, shell: ShellSource = None) -> dict[str, dict[str, int]]:
     """Check the board design of ``plan`` against the board; return ``{resource: {needed,
     available}}``.
@@ -416,24 +419,34 @@ def check_fit(plan: Any, board: Board, shell: ShellSource = None) -> dict[str, d
     w = board.multiplier_width
     problems = []
     if t["hard_multipliers"] > board.multipliers:
+        losses = (getattr(plan, "loss", None), *getattr(plan, "head_losses", ()))
+        in_loss = sum(len(loss_operands(lu)) for lu in losses if lu is not None)
+        whose = (
+            f"the stages' {t['multipliers']:,} multipliers and the loss unit's {in_loss}"
+            if in_loss
+            else f"the datapath's {t['multipliers']:,} multipliers"
+        )
         problems.append(
-            f"{t['hard_multipliers']} DSP blocks needed, {board.multipliers} available "
-            f"({w}×{w} {board.dsp_cell}, for the datapath's {t['multipliers']} multipliers)"
+            f"{t['hard_multipliers']:,} DSP blocks needed, {board.multipliers:,} available "
+            f"({w}×{w} {board.dsp_cell}, for {whose})"
         )
     if sp > board.spram_blocks:
-        problems.append(f"{sp} SPRAMs needed, {board.spram_blocks} available")
+        problems.append(f"{sp:,} SPRAMs needed, {board.spram_blocks:,} available")
     if t["memory_bits"] > ram_bits:
-        problems.append(f"{t['memory_bits']} memory bits needed, {ram_bits} available ({ram_name})")
+        problems.append(
+            f"{t['memory_bits']:,} memory bits needed, {ram_bits:,} available ({ram_name})"
+        )
     elif t["bram_blocks"] > board.bram_blocks:
         link = f", {t['shell_bram_blocks']} of them the link's" if t["shell_bram_blocks"] else ""
         problems.append(
-            f"{t['bram_blocks']} block RAMs of {board.bram_block_bits // 1024} Kib needed "
-            f"({block_bits} bits{link}), {board.bram_blocks} available ({board.bram_bits} bits)"
+            f"{t['bram_blocks']:,} block RAMs of {board.bram_block_bits // 1024} Kib needed "
+            f"({block_bits:,} bits{link}), {board.bram_blocks:,} available "
+            f"({board.bram_bits:,} bits)"
         )
     if t["logic_cells"] > board.luts:
         problems.append(
-            f"~{t['logic_cells']} {_cells_name(board)} needed (estimate, link engine and UART "
-            f"included), {board.luts} available"
+            f"~{t['logic_cells']:,} {board.cells_name} needed (estimate, link engine and UART "
+            f"included), {board.luts:,} available"
         )
     if problems:
         raise FitError(
@@ -478,6 +491,18 @@ def narrow_formats(plan: Plan, widths: dict[str, int]) -> list[str]:
                 if frac < q.frac:
                     out.append(f"s{st.index}.{t}=Q{i}.{frac}")
     return out
+
+
+def narrowed_label(board: Board) -> str:
+    """How a format source names the board fit's narrowing (:func:`narrow_formats`): ``narrowed
+    to icebreaker's widths (w, u 16 bits; x, y, d, gin 12 bits)`` — the widths
+    ``Board.format_bits`` gives, integer bits kept (logits keep the exp LUT's fraction bits)."""
+    by: dict[int, list[str]] = {}
+    for t, bits in board.format_bits().items():
+        if bits:
+            by.setdefault(bits, []).append(t)
+    widths = "; ".join(f"{', '.join(ts)} {b} bits" for b, ts in by.items())
+    return f"narrowed to {board.name}'s widths ({widths})"
 
 
 def spram_stages(plan: Plan, board: Board) -> tuple[int, ...]:
@@ -618,6 +643,29 @@ def _lanes_text(lanes: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in lanes)
 
 
+def board_request(request: PlanRequest, board: Board) -> PlanRequest:
+    """``request`` at ``board``'s settings (steps 1 and 2 of the module docstring): its clock,
+    constants, RAM family, low-piece rule and operand registers, the formats narrowed to its
+    widths; lanes as they are, no SPRAM stage yet. What :func:`fit_plan` fits, and what
+    ``--max-multipliers`` counts with a board (its constants decide which products are
+    shift-adds)."""
+    req = request.replace(
+        clock_hz=board.clock_hz,
+        const_bits=board.const_bits,
+        single_port=(),
+        ram_family=board.ram_family,
+        logic_low_bits=board.logic_low_bits,
+        operand_registers=board.operand_registers,
+    )
+    over = narrow_formats(req.build(), board.format_bits())
+    if over:
+        spec = apply_overrides(
+            req.formats, parse_format_overrides(over), req.ir, req.config, narrowed_label(board)
+        )
+        req = req.replace(formats=spec)
+    return req
+
+
 def fit_plan(
     request: PlanRequest, board: Board, shell: ShellSource = None
 ) -> tuple[Plan, PlanRequest]:
@@ -631,18 +679,7 @@ def fit_plan(
     fit — then naming the lanes that do; :class:`~pipetrain.compiler.build.PlanError` for a
     design that is invalid at the board's settings.
     """
-    req = request.replace(
-        clock_hz=board.clock_hz,
-        const_bits=board.const_bits,
-        single_port=(),
-        ram_family=board.ram_family,
-        logic_low_bits=board.logic_low_bits,
-        operand_registers=board.operand_registers,
-    )
-    over = narrow_formats(req.build(), board.format_bits())
-    if over:
-        spec = apply_overrides(req.formats, parse_format_overrides(over), req.ir, req.config)
-        req = req.replace(formats=spec)
+    req = board_request(request, board)
     if req.lanes_given:
         plan, attempt = plan_with_lanes(req, board, req.lanes)
         try:
@@ -657,12 +694,17 @@ def fit_plan(
         else:
             p = found[0]
             hint = (
-                f"--lanes {_lanes_text(found[1].lanes)} fits ({p.ideal_cycles_per_sample} "
+                f"--lanes {_lanes_text(found[1].lanes)} fits ({p.ideal_cycles_per_sample:,} "
                 "cycles/sample): give it, or leave --lanes out for the fastest plan that fits "
                 "(--lanes auto)"
             )
+        if req.lanes_option:
+            asked = f"the lanes {req.lanes_option} chose"
+            hint = hint.replace("leave --lanes out", f"leave {req.lanes_option.split()[0]} out")
+        else:
+            asked = "the lanes asked for"
         raise FitError(
-            f"{head}, with the lanes asked for ({_lanes_text(req.lanes)}); {hint}",
+            f"{head}, with {asked} ({_lanes_text(req.lanes)}); {hint}",
             given.rows,
             given.plan,
         ) from None

@@ -33,7 +33,9 @@ import re
 from collections.abc import Mapping
 
 from .build import (
+    MAX_DATA_BITS,
     MAX_SUM_BITS,
+    MAX_WEIGHT_BITS,
     FormatSpec,
     PlanError,
     _Slot,
@@ -53,6 +55,7 @@ __all__ = [
     "FormatError",
     "parse_qformat",
     "parse_format_overrides",
+    "check_override_widths",
     "format_for_range",
     "Ranges",
     "formats_from_ranges",
@@ -122,6 +125,23 @@ def parse_format_overrides(items: list[str] | tuple[str, ...]) -> dict[str, QFor
             raise FormatError(f"--format {key} is given twice ({out[key]} and {fmt})")
         out[key] = fmt
     return out
+
+
+def check_override_widths(overrides: Mapping[str, QFormat]) -> None:
+    """Refuse an override wider than any plan takes — activations and errors (``x``, ``y``,
+    ``d``, ``gin``, ``logits``) at most :data:`~pipetrain.compiler.build.MAX_DATA_BITS` bits,
+    weights and velocities (``w``, ``u``) :data:`~pipetrain.compiler.build.MAX_WEIGHT_BITS` —
+    before a calibration run spends its seconds on a plan that ``build_plan`` refuses. Raises
+    :class:`FormatError` naming the ``--format`` and the widths allowed."""
+    for key, fmt in overrides.items():
+        tensor = key.split(".")[-1]
+        hi = MAX_WEIGHT_BITS if tensor in ("w", "u") else MAX_DATA_BITS
+        if fmt.bits > hi:
+            kind = "weight/velocity" if tensor in ("w", "u") else "activation/error"
+            raise FormatError(
+                f"--format {key}={fmt} has {fmt.bits} bits; a {kind} format has at most {hi} "
+                f"(x, y, d, gin, logits: 2..{MAX_DATA_BITS}; w, u: 2..{MAX_WEIGHT_BITS})"
+            )
 
 
 def format_for_range(max_abs: float, bits: int, headroom: float = HEADROOM) -> QFormat:
@@ -311,9 +331,15 @@ def static_formats(
 
 
 def apply_overrides(
-    fs: FormatSpec, overrides: Mapping[str, QFormat], ir: NetworkIR, config: TrainConfig
+    fs: FormatSpec,
+    overrides: Mapping[str, QFormat],
+    ir: NetworkIR,
+    config: TrainConfig,
+    label: str | None = None,
 ) -> FormatSpec:
     """Return ``fs`` with explicit formats applied; stage-specific keys win over global ones.
+    ``source`` gets `` + overrides (KEY=Qi.f, …)`` appended, or `` + <label>`` when given (the
+    board fit's narrowing says which widths, not its dozen overrides).
 
     Global keys: ``x`` (every stage input), ``y`` (every stage output, logits included), ``d``
     (every error), ``gin`` (every input gradient = the previous stage's ``d``), ``w``, ``u``,
@@ -417,5 +443,7 @@ def apply_overrides(
         head_d=tuple(hd),
         head_w=tuple(hw),
         head_u=tuple(hu),
-        source=fs.source + "+overrides",
+        source=fs.source
+        + " + "
+        + (label or "overrides (" + ", ".join(f"{k}={v}" for k, v in overrides.items()) + ")"),
     )

@@ -214,7 +214,8 @@ def choose_lanes(
         smallest = _multipliers(per_lane, [1] * len(slots))
         raise PlanError(
             f"--max-multipliers {max_multipliers} is below the smallest design: one lane per "
-            f"stage already uses {smallest} multipliers"
+            f"stage already uses {smallest} multipliers in the stages; give --max-multipliers "
+            f"{smallest} or more (the least that works: one lane per stage), or leave it out"
         )
     largest = max(
         slots, key=lambda sl: stage_cycles(sl.in_features, sl.out_features, 1, sl.conv)[1]

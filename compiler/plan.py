@@ -754,9 +754,9 @@ class Plan:
     clock_hz: clock the throughput figure assumes.
     samples_per_s: clock_hz / ideal_cycles_per_sample.
     memory_bits: total over every memory of the design (stages, loss units, ``memories``).
-    multipliers: Σ ``Stage.multipliers``: the stages' multipliers as built (the stage table's
-        total); the loss units' are not counted here — ``report.md``'s Multipliers table and
-        the board fit (``fit.multipliers``: DSP blocks) add them.
+    multipliers: Σ ``Stage.multipliers``: the stages' multipliers as built; the loss units' are
+        not counted here — the stage table's total (their own rows), ``report.md``'s
+        Multipliers table and the board fit (``fit.multipliers``: DSP blocks) add them.
     memory_budget_bits: the budget validated against (0 = none).
     train: the float training settings (``TrainConfig.to_dict()``, plus ``lr1``/``momentum1``).
     head_losses: one loss unit per auxiliary head (local/interlocking), in block order; loss

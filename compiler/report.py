@@ -8,24 +8,27 @@
   and warnings;
 * :func:`plan_summary` — the JSON result of ``pipetrain compile --json``.
 
-Every number is read from the plan or the fit (nothing is recomputed here).
+Every number is read from the plan or the fit (nothing is recomputed here, except the DSP
+blocks per multiplier of :func:`multiplier_text`, by the fit's own rule).
 
 Names: *multipliers* are the datapath's products (what the HDL builds, ``Stage.products``;
 ``Stage.multipliers`` = lanes × their count, ``Plan.multipliers`` the stages' sum, each counted
-once; the loss units' are listed in the Multipliers table); *DSP blocks* are the board's hard
-multipliers (18 × 18 MULT18X18D, 16 × 16 SB_MAC16) that they take. The JSON keys stay
-``multipliers``.
+once; the loss units' are rows of the stage table and the Multipliers table, and the totals
+include them); *DSP blocks* are the board's hard multipliers (18 × 18 MULT18X18D, 16 × 16
+SB_MAC16) that they take. The JSON keys stay ``multipliers`` (the stages') and
+``loss_multipliers``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from .build import RAM_FAMILIES, logic_pieces, loss_operands, multiplier_blocks
-from .plan import Plan, QFormat, Stage
-from .targets import Board
+from .plan import Const, LossUnit, Plan, QFormat, Stage
+from .targets import BOARDS, Board
 
 __all__ = [
     "markdown_table",
@@ -75,7 +78,10 @@ def markdown_table(
 
 
 def _is_number(text: str) -> bool:
-    if text in ("", "–", "total"):
+    """Whether a cell keeps its column numeric (right-aligned): a number, or a cell that
+    labels a row of numbers — empty, ``–``, ``total``, and the stage table's ``L<k>`` (a loss
+    unit) and ``top`` rows."""
+    if text in ("", "–", "total", "top") or re.fullmatch(r"L\d+", text):
         return True
     try:
         float(text.replace(",", ""))
@@ -147,15 +153,40 @@ def conv_table(plan: Plan) -> str:
     return markdown_table(headers, rows, left=("layer", "kind", "pool", "memories (bits)"))
 
 
+def loss_units(plan: Plan) -> list[tuple[str, LossUnit]]:
+    """The plan's loss units with their loss names, as the Delays lines and the memory table
+    name them: ``loss L<K>`` (the main one, K = heads + 1) first, then the heads' ``loss L<k>``."""
+    out = [(f"loss L{len(plan.head_losses) + 1}", plan.loss)]
+    return out + [(f"loss L{k}", lu) for k, lu in enumerate(plan.head_losses, start=1)]
+
+
+def loss_multipliers(loss: LossUnit) -> int:
+    """Multipliers of a loss unit as the HDL builds them (:func:`~pipetrain.compiler.build.
+    loss_operands`: cross-entropy 1, MSE 1 or 2)."""
+    return len(loss_operands(loss))
+
+
+def _bram_blocks(memories: Sequence[Any]) -> int:
+    """Block RAMs of the plan's family that ``memories`` take (their ``bram`` entries' blocks,
+    as ``Stage.memory_blocks`` and ``Plan.memory_blocks`` count them; SPRAMs not)."""
+    return sum(m.blocks for m in memories if m.kind == "bram")
+
+
 def stage_table(plan: Plan) -> str:
-    """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, cycles per
-    tick, memory (bits and block RAMs of the plan's RAM family, from ``Stage.memories`` as the
-    HDL builds them), multipliers and the x/y/d/w/u formats."""
+    """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, slots and
+    cycles of the stage's pass per tick (``Stage.cycles_per_tick`` slots, one every
+    ``Stage.slot_cycles`` cycles: ``Stage.pass_cycles``), memory (bits and block RAMs of the
+    plan's RAM family, from ``Stage.memories`` as the HDL builds them), multipliers and the
+    x/y/d/w/u formats; then one row per loss unit (``L<k>``, layer ``loss``: its cycles,
+    memories and multipliers) and one for the network top's memories (``top``: the result
+    FIFO), so that the totals — ``Plan.memory_bits``,
+    ``Plan.memory_blocks`` and every multiplier of the design (``Plan.multipliers`` + the loss
+    units') — are the sums of the rows above them."""
     headers = (
-        "stage", "layer", "shape", "act", "D_s", "stash", "lanes", "cycles/tick",
+        "stage", "layer", "shape", "act", "D_s", "stash", "lanes", "slots/tick", "pass cycles",
         "memory bits", block_name(plan), "mults", "x", "y", "d", "gin", "w", "u",
     )  # fmt: skip
-    rows = []
+    rows: list[tuple] = []
     for st in plan.stages:
         f = st.formats
         rows.append(
@@ -168,6 +199,7 @@ def stage_table(plan: Plan) -> str:
                 st.stash_depth,
                 st.lanes,
                 st.cycles_per_tick,
+                st.pass_cycles,
                 st.memory_bits,
                 st.memory_blocks,
                 st.multipliers,
@@ -179,17 +211,37 @@ def stage_table(plan: Plan) -> str:
                 _fmt(f.u),
             )
         )
+    blank = ("",) * 6
+    losses = loss_units(plan)
+    for name, lu in losses:
+        rows.append(
+            (
+                name.split()[-1], "loss", f"{lu.classes} classes", str(lu.kind), "", "", "", "",
+                lu.cycles, sum(m.bits for m in lu.memories), _bram_blocks(lu.memories),
+                loss_multipliers(lu), *blank,
+            )
+        )  # fmt: skip
+    if plan.memories:
+        rows.append(
+            (
+                "top", "", ", ".join(m.name for m in plan.memories), "", "", "", "", "", "",
+                sum(m.bits for m in plan.memories), _bram_blocks(plan.memories), 0, *blank,
+            )
+        )  # fmt: skip
+    mults = plan.multipliers + sum(loss_multipliers(lu) for _, lu in losses)
     rows.append(
         (
-            "total", "", "", "", "", "", sum(s.lanes for s in plan.stages), "",
-            plan.memory_bits, plan.memory_blocks, plan.multipliers, "", "", "", "", "", "",
+            "total", "", "", "", "", "", sum(s.lanes for s in plan.stages), "", "",
+            plan.memory_bits, plan.memory_blocks, mults, *blank,
         )
     )  # fmt: skip
     return markdown_table(headers, rows, left=("layer",))
 
 
-def totals_text(plan: Plan) -> str:
-    """Return the tick, throughput and memory totals as a few lines of text."""
+def totals_text(plan: Plan, board: Board | None = None) -> str:
+    """Return the tick, throughput, memory and multiplier totals as a few lines of text; the
+    multipliers line says which DSP blocks they take (``board``'s, else 18 × 18,
+    :func:`multiplier_text`)."""
     slowest = max(plan.stages, key=lambda s: s.pass_cycles)
     losses = [plan.loss, *plan.head_losses]
     loss_cycles = max(lu.cycles for lu in losses)
@@ -200,6 +252,7 @@ def totals_text(plan: Plan) -> str:
         f"(stage {slowest.index}: {slowest.cycles_per_tick} slots, {slowest.pass_cycles} cycles) "
         f"and the last stage's pass followed by the loss unit ({last.pass_cycles} + "
         f"{loss_cycles} cycles), plus tick control",
+        *_slot_lines(plan),
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
         f"memory: {plan.memory_bits:,} bits ({plan.memory_bits / 1024:.1f} Kib) as built — "
@@ -207,11 +260,73 @@ def totals_text(plan: Plan) -> str:
         f"in {plan.memory_blocks} {_block_kib(plan)} Kib block RAMs"
         + _spram_text(plan)
         + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
-        f"multipliers: {plan.multipliers}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
+        f"{multiplier_text(plan, board)}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
         *_lut_lines(plan),
         f"plan hash: {plan.hash}",
     ]
     return "\n".join(lines)
+
+
+def _slot_lines(plan: Plan) -> list[str]:
+    """One line for the stages whose pass issues a slot every other cycle (single-port SPRAM
+    weights, ``Stage.slot_cycles`` = 2): why their pass cycles are twice their slots."""
+    two = [s for s in plan.stages if s.slot_cycles > 1]
+    if not two:
+        return []
+    each = ", ".join(
+        f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles" for s in two
+    )
+    return [
+        f"slots/tick vs pass cycles: a single-port (SPRAM) weight memory gives a slot every "
+        f"{two[0].slot_cycles} cycles: {each}"
+    ]
+
+
+def _dsp_counts(plan: Plan, width: int, min_product_bits: int) -> dict[int, int]:
+    """``{DSP blocks one multiplier takes: multipliers}`` over every multiplier of the design
+    (each stage lane's ``Stage.products``, a ``per_stage`` one once, and the loss units'), for
+    ``width`` × ``width`` blocks (:func:`~pipetrain.compiler.build.multiplier_blocks`, as
+    ``build.hard_multipliers`` and the board fit count them)."""
+    out: dict[int, int] = {}
+    for st in plan.stages:
+        for p in st.products or ():
+            k = multiplier_blocks(p.a_bits, p.b_bits, width, 2, min_product_bits)
+            out[k] = out.get(k, 0) + (1 if p.per_stage else st.lanes)
+    for lu in (plan.loss, *plan.head_losses):
+        for a, b in loss_operands(lu):
+            k = multiplier_blocks(a, b, width, 2, min_product_bits)
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def multiplier_text(plan: Plan, board: Board | None = None) -> str:
+    """``multipliers: 139 (138 in the stages + 1 in the loss unit) → 139 DSP blocks (18×18
+    MULT18X18D): one each``: every multiplier of the design and the DSP blocks they take on
+    ``board`` (None: 18 × 18 blocks, the Multipliers table's), with how many take more than one
+    block (an operand wider than the block) or none (a product too narrow for a block, in
+    logic: iCE40). The DSP count is the board fit's ``multipliers`` row (``needed``)."""
+    width = 18 if board is None else board.multiplier_width
+    min_product = 0 if board is None else board.multiplier_min_product_bits
+    cell = "MULT18X18D" if board is None else board.dsp_cell
+    counts = _dsp_counts(plan, width, min_product)
+    losses = [plan.loss, *plan.head_losses]
+    in_loss = sum(loss_multipliers(lu) for lu in losses)
+    total = plan.multipliers + in_loss
+    blocks = sum(k * n for k, n in counts.items())
+    unit = "loss unit" if len(losses) == 1 else "loss units"
+    if set(counts) <= {1}:
+        how = "one each"
+    else:
+        parts = [f"{n} take {k}" for k, n in sorted(counts.items()) if k > 1]
+        if counts.get(0):
+            parts.append(f"{counts[0]} none (narrower than a {min_product}-bit product: in logic)")
+        how = ", ".join(parts) + (f", {counts[1]} one each" if counts.get(1) else "")
+        if any(k > 1 for k in counts):
+            how += f" (an operand wider than {width} bits is split into {width}-bit pieces)"
+    return (
+        f"multipliers: {total} ({plan.multipliers} in the stages + {in_loss} in the {unit}) → "
+        f"{blocks} DSP blocks ({width}×{width} {cell}): {how}"
+    )
 
 
 def _spram_text(plan: Plan) -> str:
@@ -325,6 +440,8 @@ def fit_label(resource: str, board: Board | None = None) -> str:
     if resource == "multipliers" and board is not None:
         w = board.multiplier_width
         label += f" ({w}×{w} {board.dsp_cell})"
+    if resource == "logic_cells" and board is not None:
+        label = f"{board.cells_name} (estimate)"  # iCE40 logic cells, ECP5 LUT4s
     return label
 
 
@@ -340,8 +457,14 @@ def fit_table(fit: dict[str, dict[str, int]], board: Board | None = None) -> str
 def fit_text(board: str, fit: dict[str, dict[str, int]], onchip_samples: int = 0) -> str:
     """One line of the board fit, ``fitted to BOARD (needed/available): DSP blocks 105/156,
     …``, as ``pipetrain compile --board`` prints it (with the on-chip training set of
-    ``onchip_samples`` samples counted, when there is one)."""
-    rows = ", ".join(f"{fit_label(k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items())
+    ``onchip_samples`` samples counted, when there is one); the logic cells in the board's
+    unit (:attr:`~pipetrain.compiler.targets.Board.cells_name`)."""
+    known = BOARDS.get(board)
+
+    def label(k: str) -> str:
+        return fit_label(k, known) if k == "logic_cells" else fit_label(k)
+
+    rows = ", ".join(f"{label(k)} {v['needed']:,}/{v['available']:,}" for k, v in fit.items())
     onchip = f", with an on-chip training set of {onchip_samples} samples" if onchip_samples else ""
     return f"fitted to {board}{onchip} (needed/available): {rows}"
 
@@ -360,8 +483,8 @@ def _board_lines(plan: Plan, board: Board | None, fit: dict | None) -> list[str]
     ]
     if fit:
         lines += [
-            "Needed vs available (the link engine and UART included; logic cells are an "
-            "estimate, docs/boards.md §3):",
+            f"Needed vs available (the link engine and UART included; {board.cells_name} are "
+            "an estimate, docs/boards.md §3):",
             "",
             fit_table(fit, board),
             "",
@@ -384,16 +507,113 @@ def _other_width(board: Board | None, fit: dict | None) -> str:
     )
 
 
+def _weight_operand_text(st: Stage) -> str:
+    """What the MACs' rounded weight operand is (``Stage.weight_operand``, docs/numerics.md
+    §3.2), with the widths: ŵ's format (``what_bits`` wide, w's fraction bits), the bits the
+    rounding drops, and why the operand has one integer bit more than ŵ."""
+    wo, fw = st.weight_operand, st.formats.w
+    assert wo is not None
+    what = QFormat(st.what_bits, fw.frac)
+    kind = "w" if st.what_bits == fw.bits else "LWP's prediction of w"
+    top = 1 << (wo.bits - 2)
+    return (
+        f"the MACs read ŵ ({kind}, {what}: {what.bits} bits) and w ({fw}) as {wo} "
+        f"({wo.bits} bits): rounded half up by {st.weight_shift} bits, {wo.frac} fraction bits "
+        f"kept; {wo} has one integer bit more than {what} ({wo.bits - 1 - wo.frac} vs "
+        f"{what.bits - 1 - what.frac}) because rounding up the largest ŵ reaches {top:,} "
+        f"(2^{wo.bits - 2}) LSBs, one past a {wo.bits - 1}-bit signed range: no clamp needed"
+    )
+
+
+#: What each datapath product of the Multipliers table multiplies (``build.stage_products``;
+#: ``<p>`` is ``lr`` or Spike Compensation's ``sc_lr_b``; ``gin_l<t>``: one per stream t).
+PRODUCT_NAMES: dict[str, str] = {
+    "fwd": "the forward MAC ŵ·x",
+    "gin": "the input-gradient MAC w·δ (one per stream sent back)",
+    "lwp": "LWP's H·u (or H·(w − w_prev))",
+    "slope_d": "the leaky-ReLU slope × the error",
+    "slope_y": "the leaky-ReLU slope × the output",
+    "pool_y": "the AvgPool scale × the window sum",
+    "pool_d": "the AvgPool scale × the error",
+    "lut_slope": "the tanh/sigmoid LUT's interpolation: the slope between two entries × the "
+    "low bits of |z| below the LUT step (docs/numerics.md §3.4)",
+    "deriv": "the tanh/sigmoid derivative factor from the stashed y: y·y for tanh (1 − y²), "
+    "y·(1 − y) for sigmoid (docs/numerics.md §5)",
+    "deriv_g": "the error g × that derivative factor (δ = g·f′)",
+    "wgrad": "the convolution's weight gradient δ·x, summed over the positions",
+    "momentum": "m·u",
+    "lr_wd": "η·λ × w",
+    "sc_a": "Spike Compensation's a·u′",
+    "sc_lr_wd_b": "Spike Compensation's b·η·λ × w",
+    "_delta": "the scaled error <p>·δ (e)",
+    "_x": "e·x",
+    "_dx": "δ·x (the constant <p> is shifts and adds)",
+    "_p": "<p> × the convolution's summed gradient P",
+}
+
+
+def _product_legend(plan: Plan) -> str:
+    """``Names: `fwd` the forward MAC ŵ·x; …``: what each product in the Multipliers table
+    multiplies (:data:`PRODUCT_NAMES`), for the names this plan has, in table order."""
+    seen: dict[str, str] = {}
+    for st in plan.stages:
+        for p in st.products or ():
+            name = p.name
+            base = "gin" if name.startswith("gin_l") else name
+            text = PRODUCT_NAMES.get(base)
+            if text is None:
+                for prefix in ("sc_lr_b", "lr"):
+                    suffix = name[len(prefix) :]
+                    if name.startswith(prefix + "_") and suffix in PRODUCT_NAMES:
+                        c = "η" if prefix == "lr" else "b·η"
+                        text = PRODUCT_NAMES[suffix].replace("<p>", c)
+                        break
+            if text is not None and base not in seen:
+                seen[base] = text
+    kinds = {str(lu.kind) for lu in (plan.loss, *plan.head_losses)}
+    loss = []
+    if "cross_entropy" in kinds:
+        loss.append("cross-entropy's exp value × the reciprocal of their sum (p = e·r)")
+    if "mse" in kinds:
+        loss.append("MSE's (z − t)² and 2/C × (z − t)")
+    parts = [f"`{k}` {v}" for k, v in seen.items()]
+    parts.append("`loss unit` " + "; ".join(loss))
+    return "Names: " + "; ".join(parts) + "."
+
+
+def _unsplit_text(plan: Plan) -> str:
+    """The Multipliers section's words on the constant products of a plan that forms no low
+    piece in logic (``Plan.logic_low_bits`` 0 / None, e.g. the iCE40's): which of them take
+    more than one 18 × 18 block here, or that none does (naming m·u when it is shifts and
+    adds: a constant of few signed digits, ``Plan.shift_add``)."""
+    wide = [
+        f"stage {st.index} `{p.name}` ({p.a_bits} × {p.b_bits}: {p.blocks})"
+        for st in plan.stages
+        for p in st.products or ()
+        if p.blocks > 1
+    ]
+    head = "no low piece of a constant product is formed in logic here (`logic_low_bits` 0)"
+    if wide:
+        return f"{head}, so a product wider than {plan.operand_bits} bits takes more than one " + (
+            "block: " + ", ".join(wide)
+        )
+    mu = [st for st in plan.stages if plan.shift_add(st.update.momentum.value)]
+    why = (
+        f"; m·u is shifts and adds (m₁ = {_const_text(plan.stages[0].update.momentum)}, "
+        f"at most {plan.shift_add_max_terms} signed digits), no multiplier"
+        if len(mu) == len(plan.stages)
+        else ""
+    )
+    return f"{head}, and no product of this plan is wider than one block{why}"
+
+
 def _operand_lines(plan: Plan) -> list[str]:
     """One line per stage with a rounded multiplier operand (docs/numerics.md §3.2, §5.3)."""
     out = []
     for st in plan.stages:
         parts = []
         if st.weight_operand is not None:
-            parts.append(
-                f"the MACs read ŵ and w as {st.weight_operand} (ŵ: w, or LWP's prediction; "
-                f"rhu by {st.weight_shift} bits, round half up, one integer bit more than ŵ)"
-            )
+            parts.append(_weight_operand_text(st))
         shared = any(p.per_stage for p in st.products or ())
         where = (
             "once per error as it is written, one multiplier for the stage"
@@ -455,6 +675,34 @@ def _streams_text(st: Stage) -> str:
     return f"; back-propagates {', '.join(parts)}"
 
 
+def _const_text(c: Const) -> str:
+    """``0.001953125 (2^-9)`` / ``0.90625 (29/2^5)``: a plan constant's value as the hardware
+    uses it (``Const.quantised``), with its integer over a power of two (reduced)."""
+    v, f = c.value, c.frac
+    while v and v % 2 == 0 and f > 0:
+        v, f = v // 2, f - 1
+    exact = f"{v}" if f == 0 else (f"2^-{f}" if v == 1 else f"{v}/2^{f}")
+    return f"{c.quantised:.10g} ({exact})"
+
+
+def _constants_text(plan: Plan) -> str:
+    """``; as built (5 significant bits): η₁ = 0.001953125 (2^-9), m₁ = 0.90625 (29/2^5)``: the
+    update constants the plan's stages use (``UpdateConstants``: the same η₁, m₁ and η₁·λ in
+    every stage; ``Plan.const_bits`` significant bits), which the requested values only
+    approximate."""
+    up = plan.stages[0].update
+    parts = [f"η₁ = {_const_text(up.lr)}", f"m₁ = {_const_text(up.momentum)}"]
+    if up.lr_wd.value:
+        parts.append(f"η₁·λ = {_const_text(up.lr_wd)}")
+    same = all(c.quantised == c.real for c in (up.lr, up.momentum, up.lr_wd))
+    return (
+        f"; as built ({plan.const_bits}-bit constants"
+        + (", exactly the requested ones" if same else "")
+        + "): "
+        + ", ".join(parts)
+    )
+
+
 def render_report(
     plan: Plan,
     warnings: Sequence[str] = (),
@@ -481,7 +729,8 @@ def render_report(
             else ""
         ),
         f"- η = {t['lr']}, m = {t['momentum']}, λ = {t['weight_decay']} at batch "
-        f"{t['batch_ref']} → batch 1: η₁ = {t['lr1']:.6g}, m₁ = {t['momentum1']:.6g}",
+        f"{t['batch_ref']} → batch 1: η₁ = {t['lr1']:.6g}, m₁ = {t['momentum1']:.6g}"
+        + _constants_text(plan),
         f"- loss `{plan.loss.kind}` over {plan.loss.classes} classes; rounding "
         f"`{plan.rounding}`; formats: {formats_source or 'given'}"
         + (
@@ -510,7 +759,7 @@ def render_report(
             else []
         ),
         "```",
-        totals_text(plan),
+        totals_text(plan, board),
         "```",
         "",
         "## Delays",
@@ -545,7 +794,7 @@ def render_report(
                 f"in logic (a select-add, `logic_low_bits` = {lb}; the same integers), so m·u "
                 f"takes one block for a u of up to {plan.operand_bits + lb} bits"
                 if lb
-                else "so m·u may take two"
+                else _unsplit_text(plan)
             )
             lines += [
                 f"Variable operands are at most {plan.operand_bits} bits (one 18 × 18 block per "
@@ -556,17 +805,23 @@ def render_report(
                 *(ops := _operand_lines(plan)),
                 *([""] if ops else []),
             ]
-        lines += [multiplier_table(plan)]
+        lines += [multiplier_table(plan), "", _product_legend(plan)]
     lines += ["", "## Formats", "", format_table(plan), ""]
     lu_rows = [
-        (name, lu.kind, lu.classes, str(lu.z), str(lu.d), lu.cycles)
+        (name, lu.kind, lu.classes, str(lu.z), str(lu.d), *_loss_parallelism(lu), lu.cycles)
         for name, lu in [(f"L{len(plan.head_losses) + 1} (main)", plan.loss)]
         + [(f"L{k} (head {k})", lu) for k, lu in enumerate(plan.head_losses, start=1)]
     ]
+    headers = ("loss", "kind", "classes", "logits", "error", "P", "k", "cycles")
     lines += [
         "## Loss units",
         "",
-        markdown_table(("loss", "kind", "classes", "logits", "error", "cycles"), lu_rows),
+        markdown_table(headers, lu_rows),
+        "",
+        "P: logits through the exp LUT per cycle (`exp_lanes`), k: quotient bits of the "
+        "reciprocal per cycle (`div_bits`) — the cross-entropy unit's parallelism, chosen to fit "
+        "the slack the tick leaves it; they change its cycles and size, never a result "
+        "(compiler/loss_unit.py; MSE has neither: –).",
         "",
     ]
     if notes:
@@ -576,18 +831,29 @@ def render_report(
     return "\n".join(lines)
 
 
+def _loss_parallelism(lu: LossUnit) -> tuple[Any, Any]:
+    """``(P, k)`` of a cross-entropy loss unit (``exp_lanes``, ``div_bits``); ``("–", "–")`` for
+    MSE, which has one phase and uses neither."""
+    if str(lu.kind) == "mse":
+        return "–", "–"
+    return lu.exp_lanes, lu.div_bits
+
+
 def plan_summary(plan: Plan) -> dict[str, Any]:
     """Return the JSON result of ``pipetrain compile``: plan hash, per-stage numbers, totals.
 
     Keys: ``plan_hash``, ``name``, ``stages`` (``index``, ``name``, ``role``, ``block``,
     ``in_features``, ``out_features``, ``delay``, ``stash_depth``, ``lanes``,
-    ``cycles_per_tick``, ``memory_bits``, ``memory_blocks``, ``multipliers``, ``formats``
+    ``cycles_per_tick`` (slots), ``pass_cycles``, ``memory_bits``, ``memory_blocks``,
+    ``multipliers``, ``formats``
     (tensor → ``Qi.f`` string, null where the stage has none); a convolution stage adds
     ``conv``, its :class:`~pipetrain.compiler.conv.ConvGeometry` as a dict),
     ``tick_cycles``, ``ideal_cycles_per_sample``, ``samples_per_s``, ``memory_bits``,
-    ``memory_blocks``, ``multipliers``, ``schedule``, ``strategy``, ``memories`` (every memory
-    as the HDL builds it: ``owner``, ``name``, ``kind``, ``banks``, ``words``, ``width``,
-    ``read_ports``, ``write_ports``, ``blocks``, ``bits``; :meth:`Plan.all_memories`).
+    ``memory_blocks``, ``multipliers`` (the stages'), ``loss_multipliers`` (the loss units';
+    the stage table's mults total is their sum), ``schedule``, ``strategy``, ``memories``
+    (every memory as the HDL builds it: ``owner``, ``name``, ``kind``, ``banks``, ``words``,
+    ``width``, ``read_ports``, ``write_ports``, ``blocks``, ``bits``;
+    :meth:`Plan.all_memories`).
     """
     return {
         "plan_hash": plan.hash,
@@ -606,6 +872,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                 "stash_depth": st.stash_depth,
                 "lanes": st.lanes,
                 "cycles_per_tick": st.cycles_per_tick,
+                "pass_cycles": st.pass_cycles,
                 "memory_bits": st.memory_bits,
                 "memory_blocks": st.memory_blocks,
                 "multipliers": st.multipliers,
@@ -623,6 +890,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "memory_bits": plan.memory_bits,
         "memory_blocks": plan.memory_blocks,
         "multipliers": plan.multipliers,
+        "loss_multipliers": sum(loss_multipliers(lu) for _, lu in loss_units(plan)),
         "memories": [
             {
                 "owner": owner,

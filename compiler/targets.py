@@ -139,6 +139,14 @@ class Board:
         return "SB_MAC16" if self.family == "ice40" else "MULT18X18D"
 
     @property
+    def cells_name(self) -> str:
+        """What output calls the board's logic cells, the unit of ``luts`` and of the fit's
+        ``logic_cells`` estimate (nextpnr's count): ``logic cells`` on the iCE40 (an
+        ICESTORM_LC: a LUT4 with its flip-flop and carry), ``LUT4s`` on the ECP5 (TRELLIS_COMB
+        LUT4 slots)."""
+        return "logic cells" if self.family == "ice40" else "LUT4s"
+
+    @property
     def bram_bits(self) -> int:
         """Total block-RAM bits (EBR/DP16KD), excluding SPRAM."""
         return self.bram_blocks * self.bram_block_bits

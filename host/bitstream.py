@@ -126,7 +126,7 @@ def synth_overflow(board: Board, cells: dict[str, int]) -> list[str]:
         used = sum(cells.get(t, 0) for t in types)
         avail = getattr(board, field)
         if used > avail:
-            out.append(f"{used} {'/'.join(types)} needed, {avail} available")
+            out.append(f"{used:,} {'/'.join(types)} needed, {avail:,} available")
     return out
 
 
@@ -140,14 +140,16 @@ _PNR_OVERFLOW = (
 
 
 def pnr_overflow(board: Board, log: str) -> str | None:
-    """Return "N logic cells needed, M available" when nextpnr gave up because the packed
-    design has more logic cells (LUT4 + flip-flop pairs) than ``board.luts``, else None."""
+    """Return "N logic cells needed, M available" (ECP5: "N LUT4s …",
+    :attr:`~pipetrain.compiler.targets.Board.cells_name`) when nextpnr gave up because the
+    packed design has more logic cells than ``board.luts``, else None."""
+    what = "LUT4 + flip-flop" if board.family == "ice40" else "LUT4 slots"
     for pat in _PNR_OVERFLOW:
         m = pat.search(log)
         if m and int(m.group(1)) > board.luts:
             return (
-                f"{int(m.group(1))} logic cells ({m.group(2)}: LUT4 + flip-flop) needed after "
-                f"packing, {board.luts} available"
+                f"{int(m.group(1)):,} {board.cells_name} ({m.group(2)}: {what}) needed after "
+                f"packing, {board.luts:,} available"
             )
     return None
 
@@ -254,10 +256,11 @@ def build_design(
             )
         packed = pnr_overflow(board, log)
         if packed:
+            luts = synth_cells(yosys_log).get(_SYNTH_HARD[board.family]["luts"][0], 0)
             raise FitError(
                 f"the placed design does not fit {board.name} ({board.description}): {packed} "
-                f"(synthesis: {synth_cells(yosys_log).get(_SYNTH_HARD[board.family]['luts'][0], 0)}"
-                f" LUT4; full log: {out / 'build.log'}). Use a smaller network or a bigger board"
+                f"(synthesis: {luts:,} LUT4; full log: {out / 'build.log'}). Use a smaller "
+                "network or a bigger board"
             )
         tim = out / f"{name}.tim"
         detail = first_error(tim.read_text() if tim.is_file() else "") if tim.is_file() else ""

@@ -143,7 +143,7 @@ def compile_design(
     :class:`~pipetrain.compiler.fit.FitError`), :class:`~pipetrain.compiler.targets.BoardError`
     for an unknown board, :class:`~pipetrain.data.DataError` for bad data and
     :class:`PlanError` for ``hidden`` given with a model other than ``mlp``, and for
-    ``calib_epochs`` < 1 or given with ``calib_samples``.
+    ``calib_epochs`` < 1 or given with ``calib_samples``, and ``calib_samples`` < 1.
     """
     if calib_epochs is not None:
         if calib_samples is not None:
@@ -153,6 +153,8 @@ def compile_design(
             )
         if calib_epochs < 1:
             raise PlanError(f"--calib-epochs must be ≥ 1, got {calib_epochs}")
+    if calib_samples is not None and calib_samples < 1:
+        raise PlanError(f"--calib-samples must be ≥ 1, got {calib_samples}")
     if hidden is not None and model != DATA_MLP:
         raise PlanError(
             f"--hidden {hidden} sizes only the data-sized model 'mlp' (hidden= in the API); "

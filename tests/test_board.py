@@ -90,11 +90,14 @@ def test_mlp_digits_does_not_fit_icebreaker_block_ram() -> None:
     assert ebr == 14 + 14 + 4 + 1 + 2 + 3 + 3 + 2 + 1 + 2 + 3 + 1 + 2 + 1 == 53
     # the memory as built (134 216 bits, tests/test_plan_memories.py) is already more than the
     # 120 Kib of EBR, so that is the message
-    assert f"{plan.memory_bits} memory bits needed, 122880 available (block RAM)" in msg
+    assert f"{plan.memory_bits:,} memory bits needed, 122,880 available (block RAM)" in msg
     assert e.value.rows["memory_block_bits"] == {"needed": ebr * 4096, "available": 122_880}
     # 16×16 SB_MAC16 with 18-bit constants and operands: each 18×16 product takes 2 blocks
     # (ŵ·x, w·δ, lr·δ, e·x), momentum × u (18 × 24) 2
-    assert "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the datapath's 9 " in msg
+    assert (
+        "21 DSP blocks needed, 8 available (16×16 SB_MAC16, for the stages' 9 multipliers and "
+        "the loss unit's 1)"
+    ) in msg
     # single-port (SPRAM) weights take the big memories out of the EBR count
     sp = build_plan(MLP_DIGITS, TrainConfig(), single_port=(1, 2))
     assert memory_blocks(sp, ICE40_BLOCK_RAM_CONFIGS) == 53 - 2 * (14 + 3) == 19
@@ -147,7 +150,7 @@ def test_fit_error_names_every_resource() -> None:
         check_fit(plan, BOARDS["ulx3s-85f"])
     msg = str(e.value)
     assert "200 DSP blocks needed, 156 available" in msg
-    assert "4000000 memory bits needed, 3833856 available" in msg
+    assert "4,000,000 memory bits needed, 3,833,856 available" in msg
 
 
 # --- the board top in simulation -----------------------------------------------------------
@@ -474,6 +477,6 @@ def test_pnr_logic_cell_overflow_is_reported_as_needed_vs_available() -> None:
     log = "Info: ...\nERROR: Failed to expand region (0, 0) |_> (25, 31) of 5578 ICESTORM_LCs\n"
     msg = pnr_overflow(BOARDS["icebreaker"], log)
     assert msg == (
-        "5578 logic cells (ICESTORM_LCs: LUT4 + flip-flop) needed after packing, 5280 available"
+        "5,578 logic cells (ICESTORM_LCs: LUT4 + flip-flop) needed after packing, 5,280 available"
     )
     assert pnr_overflow(BOARDS["icebreaker"], "ERROR: something else") is None

@@ -524,7 +524,8 @@ def test_format_overrides_win(calibrated):
     assert [u.frac for u in over.u] == [20, 21, 20, 20]  # u follows w's fraction bits
     assert over.x[1] == QFormat(16, 9)  # s1.y is s2.x
     assert over.d[1] == QFormat(16, 11)  # s3.gin is s2.d
-    assert over.x[0] == fs.x[0] and over.source == "auto+overrides"
+    assert over.x[0] == fs.x[0]
+    assert over.source == "auto + overrides (w=Q3.20, s1.y=Q6.9, s2.w=Q2.21, s3.gin=Q4.11)"
     with pytest.raises(FormatError, match="conflicts"):
         apply_overrides(fs, parse_format_overrides(["s1.y=Q6.9", "s2.x=Q5.10"]), ir, cfg)
     with pytest.raises(FormatError, match="no stage 9"):

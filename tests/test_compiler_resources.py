@@ -86,8 +86,14 @@ def test_18_bit_operands_take_one_block_per_product() -> None:
     text = render_report(plan)
     assert "## Multipliers and their DSP blocks (docs/numerics.md" in text
     assert "| 2     | gin        | 18 × 16      |               1 |     1 |          1 |" in text
-    assert f"- stage 1: the MACs read ŵ and w as {s1.weight_operand} (ŵ: w" in text
-    assert f"rhu by {s1.weight_shift} bits" in text
+    # the weight operand with its widths: ŵ's format, the bits dropped, the spare integer bit
+    assert (
+        f"- stage 1: the MACs read ŵ (w, Q3.20: 24 bits) and w (Q3.20) as {s1.weight_operand} "
+        f"(18 bits): rounded half up by {s1.weight_shift} bits, 13 fraction bits kept; Q4.13 has "
+        "one integer bit more than Q3.20 (4 vs 3) because rounding up the largest ŵ reaches "
+        "65,536 (2^16) LSBs, one past a 17-bit signed range: no clamp needed"
+    ) in text
+    assert "one integer bit more than ŵ)" not in text  # the old wording, without the widths
     section = text[text.index("## Multipliers") :].splitlines()
     total = next(line for line in section if line.startswith("| total |"))
     assert total.rstrip(" |").endswith(" 19")  # the loss unit included: hard_multipliers(plan)

@@ -4,8 +4,11 @@ Every subcommand takes ``--json FILE`` (``-`` for stdout) and writes its machine
 there. Errors in the user's input (model, data, settings, a net that does not fit a board) exit
 with status 2 and one clear message on stderr, never a traceback; ``--json`` then gets
 ``{"error": message, "error_type": exception name}``, plus ``"fit"`` (``{resource: {needed,
-available}}``) for a board fit error. A usage error (unknown option, bad value, missing
-argument) is one line too when run through :func:`main` (the ``pipetrain`` console script).
+available}}``) for a board fit error. A plan the HDL refuses while it is elaborated (a
+``NotImplementedError``) is such an error too. A usage error (unknown option, bad value,
+missing argument) is one line too when run through :func:`main` (the ``pipetrain`` console
+script); so is an internal error. Amaranth's warnings about the HDL objects an error left
+unelaborated are silenced, so the error stays the last line (:func:`quiet_unused_elaboratables`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -25,7 +29,15 @@ from ...errors import UserError
 #: The modules that define the subcommands (relative to this package).
 COMMANDS = (".compile", ".train", ".build", ".experiment", ".sim")
 
-__all__ = ["main", "cli", "json_option", "emit_json", "user_errors", "info"]
+__all__ = [
+    "main",
+    "cli",
+    "json_option",
+    "emit_json",
+    "user_errors",
+    "info",
+    "quiet_unused_elaboratables",
+]
 
 
 def emit_json(target: str | None, payload: dict[str, Any]) -> None:
@@ -52,23 +64,38 @@ def json_option(func: Callable) -> Callable:
     )(func)
 
 
+def quiet_unused_elaboratables() -> None:
+    """Silence Amaranth's ``UnusedElaboratable`` warning for the rest of the process: after an
+    error the HDL objects built before it are dropped unelaborated, and Amaranth would warn
+    about each as it is freed — after the one-line error, burying it. Called on the CLI's error
+    paths only (a successful run still warns about a real unused one)."""
+    hdl = sys.modules.get("amaranth.hdl")
+    if hdl is not None:
+        warnings.filterwarnings("ignore", category=hdl.UnusedElaboratable)
+
+
 def user_errors(func: Callable) -> Callable:
     """Turn a :class:`~pipetrain.errors.UserError` raised by ``func`` into a clean message and
-    exit status 2."""
+    exit status 2; so too a ``NotImplementedError``, which the HDL raises for a plan it does not
+    build (``Error: the HDL does not build this plan: …``)."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except UserError as exc:
-            payload: dict[str, Any] = {"error": str(exc), "error_type": type(exc).__name__}
+        except (UserError, NotImplementedError) as exc:
+            quiet_unused_elaboratables()
+            message = str(exc)
+            if not isinstance(exc, UserError):  # raised by the HDL's elaboration
+                message = f"the HDL does not build this plan: {' '.join(message.split())}"
+            payload: dict[str, Any] = {"error": message, "error_type": type(exc).__name__}
             if getattr(exc, "rows", None):
                 payload["fit"] = exc.rows  # BoardFitError: needed vs available per resource
             try:
                 emit_json(kwargs.get("json_out"), payload)
             except OSError as out_exc:  # the message below still reaches the user
                 click.echo(f"Error: cannot write --json: {out_exc}", err=True)
-            click.echo(f"Error: {exc}", err=True)  # click's own prefix, for one style
+            click.echo(f"Error: {message}", err=True)  # click's own prefix, for one style
             sys.exit(2)
 
     return wrapper
@@ -133,6 +160,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as exc:  # a bug of pipetrain's, not the user's: one line, unless asked
         if os.environ.get("PIPETRAIN_TRACEBACK"):
             raise
+        quiet_unused_elaboratables()  # the error stays the last line
         click.echo(
             f"Internal error: {type(exc).__name__}: {' '.join(str(exc).split())} — this is a "
             "pipetrain bug; rerun with PIPETRAIN_TRACEBACK=1 for the traceback and report it",

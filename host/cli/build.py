@@ -97,7 +97,7 @@ def build_cmd(
     calib_epochs = (
         None
         if model is None
-        else calibration_epochs(model, calib_epochs, run_epochs, calib_samples)
+        else calibration_epochs(model, calib_epochs, run_epochs, calib_samples, formats)
     )
     meta: dict[str, Any] = {"design": "uart-loopback" if loopback else model}
     if loopback:
@@ -159,7 +159,7 @@ def build_cmd(
     def frac(key: str) -> str:
         if key not in u:
             return "-"
-        return f"{u[key]['used']}/{u[key]['available']}"
+        return f"{u[key]['used']:,}/{u[key]['available']:,}"
 
     ck = result["clock"]
     src = f"PLL from {ck['osc_mhz']:g} MHz" if ck["pll"] else "the oscillator"
@@ -168,7 +168,7 @@ def build_cmd(
         f"{result['bitstream']}: Fmax {result['fmax_mhz']:.1f} MHz "
         f"(network clock {ck['chosen_mhz']:g} MHz, {src}"
         f"{'' if result['timing_met'] else ', NOT MET'}{short}); "
-        f"{'logic cells' if board.family == 'ice40' else 'LUTs'} {frac('luts')}, "
+        f"{board.cells_name} {frac('luts')}, "
         f"FFs {frac('ffs')}, DSP blocks {frac('multipliers')}, "
         f"block RAM {frac('bram_blocks')}"
         + (f", SPRAM {frac('spram_blocks')}" if "spram_blocks" in u else "")
@@ -210,7 +210,7 @@ def list_boards_cmd(json_out: str | None) -> None:
         rows.append(
             f"{b.name:<11} {b.description}; {b.clock_hz / 1e6:g} MHz (PLL from "
             f"{(b.osc_hz or b.clock_hz) / 1e6:g} MHz), UART {b.baud} baud; "
-            f"{b.luts} LUT4, {b.ffs} FF, {b.multipliers} DSP blocks "
+            f"{b.luts:,} {b.cells_name}, {b.ffs:,} FF, {b.multipliers} DSP blocks "
             f"({b.multiplier_width}×{b.multiplier_width} {b.dsp_cell}), RAM {ram}"
         )
     info("\n".join(rows), json_out)

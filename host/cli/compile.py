@@ -106,7 +106,9 @@ def compile_cmd(
     """Compile MODEL (built-in name or .py file) into a plan and print the per-stage table."""
     overrides = config_overrides(options)
     # the run's epochs (--epochs) or --calib-epochs; train and build pick them the same way
-    calib_epochs = calibration_epochs(model, calib_epochs, overrides.get("epochs"), calib_samples)
+    calib_epochs = calibration_epochs(
+        model, calib_epochs, overrides.get("epochs"), calib_samples, formats
+    )
     if onchip_samples and board_name is None:
         raise PlanError(
             f"--on-chip-data {onchip_samples} counts an on-chip training set in a board's fit: "
@@ -158,7 +160,7 @@ def compile_cmd(
         f"{plan.strategy}, formats {result.formats.source}\n"
         + stage_table(plan)
         + "\n"
-        + totals_text(plan)
+        + totals_text(plan, board)
         + (
             "\n" + fit_text(board.name, fit, onchip_samples)
             if board is not None and fit is not None

@@ -171,6 +171,7 @@ def calibration_epochs(
     calib_epochs: int | None,
     run_epochs: int | None = None,
     calib_samples: int | None = None,
+    formats: str = "auto",
 ) -> int | None:
     """Epochs of the auto formats' calibration run of ``pipetrain compile``, ``build`` and
     ``train``: ``--calib-epochs`` when given, else the run's epochs (``run_epochs``: the
@@ -185,7 +186,23 @@ def calibration_epochs(
     2,046 stage-1 ``w`` clamps with formats calibrated over 1 epoch, 0 over 4; seed 1: 181,
     0). One rule for every command keeps ``train --board`` on the plan ``build --board``
     built with the same options (the device refuses another at HELLO).
+
+    Raises :class:`PlanError` for ``--calib-epochs`` or ``--calib-samples`` given with
+    ``--formats static`` / ``default`` (``formats``), which do not calibrate: the option would
+    be ignored.
     """
+    if formats != "auto":
+        given = [
+            f"{name} {v}"
+            for name, v in (("--calib-epochs", calib_epochs), ("--calib-samples", calib_samples))
+            if v is not None
+        ]
+        if given:
+            raise PlanError(
+                f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the length of the auto "
+                f"formats' calibration run, but --formats {formats} does not calibrate: drop "
+                f"{' and '.join(g.split()[0] for g in given)}, or use --formats auto"
+            )
     if calib_epochs is not None or calib_samples is not None:
         return calib_epochs
     if run_epochs is not None:

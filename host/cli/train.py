@@ -486,7 +486,7 @@ def train_cmd(
     # the formats cover the run (a resumed run: the one that wrote the checkpoint, whose plan
     # it holds, also when a larger --epochs extends it)
     calib_epochs = calibration_epochs(
-        model, calib_epochs, ck.epochs if ck is not None else epochs, calib_samples
+        model, calib_epochs, ck.epochs if ck is not None else epochs, calib_samples, formats
     )
     lanes = parse_lanes(lanes_text) if lanes_text is not None else None
     if save and not Path(save).resolve().parent.is_dir():
