@@ -253,7 +253,10 @@ class UpdateUnit(wiring.Component):
         ``low_piece(value, bits)`` > 0) two terms, the multiplier of ``x2``'s top bits (its
         fraction ``frac − lo``: the product of ``x[lo:]`` is ``value·x[lo:]·2^lo``) and
         ``value · x[:lo]``, a select-add formed at S1 from ``x1`` and registered with the
-        same enable as ``x2`` (so it is always ``value · x2[:lo]``, exactly). Each term gets
+        same enable as ``x2`` (so it is always ``value · x2[:lo]``, exactly) — with operand
+        registers formed at S2 from ``x2`` into the operand register (*derived*, timing: at
+        32,10 on the ULX3S the weight bank's DP16KD → the select-add → its register was among
+        the paths over 11.1 ns, 830 endpoints, docs/boards.md §4.2). Each term gets
         its own S3 register and S3 adds them into U: the multiplier's output goes straight to
         its register (*derived*, timing: at 32,10 on the ULX3S the DSP blocks sit across the
         die from the lane's adders, and the path u2 → DSP → the adder with the select-add →
@@ -263,11 +266,13 @@ class UpdateUnit(wiring.Component):
         if not lo:
             x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
             return [(const_mul(value, x2, self.shift_add), frac)]
-        low1 = select_add(value, x1[:lo])
-        low2 = Signal(low1.shape(), name=f"{name}lo2_{lane}")
-        with m.If(v[1]):
-            m.d.sync += low2.eq(low1)
-        low2 = delayed(m, low2, f"{name}loa_{lane}", self.P)  # beside x2's operand registers
+        if self.P:  # formed at S2 from the register x2, into the operand register beside x2's
+            low2 = delayed(m, select_add(value, x2[:lo]), f"{name}loa_{lane}", self.P)
+        else:
+            low1 = select_add(value, x1[:lo])
+            low2 = Signal(low1.shape(), name=f"{name}lo2_{lane}")
+            with m.If(v[1]):
+                m.d.sync += low2.eq(low1)
         x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
         return [(const_operand(value) * x2[lo:].as_signed(), frac - lo), (low2, frac)]
 
