@@ -409,11 +409,13 @@ def update_stage(sc: bool, operand_registers: int = 0) -> int:
 
 
 def write_stage(sc: bool, slot_cycles: int, operand_registers: int = 0) -> int:
-    """Pipeline stage of the weight write-back in ``hdl/stage.py``: :func:`update_stage`;
-    with single-port weight memories (``slot_cycles`` = 2: a read every other cycle) the write
-    must land on the cycles between reads, an odd distance from the read, so an even write
-    stage gets one more register (derived)."""
-    ws = update_stage(sc, operand_registers)
+    """Pipeline stage of the weight write-back in ``hdl/stage.py``: :func:`update_stage`, + 1
+    with operand registers (the write data registered before the weight banks: at 32,10 on
+    the ULX3S the update's w′/u′ → the DP16KD's data inputs were ~1,200 of the endpoints over
+    11.1 ns, docs/boards.md §4.2); with single-port weight memories (``slot_cycles`` = 2: a
+    read every other cycle) the write must land on the cycles between reads, an odd distance
+    from the read, so an even write stage gets one more register (derived)."""
+    ws = update_stage(sc, operand_registers) + operand_registers
     return ws + 1 if slot_cycles == 2 and ws % 2 == 0 else ws
 
 

@@ -504,8 +504,9 @@ class Stage:
         or x.bits + 1 when the bias input 2^x.frac does not fit x's signed range (*derived*).
     update_stage: pipeline stage where u′ and w′ are ready: ``build.PASS_LATENCY`` − 1 = 4 (5
         with Spike Compensation, whose V sum has its own stage), + ``operand_registers``.
-    write_stage: pipeline stage of the weight write-back: ``update_stage``, + 1 with
-        single-port memories when it is even (the write must fall between reads; *derived*).
+    write_stage: pipeline stage of the weight write-back: ``update_stage`` (+ 1 with
+        ``operand_registers``), + 1 with single-port memories when it is even (the write must
+        fall between reads; *derived*).
     pass_cycles: cycles of one fused pass from the start pulse to done:
         slot_cycles·(cycles_per_tick − 1) + 2 + write_stage (``build.pass_cycles``).
     calibrated: max|value| per tensor observed in the float calibration run (``x``, ``y``,
@@ -520,8 +521,9 @@ class Stage:
         18 × 18 DSP block per product (ECP5 MULT18X18D) instead of two.
     operand_registers: 1 when every multiplier of the stage's lanes (forward, input gradient,
         update) reads operands registered once more, right before it (the products one stage
-        later, S3 → S4, and every later stage one later: ``update_stage``, ``write_stage``,
-        ``pass_cycles`` + 1); None for none (then absent from the JSON). Chosen by the board
+        later, S3 → S4, and every later stage one later: ``update_stage`` + 1), and the weight
+        banks' write data registered once more before the write (``write_stage`` + 2,
+        ``pass_cycles`` + 2); None for none (then absent from the JSON). Chosen by the board
         (``Board.operand_registers``: 1 on the ECP5, whose DSP blocks sit apart from the lanes'
         logic; *derived*, timing only: the same integers). Linear stages only.
     products: every multiplier of one lane as built (:class:`Product`: name, operand widths,

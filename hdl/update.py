@@ -38,7 +38,8 @@ input-gradient MACs read ``ŵ`` and ``w`` rounded to the plan's weight operand
 A convolution stage gives the weight gradient already summed over its positions
 (``gradient_bits``: ``P = Σ_p δ·x`` on ``delta``, same fraction bits as ``δ·x``;
 docs/numerics.md §9.2), so the products are ``η·P``, exact.
-With single-port memories the write-back leaves one stage later than ``update_stage`` when that
+With operand registers the write-back leaves one stage later than ``update_stage`` (the write
+data registered before the weight banks); with single-port memories one stage later when that
 stage is even (one more register; the write must fall between two reads).
 
 Source: docs/numerics.md §1, §3, §6 (the arithmetic, literal), docs/architecture.md §3; the
@@ -298,10 +299,11 @@ class UpdateUnit(wiring.Component):
                         m.d.sync += r.eq(old)
                     old = r
                 new.append(old)
-            # single-port memories: registers up to the write stage
-            for _ in range(ws - us):
+            # registers up to the write stage: the write data registered before the weight
+            # banks (operand registers), the parity of single-port memories
+            for k in range(ws - us):
                 delayed = [Signal.like(x, name=f"{x.name}_d") for x in new]
-                with m.If(v[us]):
+                with m.If(v[us + k]):
                     m.d.sync += [d.eq(x) for d, x in zip(delayed, new, strict=True)]
                 new = delayed
             m.d.comb += [

@@ -154,7 +154,8 @@ def test_a_plan_from_before_products_keeps_its_count():
 
 def test_operand_registers_are_the_boards_and_round_trip():
     """``Stage.operand_registers``: 1 in every Linear stage of an ECP5 board plan (each pass one
-    cycle longer: ``pass_cycles`` = slots − 1 + 2 + write stage 5), none on the iCE40 and
+    two cycles longer: ``pass_cycles`` = slots − 1 + 2 + write stage 6, the update at 5 and its
+    data registered before the weight banks), none on the iCE40 and
     without a board (absent from the JSON, so those plans keep their hash); the plan
     round-trips exactly and a hand edit is refused naming the field."""
     from pipetrain.host.flow import compile_design
@@ -166,11 +167,11 @@ def test_operand_registers_are_the_boards_and_round_trip():
     ecp5, ice, none = plan_of("ulx3s-85f"), plan_of("icebreaker"), plan_of(None)
     assert [s.operand_registers for s in ecp5.stages] == [1, 1]
     assert [(s.update_stage, s.write_stage, s.pass_cycles) for s in ecp5.stages] == [
-        (5, 5, 65 - 1 + 2 + 5),
-        (5, 5, 33 - 1 + 2 + 5),
+        (5, 6, 65 - 1 + 2 + 6),
+        (5, 6, 33 - 1 + 2 + 6),
     ]
     assert [s.pass_cycles for s in none.stages] == [70, 38]  # the same lanes without them
-    assert ecp5.tick_cycles == 71 + 2
+    assert ecp5.tick_cycles == 72 + 2
     for plan in (ice, none):
         assert all(s.operand_registers is None for s in plan.stages)
         assert "operand_registers" not in plan.to_json()

@@ -82,16 +82,17 @@ def test_smoke_case_bit_exact(case):
 )
 def test_operand_registers_bit_exact(case):
     """The multipliers' operand registers (``Stage.operand_registers`` = 1, the ECP5 board's
-    plans) move every product and what follows it one stage later and add one cycle to each
-    pass; the integers stay those of the golden model, and the plan's pass and tick cycles
+    plans) move every product and what follows it one stage later, the write data is
+    registered once more before the weight banks: two cycles more per pass; the integers stay those of the golden model, and the plan's pass and tick cycles
     follow (checked in :func:`_check` and here against the same case without them)."""
     _check_reproducibly(case, f'pytest "{HERE}::test_operand_registers_bit_exact[{case.name}]"')
     plan = prepare(case)[0]
     base = prepare(replace(case, operand_registers=0))[0]
     for st, st0 in zip(plan.stages, base.stages, strict=True):
         assert st.operand_registers == 1 and st0.operand_registers is None
-        assert st.pass_cycles == st0.pass_cycles + 1
-        assert st.write_stage == st0.write_stage + 1
+        assert st.update_stage == st0.update_stage + 1
+        assert st.write_stage == st0.write_stage + 2  # and the write data registered
+        assert st.pass_cycles == st0.pass_cycles + 2
     assert plan.tick_cycles >= base.tick_cycles
 
 
