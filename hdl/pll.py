@@ -169,7 +169,9 @@ def _uart_ok(clock_hz: float, baud: int) -> bool:
 class PLLClock(wiring.Component):
     """Drives the ``sync`` domain of a board top (which defines the domain): the PLL's output,
     held in reset until the PLL has locked and then for :data:`ICE40_POR_S` more (the iCE40
-    block-RAM start-up; the same delay on ECP5, harmless there).
+    block-RAM start-up; the same delay on ECP5, harmless there). On ECP5 the reset leaves a
+    register through a ``DCCA`` onto a global network (it fans out to every flip-flop with a
+    reset).
 
     Parameters
     ----------
@@ -275,10 +277,20 @@ class PLLClock(wiring.Component):
             m.d.por += timer.eq(0)
         with m.Elif(timer != delay):
             m.d.por += timer.eq(timer + 1)
-        m.d.comb += [ResetSignal("sync").eq(timer != delay), self.locked.eq(lock)]
+        rst: Any = timer != delay
+        if s.family == "ecp5":
+            # the reset from a register through a DCCA onto a global network: it reaches the
+            # LSR of every flip-flop with a reset (~20,000 at 32,10 on the ULX3S), which over
+            # fabric routing from the timer's comparator took up to 13.0 ns (*derived*, timing,
+            # docs/boards.md §4.2); one cycle later, harmless for a power-on reset
+            reg = Signal(init=1, name="por_rst")
+            m.d.por += reg.eq(rst)
+            rst = Signal(name="por_rst_global")
+            m.submodules.rst_global = Instance("DCCA", i_CLKI=reg, i_CE=Const(1), o_CLKO=rst)
+        m.d.comb += [ResetSignal("sync").eq(rst), self.locked.eq(lock)]
         if self.second is not None:
             m.d.comb += [
                 ClockSignal(self.second).eq(clk2),
-                ResetSignal(self.second).eq(timer != delay),
+                ResetSignal(self.second).eq(rst),
             ]
         return m

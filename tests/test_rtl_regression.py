@@ -83,8 +83,9 @@ def test_smoke_case_bit_exact(case):
 def test_operand_registers_bit_exact(case):
     """The multipliers' operand registers (``Stage.operand_registers`` = 1, the ECP5 board's
     plans) move every product and what follows it one stage later, the write data is
-    registered once more before the weight banks: two cycles more per pass; the integers stay those of the golden model, and the plan's pass and tick cycles
-    follow (checked in :func:`_check` and here against the same case without them)."""
+    registered once more before the weight banks: two cycles more per pass; the integers stay
+    those of the golden model, and the plan's pass and tick cycles follow (checked in
+    :func:`_check` and here against the same case without them)."""
     _check_reproducibly(case, f'pytest "{HERE}::test_operand_registers_bit_exact[{case.name}]"')
     plan = prepare(case)[0]
     base = prepare(replace(case, operand_registers=0))[0]
