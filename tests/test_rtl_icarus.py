@@ -50,6 +50,19 @@ def test_tiny_net_bit_exact_in_icarus(net, design):
 
 
 @pytest.mark.icarus
+def test_tiny_net_with_operand_registers_bit_exact_in_icarus():
+    """The ECP5 board's operand and write-data registers (``Stage.operand_registers``) in the
+    second simulator: bit-exact, one tick per sample at the plan's two-cycles-longer passes."""
+    plan, model, _ = tiny(operand_registers=1)
+    assert all(s.operand_registers == 1 for s in plan.stages)
+    x, y, train = tiny_stream(12)
+    xq = quantise(x, plan.stages[0].formats.x)[0]
+    rep = check_network(plan, model, xq, y.tolist(), train, simulator="icarus")
+    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
+    assert rep.cycles_per_sample == plan.ideal_cycles_per_sample
+
+
+@pytest.mark.icarus
 def test_fault_is_caught_and_localised_in_icarus(net):
     plan, model, x, y, train = net
     S = len(plan.stages)
