@@ -10,7 +10,9 @@ Policies (exactly one applies; :func:`choose_lanes`):
 * explicit: ``lanes=(8,)`` for every main stage, or one entry per main stage (``8,2``), or one
   per stage including auxiliary heads. Heads not listed get the fewest lanes that keep them
   within the slowest main stage.
-* ``target_cycles=T``: every stage gets the fewest lanes whose pass takes ≤ T cycles.
+* ``target_cycles=T``: every stage gets the fewest lanes whose pass issues ≤ T slots (its
+  ``cycles_per_tick``; the tick adds the pipeline latency, the loss unit and the tick control:
+  a target of the tick itself is not searched).
 * ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers
   (``Plan.multipliers``: lanes × :func:`lane_multipliers` + its per-stage ones, the products
   the HDL builds; so the slowest stage sets the tick and no stage has more lanes than T

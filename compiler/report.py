@@ -270,16 +270,28 @@ def totals_text(plan: Plan, board: Board | None = None) -> str:
 def _slot_lines(plan: Plan) -> list[str]:
     """One line for the stages whose pass issues a slot every other cycle (single-port SPRAM
     weights, ``Stage.slot_cycles`` = 2): why their pass cycles are twice their slots."""
+    out = []
     two = [s for s in plan.stages if s.slot_cycles > 1]
-    if not two:
-        return []
-    each = ", ".join(
-        f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles" for s in two
-    )
-    return [
-        f"slots/tick vs pass cycles: a single-port (SPRAM) weight memory gives a slot every "
-        f"{two[0].slot_cycles} cycles: {each}"
-    ]
+    if two:
+        each = ", ".join(
+            f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles" for s in two
+        )
+        out.append(
+            f"slots/tick vs pass cycles: a single-port (SPRAM) weight memory gives a slot every "
+            f"{two[0].slot_cycles} cycles: {each}"
+        )
+    regs = [s for s in plan.stages if s.operand_registers]
+    if regs:
+        each = ", ".join(
+            f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles" for s in regs
+        )
+        out.append(
+            "operand registers (the board's, `Stage.operand_registers`; docs/architecture.md "
+            "§3): every multiplier reads operands registered once more and the weight banks' "
+            "write data is registered before the write (timing), so each pass takes 2 cycles "
+            f"more than without them: {each}"
+        )
+    return out
 
 
 def _dsp_counts(plan: Plan, width: int, min_product_bits: int) -> dict[int, int]:

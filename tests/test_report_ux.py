@@ -147,6 +147,25 @@ def test_single_port_stages_show_slots_and_cycles(ice):
     assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [4165, 665]
 
 
+def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
+    """A fresh-user trial: the ULX3S plan's passes are 2 cycles longer than the same lanes
+    without a board (operand and write-data registers) and nothing said why; the report and
+    the terminal now give a line with each stage's slots and cycles (65 → 72, 33 → 40)."""
+    out = tmp_path / "u"
+    res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
+              "--out", str(out), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    line = (
+        "so each pass takes 2 cycles more than without them: stage 1 65 slots → 72 cycles, "
+        "stage 2 33 slots → 40 cycles"
+    )
+    assert line in (out / "report.md").read_text() and line in res.output
+    assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [72, 40]
+    bare = run("compile", "mlp-digits", "--lanes", "32,10", "--formats", "default",
+               "--out", str(tmp_path / "n"))  # fmt: skip
+    assert bare.exit_code == 0 and "operand registers" not in bare.output
+
+
 def test_fit_errors_format_numbers_and_name_the_boards_logic_cells(tmp_path):
     """Item 6: fit numbers with thousands separators; logic cells on the iCE40, LUT4s on the
     ECP5, in errors, the fit line and table and list-boards alike."""

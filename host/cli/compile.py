@@ -66,7 +66,13 @@ __all__ = ["compile_cmd"]
 @data_option
 @hidden_option
 @plan_format_options
-@click.option("--target-cycles", type=int, default=None, help="Fewest lanes with ≤ T cycles.")
+@click.option(
+    "--target-cycles",
+    type=int,
+    default=None,
+    help="Fewest lanes with every stage's pass issuing ≤ T slots (the tick adds the pipeline "
+    "latency, the loss unit and 2 control cycles: report.md gives it).",
+)
 @click.option(
     "--max-multipliers",
     type=int,
