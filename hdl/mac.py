@@ -19,7 +19,8 @@ Products are registered without enables (S2 → S3): S3 reads them exactly one c
 S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
 SB_MAC16; Yosys does not pack ECP5 MULT18X18D registers). With ``Stage.operand_registers`` = 1
 the operands are registered once more per lane right before the multiplier (no enable either),
-and the product, the sums and the outputs come one stage later (S3 → S4, S4 → S5).
+and the product, the sums and the outputs come one stage later (S3 → S4, S4 → S5); on the
+ECP5 both registers are the MULT18X18D's own (:func:`~pipetrain.hdl.dsp.registered_product`).
 
 Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes), docs/numerics.md
 §2, §5 (the arithmetic); the pipeline is *derived*.
@@ -34,7 +35,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
-from .arith import delayed, rhu, sat, tree_sum, wire
+from .arith import rhu, sat, tree_sum, wire
+from .dsp import registered_product
 from .streams import (
     DeltaSignature,
     LaneWeightsSignature,
@@ -129,9 +131,15 @@ class ForwardLanes(wiring.Component):
         for lane in range(L):
             # S2: ŵ·x; S3: accumulate, round and saturate after the bias column
             pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{lane}")
-            wa = delayed(m, self.weights.w_hat[lane], f"wa_{lane}", P)
-            xa = delayed(m, self.operands.x_fwd, f"xa_{lane}", P)
-            m.d.sync += pf3.eq(wa * xa)
+            registered_product(
+                m,
+                platform,
+                self.weights.w_hat[lane],
+                self.operands.x_fwd,
+                registers=P,
+                out=pf3,
+                names=(f"wa_{lane}", f"xa_{lane}"),
+            )
             facc = Signal(signed(self.acc_bits), name=f"facc_{lane}")
             fsum = Signal(signed(self.acc_bits), name=f"fsum_{lane}")
             m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3)
@@ -242,9 +250,15 @@ class InputGradient(wiring.Component):
         terms = []
         for lane in range(L):
             pg3 = Signal(signed(fw.bits + fd.bits), name=f"pg3_{lane}")
-            wa = delayed(m, self.weights.w[lane], f"wga_{lane}", P)
-            da = delayed(m, self.delta.delta[lane], f"da_{lane}", P)
-            m.d.sync += pg3.eq(wa * da)
+            registered_product(
+                m,
+                platform,
+                self.weights.w[lane],
+                self.delta.delta[lane],
+                registers=P,
+                out=pg3,
+                names=(f"wga_{lane}", f"da_{lane}"),
+            )
             terms.append(pg3)
         gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))

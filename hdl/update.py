@@ -49,8 +49,9 @@ pipeline is *derived*.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -68,6 +69,7 @@ from .arith import (
     tree_sum,
     wire,
 )
+from .dsp import fits_dsp, is_ecp5, registered_product
 from .lfsr import LFSR
 from .streams import (
     DeltaSignature,
@@ -94,6 +96,14 @@ def scaled_errors(stage: Stage) -> tuple[tuple[int, int, int], ...]:
 def scaled_error_ports(stage: Stage) -> tuple[str, ...]:
     """The :class:`UpdateUnit` members that take :func:`scaled_errors`, in the same order."""
     return tuple(name for name, _, _, _ in stage.update.scaled_errors(stage.formats.d))
+
+
+@dataclass(frozen=True)
+class _Registered:
+    """A term that is already its own S3 register: the product of a MULT18X18D with its
+    input and output registers (:meth:`UpdateUnit._product`)."""
+
+    value: Value
 
 
 class LFSRConfig:
@@ -224,15 +234,21 @@ class UpdateUnit(wiring.Component):
             members["scaled_b"] = In(DeltaSignature(lanes, self.e_b.bits))
         super().__init__(members)
 
-    def _terms(self, d2, xb2, c_lr, c_wd, wd, first=(), e=None) -> list[tuple]:
+    def _terms(
+        self, m: Module, lane: int, d2, xb2, c_lr, c_wd, wd, first=(), e=None
+    ) -> list[tuple]:
         """``(product, fraction bits)`` of ``[first…,] c_lr·δ·x, c_wd·w`` with the zero
         constants left out; ``first``, ``wd``: the terms of a constant product
         (:meth:`_s2_product`) with their fraction bits; ``e``: ``(scaled error at S2, its
-        format)`` — the product is then ``e·x`` (numerics §5.3)."""
+        format)`` or ``(…, e before its registers, x before its registers, name)`` — the product is
+        then ``e·x`` (numerics §5.3), in the DSP block's registers where :meth:`_dsp` holds."""
         f = self.f
         out = list(first)
         if e is not None:
-            out.append((e[0] * xb2, e[1].frac + f.x.frac))
+            if len(e) > 2 and self._dsp(e[2], e[3]):  # (…, the operands before their registers)
+                out.append((self._product(m, e[2], e[3], e[4], lane), e[1].frac + f.x.frac))
+            else:
+                out.append((e[0] * xb2, e[1].frac + f.x.frac))
         elif c_lr.value:
             if xb2 is None:  # a summed gradient P on δ (convolution)
                 dx = const_mul(c_lr.value, d2, self.shift_add)
@@ -264,7 +280,10 @@ class UpdateUnit(wiring.Component):
         the term register was 18.3 ns with 11.7 ns of routing)."""
         bits = x2.shape().width
         lo = self.low_piece(value, bits)
+        c = const_operand(value)
         if not lo:
+            if value not in (0, 1) and not self.shift_add(value) and self._dsp(c, x2):
+                return [(self._product(m, c, x2, name, lane), frac)]
             x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
             return [(const_mul(value, x2, self.shift_add), frac)]
         if self.P:  # formed at S2 from the register x2, into the operand register beside x2's
@@ -274,11 +293,34 @@ class UpdateUnit(wiring.Component):
             low2 = Signal(low1.shape(), name=f"{name}lo2_{lane}")
             with m.If(v[1]):
                 m.d.sync += low2.eq(low1)
+        if self._dsp(c, x2[lo:].as_signed()):
+            return [(self._product(m, c, x2[lo:].as_signed(), name, lane), frac - lo), (low2, frac)]
         x2 = delayed(m, x2, f"{name}a_{lane}", self.P)
-        return [(const_operand(value) * x2[lo:].as_signed(), frac - lo), (low2, frac)]
+        return [(c * x2[lo:].as_signed(), frac - lo), (low2, frac)]
+
+    def _dsp(self, a, b) -> bool:
+        """Whether ``a · b`` takes the DSP block's own registers
+        (:func:`~pipetrain.hdl.dsp.registered_product`: P = 1 on the ECP5, 18-bit operands)."""
+        return self.P == 1 and is_ecp5(self._platform) and fits_dsp(a, b)
+
+    def _product(self, m: Module, a, b, name: str, lane: int) -> _Registered:
+        """``a · b`` (:meth:`_dsp` holds) through the MULT18X18D's input and output registers:
+        a :class:`_Registered` term, which :meth:`_products` does not register again."""
+        out = Signal((Value.cast(a) * Value.cast(b)).shape(), name=f"{name}p_{lane}")
+        registered_product(
+            m,
+            self._platform,
+            a,
+            b,
+            registers=self.P,
+            out=out,
+            names=(f"{name}ca_{lane}", f"{name}a_{lane}"),
+        )
+        return _Registered(out)
 
     def elaborate(self, platform) -> Module:
         m = Module()
+        self._platform = platform
         sp, ws = self.slots, self.pipeline.depth
         v = [None] + [slot_at(sp, s).valid for s in range(1, ws + 1)]
         flags, lanes_live = [], []
@@ -387,31 +429,42 @@ class UpdateUnit(wiring.Component):
             m, lane, v, up.momentum.value, u1, u2, "mom", up.momentum.frac + f.w.frac
         )
         e_lr = e_b = None
+        xb = self.operands.x_bwd
         if self.e_lr is not None:
-            e_lr = (delayed(m, self.scaled_lr.delta[lane], f"ela_{lane}", P), self.e_lr)
+            e = self.scaled_lr.delta[lane]
+            e_lr = (delayed(m, e, f"ela_{lane}", P), self.e_lr, e, xb, "elx")
         if self.e_b is not None:
-            e_b = (delayed(m, self.scaled_b.delta[lane], f"eba_{lane}", P), self.e_b)
+            e = self.scaled_b.delta[lane]
+            e_b = (delayed(m, e, f"eba_{lane}", P), self.e_b, e, xb, "ebx")
         u_terms, v_terms = [], []
         wd = []
         if up.lr_wd.value:
             wd = self._s2_product(
                 m, lane, v, up.lr_wd.value, w1, w2, "wd", up.lr_wd.frac + f.w.frac
             )
-        for n, (expr, frac) in enumerate(self._terms(d2, xb2, up.lr, up.lr_wd, wd, mom, e_lr)):
-            r = Signal(expr.shape(), name=f"ut{n}_{lane}")
-            m.d.sync += r.eq(expr)
-            u_terms.append((r, frac))
+        for n, (expr, frac) in enumerate(
+            self._terms(m, lane, d2, xb2, up.lr, up.lr_wd, wd, mom, e_lr)
+        ):
+            u_terms.append((self._term_register(m, expr, f"ut{n}_{lane}"), frac))
         if up.sc:
             c = up.sc_lr_wd_b.value
             fc = up.sc_lr_wd_b.frac + f.w.frac
             vwd = self._s2_product(m, lane, v, c, w1, w2, "vwd", fc) if c else []
             for n, (expr, frac) in enumerate(
-                self._terms(d2, xb2, up.sc_lr_b, up.sc_lr_wd_b, vwd, e=e_b)
+                self._terms(m, lane, d2, xb2, up.sc_lr_b, up.sc_lr_wd_b, vwd, e=e_b)
             ):
-                r = Signal(expr.shape(), name=f"vt{n}_{lane}")
-                m.d.sync += r.eq(expr)
-                v_terms.append((r, frac))
+                v_terms.append((self._term_register(m, expr, f"vt{n}_{lane}"), frac))
         return u_terms, v_terms, w3
+
+    @staticmethod
+    def _term_register(m: Module, expr, name: str) -> Value:
+        """The S3 register of a term: ``expr`` registered (no enable), or a
+        :class:`_Registered` product itself (its register is the DSP block's)."""
+        if isinstance(expr, _Registered):
+            return expr.value
+        r = Signal(expr.shape(), name=name)
+        m.d.sync += r.eq(expr)
+        return r
 
     def _update(self, m: Module, lane: int, v: list, live, u_terms, v_terms, w3):
         """S3: U and u′ with the lane's LFSR draw (backward slots only), w′ without SC (S4
