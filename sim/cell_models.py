@@ -16,7 +16,11 @@ multiplier; ``SIGNEDA``/``SIGNEDB`` make A/B two's complement (else unsigned), P
 product; ``SIGNEDP`` = SIGNEDA | SIGNEDB; ``ROA``/``ROB``/``ROC`` pass A/B/C, ``SROA``/``SROB``
 the shift chain (= A/B without input registers). Yosys (``share/lattice/dsp_map_18x18.v``)
 uses it without any register (every ``REG_*_CLK = "NONE"``) and with parallel inputs
-(``SOURCEA = SOURCEB = 0``): that mode is modelled, the registered ones are refused.
+(``SOURCEA = SOURCEB = 0``); pipetrain's :func:`~pipetrain.hdl.dsp.registered_product` uses
+the input registers A and B and the output register on ``CLK0`` (``CE0``, ``RST0``, ``RESETMODE
+= "SYNC"``; A's register holds ``SIGNEDA`` with A, B's ``SIGNEDB``). Those modes are modelled
+(each register independently); the pipeline and C registers, other clocks and enables, and
+``MULT_BYPASS`` are refused.
 
 ``DP16KD`` (Lattice TN1264, *ECP5 and ECP5-5G Memory Usage Guide*, True Dual-Port and
 Pseudo Dual-Port RAM): 18 Kib as 1,024 rows of 18 bits. Modelled: ``DATA_WIDTH`` 9 and 18 on
@@ -77,8 +81,9 @@ def _ports(prefix: str, n: int) -> str:
 
 
 MULT18X18D_V = f"""
-// MULT18X18D: behavioural model (pipetrain, sim/cell_models.py; Lattice TN1267), the mode
-// Yosys' synth_ecp5 uses: no registers, parallel inputs.
+// MULT18X18D: behavioural model (pipetrain, sim/cell_models.py; Lattice TN1267): parallel
+// inputs; no register (Yosys' synth_ecp5) or the input registers A, B and the output register
+// on CLK0 (pipetrain's hdl/dsp.py), clock enable CE0, synchronous reset RST0.
 module MULT18X18D({_ports("A", 18)}, {_ports("B", 18)}, {_ports("C", 18)},
   SIGNEDA, SIGNEDB, SOURCEA, SOURCEB, CLK3, CLK2, CLK1, CLK0, CE3, CE2, CE1, CE0,
   RST3, RST2, RST1, RST0, {_ports("SRIA", 18)}, {_ports("SRIB", 18)},
@@ -114,24 +119,46 @@ module MULT18X18D({_ports("A", 18)}, {_ports("B", 18)}, {_ports("C", 18)},
   parameter SOURCEB_MODE = "B_SHIFT";
   parameter MULT_BYPASS = "DISABLED";
   parameter RESETMODE = "SYNC";
-  wire [17:0] a = {{{_ports("A", 18)}}};
-  wire [17:0] b = {{{_ports("B", 18)}}};
+  wire [17:0] a_in = {{{_ports("A", 18)}}};
+  wire [17:0] b_in = {{{_ports("B", 18)}}};
   wire [17:0] c = {{{_ports("C", 18)}}};
+  // the input registers hold A with SIGNEDA and B with SIGNEDB (TN1267: the sign controls
+  // are registered with their operand); power-up value 0
+  reg [17:0] ra = 18'd0, rb = 18'd0;
+  reg rsa = 1'b0, rsb = 1'b0;
+  reg [35:0] rp = 36'd0;
+  wire rega = REG_INPUTA_CLK == "CLK0", regb = REG_INPUTB_CLK == "CLK0";
+  wire rego = REG_OUTPUT_CLK == "CLK0";
+  wire [17:0] a = rega ? ra : a_in;
+  wire [17:0] b = regb ? rb : b_in;
+  wire siga = rega ? rsa : SIGNEDA, sigb = regb ? rsb : SIGNEDB;
   // A and B sign- or zero-extended to 19 bits: the product of any mix fits 36 bits
-  wire signed [18:0] sa = {{SIGNEDA & a[17], a}};
-  wire signed [18:0] sb = {{SIGNEDB & b[17], b}};
+  wire signed [18:0] sa = {{siga & a[17], a}};
+  wire signed [18:0] sb = {{sigb & b[17], b}};
   wire signed [37:0] prod = sa * sb;
-  assign {{{_ports("P", 36)}}} = prod[35:0];
-  assign SIGNEDP = SIGNEDA | SIGNEDB;
+  always @(posedge CLK0) begin
+    if (RST0) begin
+      ra <= 18'd0; rb <= 18'd0; rsa <= 1'b0; rsb <= 1'b0; rp <= 36'd0;
+    end else if (CE0) begin
+      ra <= a_in; rb <= b_in; rsa <= SIGNEDA; rsb <= SIGNEDB; rp <= prod[35:0];
+    end
+  end
+  assign {{{_ports("P", 36)}}} = rego ? rp : prod[35:0];
+  assign SIGNEDP = siga | sigb;
   assign {{{_ports("ROA", 18)}}} = a;
   assign {{{_ports("ROB", 18)}}} = b;
   assign {{{_ports("ROC", 18)}}} = c;
   assign {{{_ports("SROA", 18)}}} = a;
   assign {{{_ports("SROB", 18)}}} = b;
   initial begin
-    if (REG_INPUTA_CLK != "NONE" || REG_INPUTB_CLK != "NONE" || REG_INPUTC_CLK != "NONE" ||
-        REG_PIPELINE_CLK != "NONE" || REG_OUTPUT_CLK != "NONE" || MULT_BYPASS != "DISABLED") begin
-      $display("ERROR: MULT18X18D model (pipetrain): only the unregistered mode is modelled");
+    if ((REG_INPUTA_CLK != "NONE" && REG_INPUTA_CLK != "CLK0") ||
+        (REG_INPUTB_CLK != "NONE" && REG_INPUTB_CLK != "CLK0") ||
+        (REG_OUTPUT_CLK != "NONE" && REG_OUTPUT_CLK != "CLK0") ||
+        REG_INPUTC_CLK != "NONE" || REG_PIPELINE_CLK != "NONE" || MULT_BYPASS != "DISABLED" ||
+        REG_INPUTA_CE != "CE0" || REG_INPUTB_CE != "CE0" || REG_OUTPUT_CE != "CE0" ||
+        REG_INPUTA_RST != "RST0" || REG_INPUTB_RST != "RST0" || REG_OUTPUT_RST != "RST0" ||
+        RESETMODE != "SYNC") begin
+      $display("ERROR: MULT18X18D model (pipetrain): only the A, B and output registers on CLK0, CE0, RST0 (RESETMODE SYNC) are modelled");
       $finish;
     end
   end
