@@ -158,7 +158,8 @@ module MULT18X18D({_ports("A", 18)}, {_ports("B", 18)}, {_ports("C", 18)},
         REG_INPUTA_CE != "CE0" || REG_INPUTB_CE != "CE0" || REG_OUTPUT_CE != "CE0" ||
         REG_INPUTA_RST != "RST0" || REG_INPUTB_RST != "RST0" || REG_OUTPUT_RST != "RST0" ||
         RESETMODE != "SYNC") begin
-      $display("ERROR: MULT18X18D model (pipetrain): only the A, B and output registers on CLK0, CE0, RST0 (RESETMODE SYNC) are modelled");
+      $display("ERROR: MULT18X18D model (pipetrain): only the A, B, output registers modelled");
+      $display("       (on CLK0 with CE0 and RST0, RESETMODE SYNC)");
       $finish;
     end
   end
