@@ -567,3 +567,36 @@ def test_operands_check_exact_twin_differs_only_in_the_multiplies(mitigation: st
         blocks = lambda s: sum(p.blocks for p in s.products)  # noqa: E731
         assert blocks(a) < blocks(b)
         assert max(max(p.a_bits, p.b_bits) for p in a.products if p.name in ("fwd", "gin")) <= 18
+
+
+def test_board_result_constraint(tmp_path, monkeypatch) -> None:
+    """``clock_hz``: the build constrains the network clock (the board top's and the core's
+    ``clock_hz``) and the record keeps ``constraint_mhz``; a record of another constraint is
+    rebuilt only when that clock is asked for, and a call without one reuses it."""
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.host import bitstream
+
+    board = get_board("ulx3s-85f")
+    calls = []
+
+    def fake_build(board_, top, out, **kw):
+        calls.append((top.clock_hz, str(out)))
+        return {
+            "fmax_mhz": 91.5,
+            "clock_mhz": top.clock_hz / 1e6,
+            "timing_met": True,
+            "utilization": {},
+            "build_s": 1.0,
+        }
+
+    monkeypatch.setattr(bitstream, "build_design", fake_build)
+    quiet = {"cache_dir": tmp_path, "echo": lambda m: None}
+    rec = board_cache.board_result(
+        "mlp-digits", board.name, clock_hz=90e6, out_dir="build/x", **quiet
+    )
+    assert calls == [(90e6, "build/x")]
+    assert rec["constraint_mhz"] == 90.0 and rec["fmax_mhz"] == 91.5 and not rec["cached"]
+    rec = board_cache.board_result("mlp-digits", board.name, **quiet)  # any constraint serves
+    assert rec["cached"] and rec["constraint_mhz"] == 90.0 and len(calls) == 1
+    rec = board_cache.board_result("mlp-digits", board.name, clock_hz=50e6, **quiet)
+    assert len(calls) == 2 and calls[-1][0] == 50e6 and rec["constraint_mhz"] == 50.0
