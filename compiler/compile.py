@@ -46,7 +46,7 @@ from .formats import (
 )
 from .frontend import trace
 from .ir import NetworkIR
-from .lanes import choose_lanes, lane_multipliers
+from .lanes import choose_lanes, lane_multipliers, lanes_for_tick
 from .models import ModelError, load_model
 from .plan import Plan, QFormat
 from .report import render_report
@@ -267,6 +267,12 @@ def compile_result(
             logic_low_bits=logic_low_bits,
             operand_registers=operand_registers,
         )
+        if target_cycles is not None:  # the tick itself: the board's options set the passes
+            at = request if board is None else board_request(request, board)
+            chosen = lanes_for_tick(
+                ir, config, target_cycles, lambda lanes: at.replace(lanes=lanes).build()
+            )
+            request = request.replace(lanes=tuple(chosen))
         if max_multipliers is not None:  # the formats and constants decide which products
             # exist: with a board, the board's (its constants, e.g. 5-bit shift-adds on iCE40)
             at = request if board is None else board_request(request, board)

@@ -11,8 +11,9 @@ Policies (exactly one applies; :func:`choose_lanes`):
   per stage including auxiliary heads. Heads not listed get the fewest lanes that keep them
   within the slowest main stage.
 * ``target_cycles=T``: every stage gets the fewest lanes whose pass issues ≤ T slots (its
-  ``cycles_per_tick``; the tick adds the pipeline latency, the loss unit and the tick control:
-  a target of the tick itself is not searched).
+  ``cycles_per_tick``, :func:`choose_lanes`); the compiler then takes the fewest lanes whose
+  *tick* is ≤ T (:func:`lanes_for_tick`: the pass adds the pipeline latency, the last stage's
+  the loss unit, the tick the control cycles), which is what ``--target-cycles`` means.
 * ``max_multipliers=M``: the smallest T whose fewest-lanes design uses ≤ M multipliers
   (``Plan.multipliers``: lanes × :func:`lane_multipliers` + its per-stage ones, the products
   the HDL builds; so the slowest stage sets the tick and no stage has more lanes than T
@@ -29,21 +30,30 @@ slowest stage" balancing follows FINN's folding heuristic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .build import (
+    TICK_OVERHEAD,
     FormatSpec,
     PlanError,
     build_plan,
     fewest_lanes,
+    pass_cycles,
     stage_cycles,
     stage_slots,
 )
 from .config import TrainConfig
 from .ir import NetworkIR
 
-__all__ = ["DEFAULT_LANES", "parse_lanes", "choose_lanes", "lanes_for_target", "lane_multipliers"]
+__all__ = [
+    "DEFAULT_LANES",
+    "parse_lanes",
+    "choose_lanes",
+    "lanes_for_target",
+    "lanes_for_tick",
+    "lane_multipliers",
+]
 
 #: Lanes given to the largest stage by default; the others are balanced to its cycles.
 DEFAULT_LANES = 4
@@ -79,11 +89,65 @@ def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> 
         if L is None:
             raise PlanError(
                 f"--target-cycles {target_cycles} is below what stage {sl.index} ({sl.name}, "
-                f"{sl.in_features}→{sl.out_features}) can do: even one lane per row needs "
-                f"{stage_cycles(sl.in_features, sl.out_features, sl.rows, sl.conv)[1]} cycles"
+                f"{sl.in_features}→{sl.out_features}) can do: even one lane per row issues "
+                f"{stage_cycles(sl.in_features, sl.out_features, sl.rows, sl.conv)[1]} slots "
+                "per pass, and the tick adds the pipeline, the loss unit and the tick control"
             )
         out.append(L)
     return tuple(out)
+
+
+def lanes_for_tick(
+    ir: NetworkIR,
+    config: TrainConfig,
+    target_cycles: int,
+    plan_of: Callable[[tuple[int, ...]], Any],
+) -> tuple[int, ...]:
+    """Return the fewest lanes per stage (main, then heads) whose plan ticks in ≤
+    ``target_cycles`` cycles (``Plan.tick_cycles``: every pass, and the loss unit's feeder's
+    pass + the loss unit, + the tick control; ``--target-cycles``).
+
+    ``plan_of(lanes)``: the plan those lanes make (the request's formats and the board's
+    options: operand registers and constants change the pass overheads). Starts from
+    :func:`lanes_for_target` (each pass ≤ T slots) and takes, for every stage whose part of
+    the tick is over the target, the fewest lanes whose pass issues that many slots fewer,
+    until the plan meets it (a pass's cycles grow by ``slot_cycles`` per slot, so one round
+    usually does). Raises :class:`PlanError` when a stage cannot meet it even with one lane
+    per row, naming the fastest tick the network can have. Source: *derived* from the tick
+    formula (``compiler/build.py:tick_cycles``, docs/architecture.md §3).
+    """
+    slots = stage_slots(ir, config)
+    S = len(ir.layers)
+    lanes = list(lanes_for_target(ir, config, target_cycles))
+
+    def unreachable(sl, plan) -> PlanError:
+        fastest = plan_of(tuple(s.rows for s in slots))
+        return PlanError(
+            f"--target-cycles {target_cycles} is below what stage {sl.index} ({sl.name}, "
+            f"{sl.in_features}→{sl.out_features}) can do with one lane per row: the fastest "
+            f"tick of this network is {fastest.tick_cycles} cycles (report.md's tick column)"
+        )
+
+    for _ in range(2 * len(slots) + 2):
+        plan = plan_of(tuple(lanes))
+        if plan.tick_cycles <= target_cycles:
+            return tuple(lanes)
+        loss = max([plan.loss.cycles] + [lu.cycles for lu in plan.head_losses])
+        feeders = {S - 1} | {k for k in range(S, len(slots)) if slots[k].activation == "identity"}
+        changed = False
+        for k, (sl, st) in enumerate(zip(slots, plan.stages, strict=True)):
+            part = pass_cycles(st) + TICK_OVERHEAD + (loss if k in feeders else 0)
+            if part <= target_cycles:
+                continue
+            fewer = -(-(part - target_cycles) // st.slot_cycles)  # slots to take off the pass
+            L = fewest_lanes(sl.in_features, sl.out_features, st.cycles_per_tick - fewer, sl.conv)
+            if L is None or L <= lanes[k] and lanes[k] >= sl.rows:
+                raise unreachable(sl, plan)
+            lanes[k] = max(L, lanes[k] + 1)
+            changed = True
+        if not changed:  # cannot happen: the tick is one of the parts
+            break
+    raise unreachable(slots[0], plan_of(tuple(lanes)))
 
 
 def lane_multipliers(

@@ -383,6 +383,27 @@ def test_plan_json_round_trip_exact():
 # ---- lanes --------------------------------------------------------------------------------
 
 
+def test_target_cycles_is_the_tick():
+    """``--target-cycles T`` targets the plan's tick (``Plan.tick_cycles``), not a pass's
+    slots: the fewest lanes whose tick is ≤ T, the board's operand registers included. ULX3S
+    mlp-digits: T = 74 and 100 give 32,10 (tick 74: stage 1's 65 slots + 7, stage 2's 33 + 7
+    + the loss unit's 30 + 2 control), where the slot rule gave 32,5 at 104 cycles (stage 2's
+    66 slots + the loss unit); T = 140 gives 16,4 at 139 (16,3 would tick 169: stage 2's 132
+    slots + 7 + 30 + 2). No board, T = 200: 16,3 at 169 (2 lanes: 165 slots → 202). Below the
+    fastest tick, the error names it."""
+    from pipetrain.compiler.compile import compile_result
+    from pipetrain.compiler.targets import get_board
+
+    ulx3s = get_board("ulx3s-85f")
+    for T, lanes, tick in ((74, [32, 10], 74), (100, [32, 10], 74), (140, [16, 4], 139)):
+        plan = compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=T).plan
+        assert ([s.lanes for s in plan.stages], plan.tick_cycles) == (lanes, tick), T
+    plan = compile_result("mlp-digits", formats="default", target_cycles=200).plan
+    assert ([s.lanes for s in plan.stages], plan.tick_cycles) == ([16, 3], 169)
+    with pytest.raises(PlanError, match="the fastest tick of this network is 74 cycles"):
+        compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=73)
+
+
 def test_lane_policies():
     ir, deep = _ir(), _ir("mlp-digits-deep")
     cfg = TrainConfig()
@@ -393,7 +414,7 @@ def test_lane_policies():
     assert choose_lanes(ir, cfg, lanes=parse_lanes("2")) == (2, 2)
     # target 400: stage 1 may take ⌊400/65⌋ = 6 groups → ⌈32/6⌉ = 6 lanes (390 cycles)
     assert choose_lanes(ir, cfg, target_cycles=400) == (6, 1)
-    with pytest.raises(PlanError, match="one lane per row needs 65 cycles"):
+    with pytest.raises(PlanError, match="one lane per row issues 65 slots per pass"):
         choose_lanes(ir, cfg, target_cycles=50)
     with pytest.raises(PlanError, match="lanes=16 must be in 1..10"):
         choose_lanes(ir, cfg, lanes=(16,))

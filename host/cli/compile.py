@@ -70,8 +70,7 @@ __all__ = ["compile_cmd"]
     "--target-cycles",
     type=int,
     default=None,
-    help="Fewest lanes with every stage's pass issuing ≤ T slots (the tick adds the pipeline "
-    "latency, the loss unit and 2 control cycles: report.md gives it).",
+    help="Fewest lanes whose tick (cycles per sample under pb: report.md's tick line) is ≤ T.",
 )
 @click.option(
     "--max-multipliers",
