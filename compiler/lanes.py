@@ -237,13 +237,14 @@ def choose_lanes(
                 + (f" and {len(slots) - S} head stages" if len(slots) > S else "")
                 + f"; give one number for all stages or {S} numbers"
             )
-        for sl, L in zip(slots, lanes, strict=False):
-            if not 1 <= L <= sl.rows:
-                raise PlanError(
-                    f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.rows} "
-                    f"(one lane per output row at most; the stage has {sl.rows} rows)"
-                    + _per_stage_hint(slots, lanes, one)
-                )
+        bad = [
+            f"stage {sl.index} ({sl.name}): lanes={L} must be in 1..{sl.rows} (one lane per "
+            f"output row at most; the stage has {sl.rows} rows)"
+            for sl, L in zip(slots, lanes, strict=False)
+            if not 1 <= L <= sl.rows
+        ]
+        if bad:  # every stage out of range, in one message
+            raise PlanError("; ".join(bad) + _per_stage_hint(slots, lanes, one))
         if len(lanes) == S and len(slots) > S:
             slowest = max(
                 stage_cycles(sl.in_features, sl.out_features, L, sl.conv)[1]

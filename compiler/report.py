@@ -289,7 +289,8 @@ def _slot_lines(plan: Plan) -> list[str]:
             "operand registers (the board's, `Stage.operand_registers`; docs/architecture.md "
             "§3): every multiplier reads operands registered once more and the weight banks' "
             "write data is registered before the write (timing), so each pass takes 2 cycles "
-            f"more than without them: {each}"
+            f"more than without them: {each}; on the ECP5 a lane multiplier's operand and "
+            "product registers are its MULT18X18D's own (hdl/dsp.py)"
         )
     return out
 
@@ -808,11 +809,23 @@ def render_report(
                 if lb
                 else _unsplit_text(plan)
             )
+            if board is not None and board.multiplier_width != 18:
+                w = board.multiplier_width
+                row = (fit or {}).get("multipliers")
+                on = f"{row['needed']:,} of them" if row else "their own count"
+                total = (
+                    f"The total includes the loss units; {board.name}'s {w} × {w} "
+                    f"{board.dsp_cell} blocks are counted in Board above ({on})."
+                )
+            else:
+                total = (
+                    "The total includes the loss units: it is the board fit's DSP block count "
+                    "on an 18 × 18 board."
+                )
             lines += [
                 f"Variable operands are at most {plan.operand_bits} bits (one 18 × 18 block per "
-                f"multiplier); master weights and velocities keep their width: {wide}. The "
-                "total includes the loss units: it is the board fit's DSP block count on an "
-                "18 × 18 board.",
+                f"multiplier in this table); master weights and velocities keep their width: "
+                f"{wide}. {total}",
                 "",
                 *(ops := _operand_lines(plan)),
                 *([""] if ops else []),

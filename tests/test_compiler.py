@@ -416,6 +416,10 @@ def test_lane_policies():
     assert choose_lanes(ir, cfg, target_cycles=400) == (6, 1)
     with pytest.raises(PlanError, match="one lane per row issues 65 slots per pass"):
         choose_lanes(ir, cfg, target_cycles=50)
+    with pytest.raises(
+        PlanError, match="stage 1 .*lanes=99 must be in 1..32 .*; stage 2 .*lanes=99"
+    ):
+        choose_lanes(ir, cfg, lanes=(99, 99))  # every stage out of range, in one message
     with pytest.raises(PlanError, match="lanes=16 must be in 1..10"):
         choose_lanes(ir, cfg, lanes=(16,))
     with pytest.raises(PlanError, match="give only one of --lanes, --target-cycles"):

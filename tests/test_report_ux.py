@@ -311,3 +311,22 @@ def test_loss_table_gives_p_and_k(tmp_path):
     assert row[5:] == [str(lu.exp_lanes), str(lu.div_bits), str(lu.cycles)]
     assert lu.exp_lanes == 5
     assert "P: logits through the exp LUT per cycle (`exp_lanes`), k: quotient bits" in text
+
+
+def test_ice40_report_counts_its_own_blocks(tmp_path):
+    """A fresh-user trial: the iCEBreaker report said the multiplier total "is the board fit's
+    DSP block count on an 18 × 18 board" on a board of 16 × 16 SB_MAC16 blocks; it now names
+    this board's blocks and their count from the fit (the ECP5 report keeps the sentence)."""
+    out = tmp_path / "i"
+    res = run("compile", "mlp-digits", "--board", "icebreaker", "--formats", "default",
+              "--out", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    text = (out / "report.md").read_text()
+    assert "on an 18 × 18 board" not in text
+    assert "icebreaker's 16 × 16 SB_MAC16 blocks are counted in Board above (6 of them)" in text
+    res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
+              "--out", str(tmp_path / "u"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "u" / "report.md").read_text()
+    assert "it is the board fit's DSP block count on an 18 × 18 board" in text
+    assert "product registers are its MULT18X18D's own (hdl/dsp.py)" in text
