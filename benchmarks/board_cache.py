@@ -201,7 +201,7 @@ def board_result(
             "clock_mhz": res["clock_mhz"],
             "timing_met": res["timing_met"],
             "utilization": {k: v for k, v in res["utilization"].items() if k != "raw"},
-            "build_s": res["build_s"],
+            "build_s": _build_seconds(res, REPO / out),
             "constraint_mhz": constraint_mhz,
         }
     except FitError as exc:
@@ -227,6 +227,17 @@ def board_result(
     rec |= {"hdl_hash": hdl, "built_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     path.write_text(json.dumps(rec, indent=2) + "\n")
     return rec | {"cached": False, "stale": False}
+
+
+def _build_seconds(res: dict[str, Any], out: Path) -> float:
+    """Seconds the build took: this call's, or — when ``build_design`` reused a finished build
+    of the same design digest in ``out`` — the recorded ones of that build (``build.json``)."""
+    if res.get("cached"):
+        try:
+            return float(json.loads((out / "build.json").read_text())["build_s"])
+        except (OSError, KeyError, ValueError):
+            pass
+    return res["build_s"]
 
 
 def import_records(results_json: Path, cache_dir: Path | None = None) -> list[str]:
