@@ -418,6 +418,9 @@ def test_peer_and_board_tables() -> None:
     assert "`compiled_b1`, trains 2,000,000 samples/s" in v
     assert "21× the ulx3s-85f projection" in v and "1.3× its whole DSP ceiling" in v
     assert "(1,514,563: above it)" in v and "icebreaker: does not fit" in v
+    # a board without a build report is "not built", not "does not fit"
+    res["models"][0]["boards"]["icebreaker"] |= {"fits": None, "status": "missing"}
+    assert "icebreaker: not built" in bench.verdict(res)
 
 
 def test_the_fastest_cpu_peer_must_learn() -> None:
