@@ -1060,7 +1060,8 @@ def verdict(res: dict[str, Any]) -> str:
             proj, ceil = rec.get("projected_samples_per_s"), rec.get("ceiling_samples_per_s")
             if not proj:
                 # a model without a projection either does not fit or has no build report
-                said.append(f"{b}: " + ("does not fit" if rec.get("fits") is False else "not built"))
+                why = "does not fit" if rec.get("fits") is False else "not built"
+                said.append(f"{b}: {why}")
                 continue
             acc = _acc((rec.get("golden") or {}).get("test_accuracy"))
             word = "above" if cpu > ceil else "below"

@@ -213,6 +213,17 @@ def compile_result(
             fmt_over = parse_format_overrides(format_overrides)
         else:
             fmt_over = dict(format_overrides or {})
+        if target_cycles is not None and lanes is None and max_multipliers is None:
+            # fail fast, before calibrating: the cycles do not depend on the formats, so the
+            # default formats' plans say whether (and with which lanes) the tick is reachable
+            ones = tuple(1 for _ in stage_slots(ir, config))
+            early = PlanRequest(ir, config, FormatSpec.default(len(ir.layers)), ones,
+                                clock_hz=clock_hz, memory_budget_bits=memory_budget_bits,
+                                const_bits=const_bits, single_port=tuple(single_port),
+                                operand_bits=operand_bits, logic_low_bits=logic_low_bits,
+                                operand_registers=operand_registers)  # fmt: skip
+            early = early if board is None else board_request(early, board)
+            lanes_for_tick(ir, config, target_cycles, lambda ln: early.replace(lanes=ln).build())
         if max_multipliers is None:
             chosen = choose_lanes(ir, config, lanes, target_cycles)  # fail fast
         elif lanes is not None or target_cycles is not None:

@@ -118,15 +118,25 @@ def lanes_for_tick(
     """
     slots = stage_slots(ir, config)
     S = len(ir.layers)
-    lanes = list(lanes_for_target(ir, config, target_cycles))
 
     def unreachable(sl, plan) -> PlanError:
-        fastest = plan_of(tuple(s.rows for s in slots))
+        fastest = plan_of(tuple(s.rows for s in slots)).tick_cycles
         return PlanError(
             f"--target-cycles {target_cycles} is below what stage {sl.index} ({sl.name}, "
             f"{sl.in_features}→{sl.out_features}) can do with one lane per row: the fastest "
-            f"tick of this network is {fastest.tick_cycles} cycles (report.md's tick column)"
+            f"tick of this network is {fastest} cycles (report.md's tick line); give "
+            f"--target-cycles {fastest} or more, or --lanes auto"
         )
+
+    try:
+        lanes = list(lanes_for_target(ir, config, target_cycles))
+    except PlanError:  # even the slots of a pass exceed the target
+        stuck = next(
+            sl
+            for sl in slots
+            if fewest_lanes(sl.in_features, sl.out_features, target_cycles, sl.conv) is None
+        )
+        raise unreachable(stuck, None) from None
 
     for _ in range(2 * len(slots) + 2):
         plan = plan_of(tuple(lanes))

@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .build import RAM_FAMILIES, logic_pieces, loss_operands, multiplier_blocks
+from .build import RAM_FAMILIES, TICK_OVERHEAD, logic_pieces, loss_operands, multiplier_blocks
 from .plan import Const, LossUnit, Plan, QFormat, Stage
 from .targets import BOARDS, Board
 
@@ -251,7 +251,7 @@ def totals_text(plan: Plan, board: Board | None = None) -> str:
         f"tick: {plan.tick_cycles} cycles, the longer of the slowest stage's pass "
         f"(stage {slowest.index}: {slowest.cycles_per_tick} slots, {slowest.pass_cycles} cycles) "
         f"and the last stage's pass followed by the loss unit ({last.pass_cycles} + "
-        f"{loss_cycles} cycles), plus tick control",
+        f"{loss_cycles} cycles), plus {TICK_OVERHEAD} cycles of tick control",
         *_slot_lines(plan),
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
@@ -283,13 +283,16 @@ def _slot_lines(plan: Plan) -> list[str]:
     regs = [s for s in plan.stages if s.operand_registers]
     if regs:
         each = ", ".join(
-            f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles" for s in regs
+            f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles "
+            f"({s.pass_cycles - 2:,} without them)"
+            for s in regs
         )
         out.append(
             "operand registers (the board's, `Stage.operand_registers`; docs/architecture.md "
             "§3): every multiplier reads operands registered once more and the weight banks' "
             "write data is registered before the write (timing), so each pass takes 2 cycles "
-            f"more than without them: {each}; on the ECP5 a lane multiplier's operand and "
+            f"more than without them (a pass is its slots plus the pipeline's fill and "
+            f"drain): {each}; on the ECP5 a lane multiplier's operand and "
             "product registers are its MULT18X18D's own (hdl/dsp.py)"
         )
     return out

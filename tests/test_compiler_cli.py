@@ -174,7 +174,10 @@ def test_bad_model_files_fail_cleanly(tmp_path, fname):
         (["mlp-digits", "--format", "s1.y=Q0.15"], ["calibrated max|y|", "does not fit y = Q0.15"]),
         (["mlp-digits", "--lanes", "4,16"], ["stage 2 (2): lanes=16 must be in 1..10"]),
         (["mlp-digits", "--lanes", "1,2,3"], ["--lanes has 3 entries"]),
-        (["mlp-digits", "--target-cycles", "20"], ["one lane per row issues 65 slots"]),
+        (
+            ["mlp-digits", "--target-cycles", "20"],
+            ["the fastest tick of this network is 72 cycles", "give --target-cycles 72 or more"],
+        ),
         (["mlp-digits", "--memory-budget", "64Kib"], ["memory bits", "budget is 65536 bits"]),
         (["mlp-digits", "--memory-budget", "lots"], ["is not a size in bits"]),
         (["mlp-digits", "--strategy", "local"], ["--strategy local needs at least one block"]),

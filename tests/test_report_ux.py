@@ -156,8 +156,9 @@ def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
               "--out", str(out), "--json", "-")  # fmt: skip
     assert res.exit_code == 0, res.output
     line = (
-        "so each pass takes 2 cycles more than without them: stage 1 65 slots → 72 cycles, "
-        "stage 2 33 slots → 40 cycles"
+        "so each pass takes 2 cycles more than without them (a pass is its slots plus the "
+        "pipeline's fill and drain): stage 1 65 slots → 72 cycles (70 without them), "
+        "stage 2 33 slots → 40 cycles (38 without them)"
     )
     assert line in (out / "report.md").read_text() and line in res.output
     assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [72, 40]
