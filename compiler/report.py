@@ -516,10 +516,10 @@ def _other_width(board: Board | None, fit: dict | None) -> str:
         return ""
     w = board.multiplier_width
     row = (fit or {}).get("multipliers")
-    need = f": {row['needed']:,}" if row else ""
+    need = f" {row['needed']:,}" if row else ""
     return (
-        f" (this table; this board's {w}×{w} {board.dsp_cell} blocks count differently{need}, "
-        "in Board above)"
+        f" (this table counts 18 × 18 blocks; on this board's {w} × {w} {board.dsp_cell} "
+        f"blocks the design takes{need or ' its own count'}, Board above)"
     )
 
 
@@ -815,11 +815,8 @@ def render_report(
             if board is not None and board.multiplier_width != 18:
                 w = board.multiplier_width
                 row = (fit or {}).get("multipliers")
-                on = f"{row['needed']:,} of them" if row else "their own count"
-                total = (
-                    f"The total includes the loss units; {board.name}'s {w} × {w} "
-                    f"{board.dsp_cell} blocks are counted in Board above ({on})."
-                )
+                on = f"{row['needed']:,} {w} × {w} {board.dsp_cell}" if row else "Board above"
+                total = f"The total includes the loss units ({board.name}'s blocks: {on})."
             else:
                 total = (
                     "The total includes the loss units: it is the board fit's DSP block count "

@@ -414,13 +414,13 @@ def test_report_names_the_board_and_its_fit_near_the_top(tmp_path):
     assert rows["block RAMs (link's included)"] == (21, 30)
     assert "## Multipliers and their DSP blocks (docs/numerics.md" in text
     assert "| stage | multiplier | operand bits | DSP blocks/lane | lanes | DSP blocks |" in text
-    assert "this board's 16×16 SB_MAC16 blocks count differently: 6, in Board above" in text
+    assert "on this board's 16 × 16 SB_MAC16 blocks the design takes 6, Board above" in text
 
     res = run("compile", "mlp-digits", "--formats", "default", "--out", str(tmp_path / "n"))
     assert res.exit_code == 0, res.output
     text = (tmp_path / "n" / "report.md").read_text()
     assert "- board: none (not fitted to a board; `--board NAME` fits it)" in text
-    assert "## Board" not in text and "count differently" not in text
+    assert "## Board" not in text and "the design takes" not in text
 
 
 def test_one_lane_count_too_big_for_a_later_stage_suggests_per_stage_lanes_and_auto(tmp_path):

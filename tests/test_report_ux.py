@@ -324,7 +324,8 @@ def test_ice40_report_counts_its_own_blocks(tmp_path):
     assert res.exit_code == 0, res.output
     text = (out / "report.md").read_text()
     assert "on an 18 × 18 board" not in text
-    assert "icebreaker's 16 × 16 SB_MAC16 blocks are counted in Board above (6 of them)" in text
+    assert "The total includes the loss units (icebreaker's blocks: 6 16 × 16 SB_MAC16)" in text
+    assert "on this board's 16 × 16 SB_MAC16 blocks the design takes 6, Board above" in text
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
               "--out", str(tmp_path / "u"))  # fmt: skip
     assert res.exit_code == 0, res.output

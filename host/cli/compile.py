@@ -76,8 +76,8 @@ __all__ = ["compile_cmd"]
     "--max-multipliers",
     type=int,
     default=None,
-    help="Fastest design with ≤ M datapath multipliers (not DSP blocks: a wide product takes "
-    "several).",
+    help="Fastest design with ≤ M multipliers in the stages (the loss unit's one is not "
+    "counted; not DSP blocks: a wide product takes several).",
 )
 @click.option("--memory-budget", "memory_budget", default=None, help="Memory budget, e.g. 1.5Mib.")
 @click.option("--clock-mhz", type=float, default=None, help="Clock (MHz) [50, or the board's].")
