@@ -1349,7 +1349,7 @@ def build_plan(
     operand formed in logic (``Plan.logic_low_bits``; default :data:`LOGIC_LOW_BITS`; 0 or
     None: never, recorded as None — absent from the JSON — so a plan that never forms one,
     the iCE40's, keeps the JSON, hash and Verilog of plans from before the field).
-    ``operand_registers``: 0 or 1, the multipliers' operand registers of every Linear stage
+    ``operand_registers``: 0, 1 or 2, the multipliers' operand registers of every Linear stage
     (``Stage.operand_registers``; the board's, ``Board.operand_registers``: 1 on the ECP5;
     0 is recorded as None, absent from the JSON, so plans without them keep their hash).
 

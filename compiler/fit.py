@@ -123,7 +123,7 @@ class PlanRequest:
         product exact).
     logic_low_bits: the widest low piece of a constant product's operand formed in logic
         (``Plan.logic_low_bits``; the board's, ``Board.logic_low_bits``, once fitted).
-    operand_registers: the Linear stages' multiplier operand registers, 0 or 1
+    operand_registers: the Linear stages' multiplier operand registers, 0, 1 or 2
         (``Stage.operand_registers``; the board's, ``Board.operand_registers``, once fitted).
     lanes_option: the option that chose ``lanes`` when it was not ``--lanes``, as the user gave
         it (``--max-multipliers 20``, ``--target-cycles 100``): a fit error names it (None: "the

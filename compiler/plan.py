@@ -519,13 +519,16 @@ class Stage:
         rounding never needs a clamp; None when ``what_bits`` ≤ the plan's ``operand_bits``
         (or it has none): the MACs read ŵ and ``w`` exactly (then absent from the JSON). One
         18 × 18 DSP block per product (ECP5 MULT18X18D) instead of two.
-    operand_registers: 1 when every multiplier of the stage's lanes (forward, input gradient,
-        update) reads operands registered once more, right before it (the products one stage
-        later, S3 → S4, and every later stage one later: ``update_stage`` + 1), and the weight
-        banks' write data registered once more before the write (``write_stage`` + 2,
-        ``pass_cycles`` + 2); None for none (then absent from the JSON). Chosen by the board
-        (``Board.operand_registers``: 1 on the ECP5, whose DSP blocks sit apart from the lanes'
-        logic; *derived*, timing only: the same integers). Linear stages only.
+    operand_registers: P = 1 when every multiplier of the stage's lanes (forward, input
+        gradient, update) reads operands registered once more, right before it (the products
+        one stage later, S3 → S4, and every later stage one later: ``update_stage`` + 1), and
+        the weight banks' write data registered once more before the write (``write_stage`` +
+        2, ``pass_cycles`` + 2); P = 2 one register more on each (the products two stages later:
+        ``update_stage`` + 2, ``write_stage`` and ``pass_cycles`` + 4; on the ECP5 a fabric
+        register after each MULT18X18D's output register); None for none (then absent from the
+        JSON). Chosen by the board (``Board.operand_registers``: 1 on the ECP5, whose DSP blocks
+        sit apart from the lanes' logic; *derived*, timing only: the same integers). Linear
+        stages only.
     products: every multiplier of one lane as built (:class:`Product`: name, operand widths,
         18 × 18 blocks), in ``build.stage_products`` order; None in plans from before (then
         absent from the JSON).

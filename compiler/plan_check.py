@@ -128,7 +128,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Stage", "update_stage"): (0, None),
     ("Stage", "write_stage"): (0, None),
     ("Stage", "pass_cycles"): (1, None),
-    ("Stage", "operand_registers"): (1, 1),
+    ("Stage", "operand_registers"): (1, 2),
     ("Stage", "attach"): (0, None),
     ("Stage", "slot_cycles"): (1, 2),
     ("LossUnit", "classes"): (1, None),

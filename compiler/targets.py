@@ -90,7 +90,7 @@ class Board:
         cells are the scarce resource (mlp-digits fills 98 % of them) and its 16-bit ``u``/
         ``w`` with 5-bit shift-add constants leave no such product anyway.
     operand_registers: the multipliers' operand registers of the board's plans
-        (``Stage.operand_registers``, 0 or 1): ECP5 1 — its MULT18X18D blocks sit in rows
+        (``Stage.operand_registers``, 0, 1 or 2): ECP5 1 — its MULT18X18D blocks sit in rows
         apart from the lanes' logic, and a register next to each block keeps the routing to
         it out of the multiplier's path (one cycle more per pass; *derived*, timing:
         docs/boards.md §4.2); iCE40 0 — yosys absorbs registers into SB_MAC16 and its logic

@@ -9,8 +9,8 @@ one more (no enable), so the product of the operands presented in cycle ``t`` is
 hold no reset value the datapath reads: each is read only by a valid slot, P + 1 cycles after
 that slot's operands were presented):
 
-* **ECP5 with P = 1 and both operands in 18 bits** (signed ≤ 18 bits, unsigned ≤ 18 bits, a
-  constant in either): one ``MULT18X18D`` (Lattice TN1267, *ECP5 and ECP5-5G sysDSP Usage
+* **ECP5 with P = 1 or 2 and both operands in 18 bits** (signed ≤ 18 bits, unsigned ≤ 18
+  bits, a constant in either): one ``MULT18X18D`` (Lattice TN1267, *ECP5 and ECP5-5G sysDSP Usage
   Guide*, MULT18X18D) with its input registers A and B and its output register on ``CLK0``
   (``REG_INPUTA_CLK`` = ``REG_INPUTB_CLK`` = ``REG_OUTPUT_CLK`` = ``"CLK0"``, clock enable
   ``CE0`` = 1, no reset, no pipeline register). Yosys does not pack ECP5 DSP registers, so
@@ -18,11 +18,16 @@ that slot's operands were presented):
   the -deep 16,8,8,4 build's critical path was an operand register → 9.7 ns of routing → the
   MULT18 → its product register (docs/boards.md §4.2). nextpnr times the block's registered
   ports against ``CLK0`` (``MULT18X18D_REGS_ALL``). The product is ``P[35:0]``, two's
-  complement when either operand is signed (``SIGNEDP``).
+  complement when either operand is signed (``SIGNEDP``). With P = 2 the block's ``P`` passes
+  one more register in the fabric (no enable; ``out`` itself): the placer can put it between
+  a block far from its lane and the lane's logic, where a block's ``P`` → the update's rounding
+  adders crossed 8.0 ns of routing (-deep 16,8,8,4, 73.8 MHz at a 90 MHz constraint,
+  docs/boards.md §4.2). P + 1 = 3 registers as in the fabric form: the block's input
+  registers, its output register and the fabric one.
 * **Otherwise** (simulation without a platform, the iCE40 — where Yosys absorbs the product
-  register into ``SB_MAC16`` itself —, P = 0, wider operands): ``delayed`` operand registers and
-  a product register in the fabric, named as before this module existed, so those designs'
-  Verilog is unchanged.
+  register into ``SB_MAC16`` itself —, P = 0, wider operands): ``delayed`` operand registers
+  (P of them) and a product register in the fabric, named as before this module existed, so
+  those designs' Verilog is unchanged.
 
 Source: *derived* (timing only: no value changes; docs/architecture.md §3 "Operand
 registers").
@@ -37,10 +42,14 @@ from amaranth.hdl import Instance
 
 from .arith import delayed
 
-__all__ = ["DSP_BITS", "fits_dsp", "is_ecp5", "registered_product"]
+__all__ = ["DSP_BITS", "DSP_REGISTERS", "fits_dsp", "in_dsp", "is_ecp5", "registered_product"]
 
 #: Operand width of the ECP5's 18 × 18 multiplier (bits).
 DSP_BITS = 18
+
+#: The operand registers (``Stage.operand_registers``) that take the MULT18X18D's own registers:
+#: 1 (input + output registers) and 2 (the same, + one fabric register on its product).
+DSP_REGISTERS = (1, 2)
 
 
 def is_ecp5(platform: Any) -> bool:
@@ -87,6 +96,13 @@ def fits_dsp(a: Value, b: Value) -> bool:
     return _operand(Value.cast(a)) is not None and _operand(Value.cast(b)) is not None
 
 
+def in_dsp(platform: Any, registers: int, a: Value, b: Value) -> bool:
+    """Whether :func:`registered_product` forms ``a · b`` with ``registers`` operand registers in
+    a MULT18X18D with its own registers (the ECP5, ``registers`` in :data:`DSP_REGISTERS`, both
+    operands in 18 bits) — else in the fabric."""
+    return registers in DSP_REGISTERS and is_ecp5(platform) and fits_dsp(a, b)
+
+
 def registered_product(
     m: Module,
     platform: Any,
@@ -103,17 +119,17 @@ def registered_product(
     complement).
 
     ``names``: the fabric operand registers' names (:func:`~.arith.delayed`); ``out`` is the
-    product register itself in the fabric form and the block's ``P`` (through ``comb``) in the
-    ECP5 form. Raises ValueError when ``out`` is narrower than the product needs."""
+    product register itself in the fabric form, in the ECP5 form the block's ``P`` (through
+    ``comb``) with P = 1 and the fabric register after it with P = 2. Raises ValueError when
+    ``out`` is narrower than the product needs."""
     a, b = Value.cast(a), Value.cast(b)
     _check_width(a, b, out.shape())
-    ports = (_operand(a), _operand(b)) if registers == 1 and is_ecp5(platform) else (None, None)
-    if ports[0] is None or ports[1] is None:
+    if not in_dsp(platform, registers, a, b):
         ad = delayed(m, a, names[0], registers)
         bd = delayed(m, b, names[1], registers)
         m.d.sync += out.eq(ad * bd)
         return
-    (a18, sa), (b18, sb) = ports
+    (a18, sa), (b18, sb) = _operand(a), _operand(b)
     p = Signal(2 * DSP_BITS, name=f"{out.name}_p")
     params = {
         "p_REG_INPUTA_CLK": "CLK0",
@@ -151,7 +167,11 @@ def registered_product(
     for k in range(2 * DSP_BITS):
         conns[f"o_P{k}"] = p[k]
     m.submodules[f"{out.name}_dsp"] = Instance("MULT18X18D", **params, **conns)
-    m.d.comb += out.eq(p.as_signed() if sa or sb else p)
+    product = p.as_signed() if sa or sb else p
+    if registers == 1:
+        m.d.comb += out.eq(product)
+    else:  # P = 2: one fabric register after the block's output register (module docstring)
+        m.d.sync += out.eq(product)
 
 
 def _check_width(a: Value, b: Value, shape: Shape) -> None:

@@ -21,6 +21,15 @@ SB_MAC16; Yosys does not pack ECP5 MULT18X18D registers). With ``Stage.operand_r
 the operands are registered once more per lane right before the multiplier (no enable either),
 and the product, the sums and the outputs come one stage later (S3 → S4, S4 → S5); on the
 ECP5 both registers are the MULT18X18D's own (:func:`~pipetrain.hdl.dsp.registered_product`).
+With ``Stage.operand_registers`` = P = 2 the product passes one more register (on the ECP5 a
+fabric register after the block's output register) and everything after it is two stages later.
+
+With operand registers (P ≥ 1) every lane has its own copies of the forward accumulator's
+controls — "first column" and "slot valid" at S3+P, registered from S2+P (the slot pipeline is
+lockstep without enables, so they are the S3+P values exactly): one shared ``col == 0`` decode
+fanned out to every lane's accumulator was the mlp-digits 32,10 critical path on the ULX3S
+(S3+P's ``col`` → the decode → 4.5 + 2.8 ns of routing to the 32 lanes' ``facc``, 72.7 MHz at
+a 90 MHz constraint). *Derived*, timing only: the same values in every cycle.
 
 Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes), docs/numerics.md
 §2, §5 (the arithmetic); the pipeline is *derived*.
@@ -63,13 +72,14 @@ class ForwardLanes(wiring.Component):
     w_format, x_format, y_format: Q-formats of ``w``, ``x`` and the output ``y``.
     what_bits: width of ŵ. x_operand_bits: width of the ``x`` operand.
     activation: the stage's :class:`~pipetrain.hdl.activation.Activation`.
-    operand_registers: P = 0 or 1 (``Stage.operand_registers``): ŵ and ``x`` registered P
+    operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): ŵ and ``x`` registered P
         times more per lane before the multiplier; the product, the accumulation and the
-        output then come P stages later (S3+P, S4+P).
+        output then come P stages later (S3+P, S4+P). With P ≥ 1 each lane registers its own
+        "first column" and "valid" of S3+P from S2+P (module docstring).
 
     Members
     -------
-    slots: ``In(pipeline.subset(S3+P, S4+P; fwd))``.
+    slots: ``In(pipeline.subset(S3+P, S4+P; fwd))``, with S2+P too when P ≥ 1.
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
@@ -100,9 +110,10 @@ class ForwardLanes(wiring.Component):
         self.what_bits, self.act = what_bits, activation
         self.P = P = operand_registers
         G = pipeline.row_groups
+        stages = (2 + P, 3 + P, 4 + P) if P else (3, 4)  # S2+P: the lanes' control copies
         super().__init__(
             {
-                "slots": In(pipeline.subset(stages=(3 + P, 4 + P), flags=("fwd",))),
+                "slots": In(pipeline.subset(stages=stages, flags=("fwd",))),
                 "operands": In(StashOperandsSignature(x_operand_bits)),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
@@ -142,8 +153,15 @@ class ForwardLanes(wiring.Component):
             )
             facc = Signal(signed(self.acc_bits), name=f"facc_{lane}")
             fsum = Signal(signed(self.acc_bits), name=f"fsum_{lane}")
-            m.d.comb += fsum.eq(Mux(first3, 0, facc) + pf3)
-            with m.If(s3.valid):
+            first, valid = first3, s3.valid
+            if P:  # the lane's own copies of S3+P's controls, registered from S2+P
+                s2 = slot_at(sp, 2 + P)
+                # init: S3+P's reset payload has col = 0 (the pipeline's registers reset to 0)
+                first = Signal(init=1, name=f"first3_{lane}")
+                valid = Signal(name=f"v3_{lane}")
+                m.d.sync += [first.eq(s2.payload.col == 0), valid.eq(s2.valid)]
+            m.d.comb += fsum.eq(Mux(first, 0, facc) + pf3)
+            with m.If(valid):
                 m.d.sync += facc.eq(fsum)
             if lut is not None:
                 # tanh/sigmoid: z = sat(rhu(Σ)) at S3 addresses the ROM; y and the mask at S4
@@ -189,8 +207,9 @@ class InputGradient(wiring.Component):
     lanes: L.
     acc_bits: accumulator width (``Stage.acc_bwd_bits``).
     w_format, d_format, gin_format: Q-formats of ``w``, δ and the output ``gin``.
-    operand_registers: P = 0 or 1 (``Stage.operand_registers``): ``w`` and δ registered P
-        times more per lane before the multiplier; the sums and ``gin`` P stages later.
+    operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): ``w`` and δ registered P
+        times more per lane before the multiplier; the sums and ``gin`` P stages later. With
+        P ≥ 1 the sum register's enable is its own copy of S3+P's valid, from S2+P.
 
     Members
     -------
@@ -281,7 +300,11 @@ class InputGradient(wiring.Component):
         gin_en4 = Signal()
         gsum4 = Signal(signed(self.acc_bits))
         m.d.sync += gin_en4.eq(s3.valid & sp.bwd & (s3.payload.group == G - 1) & (col3 != N))
-        with m.If(s3.valid):
+        gsum_en = s3.valid
+        if P:  # its own copy of S3+P's valid, registered from S2+P (as ForwardLanes' lanes)
+            gsum_en = Signal(name="gv3")
+            m.d.sync += gsum_en.eq(s2.valid)
+        with m.If(gsum_en):
             m.d.sync += gsum4.eq(gnew)
         gv, gc = sat(wire(m, rhu(gsum4, fw.frac + fd.frac - fg.frac), "ginr"), fg)
         m.d.comb += [

@@ -31,7 +31,8 @@ plan's :class:`~pipetrain.compiler.plan.Stage` (``x_lanes``, ``x_words``, ``stas
 With ``Stage.operand_registers`` = 1 (the ECP5 board's plans) every multiplier of the forward,
 input-gradient and update parts reads operands registered once more, per lane, right before
 it: the products leave at S4 instead of S3 and everything after them is one stage later (the
-stage numbers in the parts' docstrings are then + 1 from S3 on).
+stage numbers in the parts' docstrings are then + 1 from S3 on); with 2 (an experiment's
+plans) twice, the products at S5 and the stage numbers + 2.
 
 Source: docs/architecture.md §3 (fused pass, lane ownership, adder tree), docs/numerics.md §2–§6
 (the arithmetic); the partition and the pipeline are *derived*.

@@ -69,7 +69,7 @@ from .arith import (
     tree_sum,
     wire,
 )
-from .dsp import fits_dsp, is_ecp5, registered_product
+from .dsp import in_dsp, registered_product
 from .lfsr import LFSR
 from .streams import (
     DeltaSignature,
@@ -101,7 +101,8 @@ def scaled_error_ports(stage: Stage) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class _Registered:
     """A term that is already its own S3 register: the product of a MULT18X18D with its
-    input and output registers (:meth:`UpdateUnit._product`)."""
+    input and output registers (P = 2: and the fabric register after them;
+    :meth:`UpdateUnit._product`)."""
 
     value: Value
 
@@ -142,7 +143,7 @@ class UpdateUnit(wiring.Component):
     low_piece: the plan's rule (``Plan.low_piece``): ``low_piece(c, bits)`` low bits of a
         ``bits``-wide operand whose product with the constant ``c`` is formed in logic (0:
         none; the default: never, every constant product in one multiplier).
-    operand_registers: P = 0 or 1 (``Stage.operand_registers``): the S2 products' operands
+    operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): the S2 products' operands
         (δ, ``x``, the scaled errors, ``u``, ``w``, the select-adds) registered P times more
         per lane before the multipliers; U, u′, w′ (and SC's V) then come P stages later.
 
@@ -300,12 +301,13 @@ class UpdateUnit(wiring.Component):
 
     def _dsp(self, a, b) -> bool:
         """Whether ``a · b`` takes the DSP block's own registers
-        (:func:`~pipetrain.hdl.dsp.registered_product`: P = 1 on the ECP5, 18-bit operands)."""
-        return self.P == 1 and is_ecp5(self._platform) and fits_dsp(a, b)
+        (:func:`~pipetrain.hdl.dsp.in_dsp`: P = 1 or 2 on the ECP5, 18-bit operands)."""
+        return in_dsp(self._platform, self.P, a, b)
 
     def _product(self, m: Module, a, b, name: str, lane: int) -> _Registered:
-        """``a · b`` (:meth:`_dsp` holds) through the MULT18X18D's input and output registers:
-        a :class:`_Registered` term, which :meth:`_products` does not register again."""
+        """``a · b`` (:meth:`_dsp` holds) through the MULT18X18D's input and output registers
+        (P = 2: and one fabric register after them): a :class:`_Registered` term, which
+        :meth:`_products` does not register again."""
         out = Signal((Value.cast(a) * Value.cast(b)).shape(), name=f"{name}p_{lane}")
         registered_product(
             m,

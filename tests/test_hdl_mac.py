@@ -57,6 +57,9 @@ def _unpack(word, bits, n):
         # the ECP5's operand registers: the products, sums and outputs one stage later
         (dict(operand_registers=1), 1),
         (dict(mitigation="lwp", lanes=(5, 2, 3), operand_registers=1), 0),
+        # two operand registers (an experiment's P = 2): two stages later, per-lane controls
+        (dict(operand_registers=2), 1),
+        (dict(mitigation="lwp", lanes=(5, 2, 3), operand_registers=2), 0),
     ],
 )
 def test_forward_lanes_equal_the_reference(case, s):
@@ -142,6 +145,8 @@ def test_forward_lanes_equal_the_reference(case, s):
         (dict(mitigation="sc"), 2),
         (dict(lanes=(2, 4, 3)), 1),
         (dict(operand_registers=1), 1),  # two row groups: gacc read and written one later
+        (dict(operand_registers=2), 1),  # and two later
+        (dict(mitigation="sc", operand_registers=2), 2),
     ],
 )
 def test_input_gradient_equals_the_reference(case, s):

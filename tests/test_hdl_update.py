@@ -93,6 +93,10 @@ CASES = [
     (dict(operand_registers=1), 1),
     (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1, operand_registers=1), 0),
     (dict(mitigation="sc", rounding="nearest_even", operand_registers=1), 2),
+    # two operand registers (an experiment's P = 2): every S2 operand two stages more
+    (dict(operand_registers=2), 1),
+    (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1, operand_registers=2), 0),
+    (dict(mitigation="sc", rounding="nearest_even", operand_registers=2), 2),
 ]
 
 

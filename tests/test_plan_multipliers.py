@@ -177,9 +177,36 @@ def test_operand_registers_are_the_boards_and_round_trip():
         assert "operand_registers" not in plan.to_json()
     assert Plan.from_dict(json.loads(ecp5.to_json())) == ecp5
     edited = json.loads(ecp5.to_json())
-    edited["stages"][0]["operand_registers"] = 2
-    with pytest.raises(PlanError, match=r"stages\[0\]\.operand_registers = 2"):
+    edited["stages"][0]["operand_registers"] = 3
+    with pytest.raises(PlanError, match=r"stages\[0\]\.operand_registers = 3"):
+        Plan.from_dict(edited)
+    edited["stages"][0]["operand_registers"] = 2  # in range, but the stages are P = 1's
+    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 5: must be"):
         Plan.from_dict(edited)
     edited["stages"][0]["operand_registers"] = None
     with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 5: must be"):
         Plan.from_dict(edited)
+
+
+def test_two_operand_registers_round_trip():
+    """``Stage.operand_registers`` = 2 (an experiment's ECP5 board with
+    ``Board.operand_registers`` = 2; the default stays 1): every product two stages later
+    (``update_stage`` 6), the write data twice registered (``write_stage`` 8): two cycles more
+    per pass than with 1; the plan round-trips exactly, JSON and hash."""
+    import dataclasses
+
+    from pipetrain.compiler.targets import get_board
+    from pipetrain.host.flow import compile_design
+
+    assert get_board("ulx3s-85f").operand_registers == 1
+    board = dataclasses.replace(get_board("ulx3s-85f"), operand_registers=2)
+    plan = compile_design("mlp-digits", board=board, formats="default", writers=()).plan
+    one = compile_design("mlp-digits", board="ulx3s-85f", formats="default", writers=()).plan
+    assert [s.lanes for s in plan.stages] == [s.lanes for s in one.stages]
+    assert [s.operand_registers for s in plan.stages] == [2, 2]
+    assert [(s.update_stage, s.write_stage) for s in plan.stages] == [(6, 8), (6, 8)]
+    assert [s.pass_cycles for s in plan.stages] == [s.pass_cycles + 2 for s in one.stages]
+    assert plan.tick_cycles == one.tick_cycles + 2
+    text = plan.to_json()
+    back = Plan.from_dict(json.loads(text))
+    assert back == plan and back.to_json() == text and back.hash == plan.hash

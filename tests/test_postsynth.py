@@ -182,13 +182,15 @@ def test_tiny_net_post_synth_bit_exact(family: str, tiny_net) -> None:
 
 @needs_yosys
 @pytest.mark.icarus
-def test_tiny_net_post_synth_dsp_registers_bit_exact() -> None:
+@pytest.mark.parametrize("registers", [1, 2])
+def test_tiny_net_post_synth_dsp_registers_bit_exact(registers: int) -> None:
     """The ECP5 form of the lane multipliers (hdl/dsp.py: each MULT18X18D with its input and
-    output registers, ``Stage.operand_registers`` = 1): the tiny net with SC + LWP (every kind
-    of lane product: ``ŵ·x``, ``w·δ``, ``e·x``, the SC term ``e_b·x``, ``m·u``, the weight-decay
-    constants) synthesised for the ECP5 and simulated with the registered MULT18X18D model
-    equals the golden model bit for bit. The netlist holds those 20 blocks registered (a fabric
-    form would show 0 registered blocks in the RTLIL)."""
+    output registers, ``Stage.operand_registers`` = 1; with 2, one fabric register after each
+    block's output): the tiny net with SC + LWP (every kind of lane product: ``ŵ·x``, ``w·δ``,
+    ``e·x``, the SC term ``e_b·x``, ``m·u``, the weight-decay constants) synthesised for the
+    ECP5 and simulated with the registered MULT18X18D model equals the golden model bit for
+    bit. The netlist holds those 20 blocks registered (a fabric form would show 0 registered
+    blocks in the RTLIL)."""
     from pipetrain.compiler.config import Mitigation
     from pipetrain.hdl.synth import design_rtlil, family_board
     from pipetrain.hdl.top import NetworkTop
@@ -197,7 +199,10 @@ def test_tiny_net_post_synth_dsp_registers_bit_exact() -> None:
     from pipetrain.sim.tb.network import check_network
     from tiny_net import tiny, tiny_stream
 
-    plan, model, _ = tiny(lanes=(1, 1, 1), operand_registers=1, mitigation=Mitigation.SC_LWP)
+    plan, model, _ = tiny(
+        lanes=(1, 1, 1), operand_registers=registers, mitigation=Mitigation.SC_LWP
+    )
+    assert all(st.operand_registers == registers for st in plan.stages)
     board = family_board("ecp5")
     rtlil = design_rtlil(NetworkTop(plan), board, "top")
     assert rtlil.count('parameter \\REG_OUTPUT_CLK "CLK0"') == 20

@@ -81,19 +81,20 @@ def test_smoke_case_bit_exact(case):
     "case", OPERAND_REGISTER_CASES, ids=[c.name for c in OPERAND_REGISTER_CASES]
 )
 def test_operand_registers_bit_exact(case):
-    """The multipliers' operand registers (``Stage.operand_registers`` = 1, the ECP5 board's
-    plans) move every product and what follows it one stage later, the write data is
-    registered once more before the weight banks: two cycles more per pass; the integers stay
-    those of the golden model, and the plan's pass and tick cycles follow (checked in
-    :func:`_check` and here against the same case without them)."""
+    """The multipliers' operand registers (``Stage.operand_registers`` = P = 1, the ECP5
+    board's plans; 2 in the ``-opr2`` cases) move every product and what follows it P stages
+    later, the write data is registered P times more before the weight banks: 2·P cycles more
+    per pass; the integers stay those of the golden model, and the plan's pass and tick cycles
+    follow (checked in :func:`_check` and here against the same case without them)."""
     _check_reproducibly(case, f'pytest "{HERE}::test_operand_registers_bit_exact[{case.name}]"')
     plan = prepare(case)[0]
     base = prepare(replace(case, operand_registers=0))[0]
+    P = case.operand_registers
     for st, st0 in zip(plan.stages, base.stages, strict=True):
-        assert st.operand_registers == 1 and st0.operand_registers is None
-        assert st.update_stage == st0.update_stage + 1
-        assert st.write_stage == st0.write_stage + 2  # and the write data registered
-        assert st.pass_cycles == st0.pass_cycles + 2
+        assert st.operand_registers == P and st0.operand_registers is None
+        assert st.update_stage == st0.update_stage + P
+        assert st.write_stage == st0.write_stage + 2 * P  # and the write data registered
+        assert st.pass_cycles == st0.pass_cycles + 2 * P
     assert plan.tick_cycles >= base.tick_cycles
 
 

@@ -264,7 +264,7 @@ SMOKE_CASES: tuple[Case, ...] = (
 #: the ECP5 board's plans): SC, LWP ``v`` and ``w`` forms with weight decay (the select-adds'
 #: registers), several row groups with an input gradient (``gacc`` one stage later), the
 #: sequential schedule, interlocking with the ``sum`` rule (the extra streams' input
-#: gradients), round-half-to-even with identity.
+#: gradients), round-half-to-even with identity; three of them with 2 (``-opr2``).
 OPERAND_REGISTER_CASES: tuple[Case, ...] = tuple(
     replace(c, name=f"{c.name}-opr", operand_registers=1)
     for c in SMOKE_CASES
@@ -277,6 +277,12 @@ OPERAND_REGISTER_CASES: tuple[Case, ...] = tuple(
         "d5-inter-sum-h2",
         "d2-identity-rne",
     )
+) + tuple(
+    # two operand registers (an experiment's P = 2; on the ECP5 a fabric register after each
+    # MULT18X18D): SC with several row groups and an input gradient, LWP ``v`` and ``w`` forms
+    replace(c, name=f"{c.name}-opr2", operand_registers=2)
+    for c in SMOKE_CASES
+    if c.name in ("d2-lanes-sc", "d3-lwp-leaky-narrow", "d4-sclwp-wd-wide")
 )
 
 
