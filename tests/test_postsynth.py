@@ -27,6 +27,14 @@ needs_yosys = pytest.mark.skipif(
     reason="Yosys is not installed (pip install 'pipetrain[boards]')",
 )
 
+#: The MULT18X18D's bit ports wired to the wrappers' buses.
+_MULT_PORTS = {
+    "a": ", ".join(f".A{i}(a[{i}])" for i in range(18)),
+    "b": ", ".join(f".B{i}(b[{i}])" for i in range(18)),
+    "c": ", ".join(f".C{i}(1'b0)" for i in range(18)),
+    "p": ", ".join(f".P{i}(p[{i}])" for i in range(36)),
+}
+
 _MULT_WRAPPER = """
 module mult_tb(input [17:0] a, input [17:0] b, input sa, input sb, output [35:0] p,
                output sp);
@@ -36,12 +44,7 @@ module mult_tb(input [17:0] a, input [17:0] b, input sa, input sb, output [35:0]
     .CLK0(1'b0), .CE0(1'b0), .RST0(1'b0),
     {p}, .SIGNEDP(sp));
 endmodule
-""".format(
-    a=", ".join(f".A{i}(a[{i}])" for i in range(18)),
-    b=", ".join(f".B{i}(b[{i}])" for i in range(18)),
-    c=", ".join(f".C{i}(1'b0)" for i in range(18)),
-    p=", ".join(f".P{i}(p[{i}])" for i in range(36)),
-)
+""".format(**_MULT_PORTS)
 
 #: 18-bit corner operands: 0, ±1, ±2, the signed extremes and their neighbours, the unsigned
 #: maximum, alternating bit patterns.
@@ -80,12 +83,7 @@ module mult_reg_tb(input [17:0] a, input [17:0] b, input sa, input sb, input clk
     .CLK0(clk), .CE0(ce), .RST0(rst),
     {p}, .SIGNEDP(sp));
 endmodule
-""".format(
-    a=", ".join(f".A{i}(a[{i}])" for i in range(18)),
-    b=", ".join(f".B{i}(b[{i}])" for i in range(18)),
-    c=", ".join(f".C{i}(1'b0)" for i in range(18)),
-    p=", ".join(f".P{i}(p[{i}])" for i in range(36)),
-)
+""".format(**_MULT_PORTS)
 
 
 @pytest.mark.icarus
