@@ -431,13 +431,19 @@ class UpdateUnit(wiring.Component):
             m, lane, v, up.momentum.value, u1, u2, "mom", up.momentum.frac + f.w.frac
         )
         e_lr = e_b = None
-        xb = self.operands.x_bwd
+        # the operands before their registers, for a product in the DSP block's own (a
+        # convolution's update has no x operand here: its gradient is summed, numerics §5)
+        xb = self.operands.x_bwd if self.gradient_bits is None else None
+
+        def raw(e, name: str) -> tuple:
+            return () if xb is None else (e, xb, name)
+
         if self.e_lr is not None:
             e = self.scaled_lr.delta[lane]
-            e_lr = (delayed(m, e, f"ela_{lane}", P), self.e_lr, e, xb, "elx")
+            e_lr = (delayed(m, e, f"ela_{lane}", P), self.e_lr, *raw(e, "elx"))
         if self.e_b is not None:
             e = self.scaled_b.delta[lane]
-            e_b = (delayed(m, e, f"eba_{lane}", P), self.e_b, e, xb, "ebx")
+            e_b = (delayed(m, e, f"eba_{lane}", P), self.e_b, *raw(e, "ebx"))
         u_terms, v_terms = [], []
         wd = []
         if up.lr_wd.value:
