@@ -137,9 +137,9 @@ def check_override_widths(overrides: Mapping[str, QFormat]) -> None:
         tensor = key.split(".")[-1]
         hi = MAX_WEIGHT_BITS if tensor in ("w", "u") else MAX_DATA_BITS
         if fmt.bits > hi:
-            kind = "weight/velocity" if tensor in ("w", "u") else "activation/error"
+            kind = "a weight/velocity" if tensor in ("w", "u") else "an activation/error"
             raise FormatError(
-                f"--format {key}={fmt} has {fmt.bits} bits; a {kind} format has at most {hi} "
+                f"--format {key}={fmt} has {fmt.bits} bits; {kind} format has at most {hi} "
                 f"(x, y, d, gin, logits: 2..{MAX_DATA_BITS}; w, u: 2..{MAX_WEIGHT_BITS})"
             )
 

@@ -169,6 +169,7 @@ def test_bad_model_files_fail_cleanly(tmp_path, fname):
         (["missing.py"], ["model file 'missing.py' does not exist"]),
         (["no-such-model"], ["unknown model 'no-such-model'"]),
         (["mlp-digits", "--format", "s1.x=16.12"], ["is not Qi.f"]),
+        (["mlp-digits", "--format", "s1.x=Q40.12"], ["an activation/error format has at most 32"]),
         (["mlp-digits", "--format", "s7.x=Q3.12"], ["there is no stage 7"]),
         (["mlp-digits", "--format", "q=Q3.12"], ["key 'q' is unknown"]),
         (["mlp-digits", "--format", "s1.y=Q0.15"], ["calibrated max|y|", "does not fit y = Q0.15"]),
