@@ -1285,13 +1285,17 @@ def _loss_unit(
     z_lanes: int = 1,
     family: RamFamily | None = None,
     slack: int | None = None,
+    operand_registers: int = 0,
 ) -> LossUnit:
     """``key``: the logits' format key (``s<i>.y``), for the error message; ``z_lanes``: the
     lanes of the stage feeding it (logits per buffer word); ``slack``: the cycles the tick
     leaves the loss unit (the slowest pass minus the feeding stage's), which sets its
-    parallelism (:func:`~pipetrain.compiler.loss_unit.loss_parallelism`; None: the smallest)."""
+    parallelism (:func:`~pipetrain.compiler.loss_unit.loss_parallelism`; None: the smallest);
+    ``operand_registers``: the board's (``LossUnit.operand_registers`` = 1 when ≥ 1, for a
+    cross-entropy loss)."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
-    P, k = loss_parallelism(kind, classes, z_lanes, fr, slack)
+    R = 1 if operand_registers and kind != "mse" else 0
+    P, k = loss_parallelism(kind, classes, z_lanes, fr, slack, R)
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
@@ -1317,13 +1321,14 @@ def _loss_unit(
         exp_lut=lut,
         recip_frac=fr,
         mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
-        cycles=loss_cycles(kind, classes, fe, fr, P, k, z_lanes=z_lanes),
+        cycles=loss_cycles(kind, classes, fe, fr, P, k, z_lanes=z_lanes, operand_registers=R),
         z_lanes=z_lanes,
         z_words=z_words,
         z_word_bits=z_lanes * z.bits,
         memories=memories,
         exp_lanes=P,
         div_bits=k,
+        operand_registers=R or None,
     )
 
 
@@ -1584,7 +1589,8 @@ def build_plan(
 
     def loss_after(st: Stage, z: QFormat, d: QFormat) -> LossUnit:
         slack = longest - pass_cycles(st)
-        return _loss_unit(ir.loss, classes, z, d, f"s{st.index}.y", st.lanes, family, slack)
+        key = f"s{st.index}.y"
+        return _loss_unit(ir.loss, classes, z, d, key, st.lanes, family, slack, operand_registers)
 
     loss = loss_after(last, fs.logits, fs.d[-1])
     # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit

@@ -44,6 +44,7 @@ def loss_cycles(
     exp_lanes: int = 1,
     div_bits: int = 1,
     z_lanes: int = 1,
+    operand_registers: int = 0,
 ) -> int:
     """Cycles of the loss unit from its start pulse to ``done`` (``hdl/loss.py``, derived from
     its phases; the maximum and argmax are taken as the logits arrive): cross-entropy
@@ -53,17 +54,25 @@ def loss_cycles(
     ``C`` out issue cycles (the first during the last divider cycle) + 3 (``p`` register, δ
     register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + T``, with ``C`` classes,
     ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``,
-    ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes); MSE
+    ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes),
+    + ``R + 1`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
+    and ``r`` through R registers and their product through one more before ``p``'s); MSE
     ``C + 3`` (one phase; P, k and the lanes unused). ``exp_frac`` does not change the count
     (kept for callers)."""
     if kind == "mse":
         return classes + 3
     T = max_tree_levels(z_lanes)
-    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5 + T
+    R = operand_registers + 1 if operand_registers else 0
+    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5 + T + R
 
 
 def loss_parallelism(
-    kind: str, classes: int, z_lanes: int, recip_frac: int, slack: int | None
+    kind: str,
+    classes: int,
+    z_lanes: int,
+    recip_frac: int,
+    slack: int | None,
+    operand_registers: int = 0,
 ) -> tuple[int, int]:
     """``(exp_lanes, div_bits)`` of a loss unit: the cheapest pair (cost P + k: one exp lane or
     one divider step each adds one compare/subtract datapath, derived) whose
@@ -81,7 +90,9 @@ def loss_parallelism(
     ]
 
     def cycles(pk: tuple[int, int]) -> int:
-        return loss_cycles(kind, classes, 0, recip_frac, *pk, z_lanes=z_lanes)
+        return loss_cycles(
+            kind, classes, 0, recip_frac, *pk, z_lanes=z_lanes, operand_registers=operand_registers
+        )
 
     fits = [pk for pk in pairs if cycles(pk) <= slack]
     if fits:

@@ -712,6 +712,11 @@ class LossUnit:
     exp_lanes: P, logits through the exp LUT per cycle (divides z_lanes; cross-entropy only).
     div_bits: k, reciprocal quotient bits per cycle (cross-entropy only). P and k change the
         loss unit's cycles and size, never a result (``compiler/loss_unit.py``).
+    operand_registers: R = 1 when the board registers its multipliers' operands
+        (``Board.operand_registers`` ≥ 1: the ECP5): the cross-entropy out phase's ``e_j`` and
+        ``r`` pass R registers and their product one more before ``p``'s rounding register
+        (on the ECP5 the MULT18X18D's own), R + 1 cycles more; ``None`` (omitted from the
+        JSON): product and rounding in ``p``'s register. Never a result (timing only).
     """
 
     kind: Loss
@@ -730,6 +735,7 @@ class LossUnit:
     memories: tuple[MemorySpec, ...]
     exp_lanes: int = 1
     div_bits: int = 1
+    operand_registers: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, kind=Loss)

@@ -142,6 +142,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("LossUnit", "z_word_bits"): (1, None),
     ("LossUnit", "exp_lanes"): (1, None),
     ("LossUnit", "div_bits"): (1, DIV_BITS_MAX),
+    ("LossUnit", "operand_registers"): (1, 1),
     ("Plan", "version"): (PLAN_VERSION, PLAN_VERSION),
     ("Plan", "in_features"): (1, None),
     ("Plan", "distance"): (0, None),

@@ -90,11 +90,13 @@ class Board:
         cells are the scarce resource (mlp-digits fills 98 % of them) and its 16-bit ``u``/
         ``w`` with 5-bit shift-add constants leave no such product anyway.
     operand_registers: the multipliers' operand registers of the board's plans
-        (``Stage.operand_registers``, 0, 1 or 2): ECP5 1 — its MULT18X18D blocks sit in rows
-        apart from the lanes' logic, and a register next to each block keeps the routing to
-        it out of the multiplier's path (one cycle more per pass; *derived*, timing:
-        docs/boards.md §4.2); iCE40 0 — yosys absorbs registers into SB_MAC16 and its logic
-        cells are full.
+        (``Stage.operand_registers``, 0, 1 or 2; the loss unit's ``LossUnit.operand_registers``
+        is 1 when this is ≥ 1): ECP5 2 — its MULT18X18D blocks sit in rows apart from the
+        lanes' logic: the block's own input and output registers keep the routing to it out of
+        the multiplier's path, and one fabric register on its product the routing from it
+        (two cycles more per pass; *derived*, timing: -deep 73.8 → 84.0 MHz and mlp-digits
+        72.7 → 74.6 MHz from 1 to 2 at a 90 MHz constraint, docs/boards.md §4.2); iCE40 0 —
+        yosys absorbs registers into SB_MAC16 and its logic cells are full.
     osc_hz: the board oscillator (Hz), the PLL's reference (0: the network runs on
         ``clock_hz`` directly).
     """
@@ -186,7 +188,7 @@ BOARDS: dict[str, Board] = {
             platform="amaranth_boards.ulx3s:ULX3S_85F_Platform",
             clock_hz=50e6,  # 25 MHz × 2 (EHXPLLL); mlp-digits: Fmax 56.1 MHz (boards.md §4)
             osc_hz=25e6,
-            operand_registers=1,
+            operand_registers=2,
             baud=3_000_000,  # the FT231X maximum: divisor 17 at 50 MHz, 2.941 Mbaud (−1.96 %)
             luts=83_640,
             ffs=83_640,

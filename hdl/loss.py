@@ -29,6 +29,7 @@ parallel only where the tick needs it). Cycles: :func:`loss_unit_cycles`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import wiring
@@ -37,7 +38,8 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.loss_unit import loss_cycles, max_tree_levels
 from ..compiler.plan import LossUnit as LossPlan
-from .arith import const_mul, rhu, sat, tree_sum
+from .arith import const_mul, delayed, rhu, sat, tree_sum
+from .dsp import registered_product
 from .streams import LossControlSignature, ValidSignature, word_layout
 
 __all__ = ["LossUnit", "loss_unit_cycles"]
@@ -52,11 +54,15 @@ def loss_unit_cycles(
     exp_lanes: int = 1,
     div_bits: int = 1,
     z_lanes: int = 1,
+    operand_registers: int = 0,
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉``, MSE ``C + 3``."""
-    return loss_cycles(kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes)
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉`` (+ R + 1 with R = ``operand_registers``
+    ≥ 1), MSE ``C + 3``."""
+    return loss_cycles(
+        kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers
+    )
 
 
 class _Shared:
@@ -151,7 +157,7 @@ class LossUnit(wiring.Component):
         if lp.kind == "mse":
             self._mse(m, c)
         else:
-            self._cross_entropy(m, c)
+            self._cross_entropy(m, c, platform)
         return m
 
     def _advance(self, m: Module, c: _Shared, per_word: int | None = None) -> None:
@@ -202,7 +208,7 @@ class LossUnit(wiring.Component):
                 with m.If(~c.v1):
                     m.next = "IDLE"
 
-    def _cross_entropy(self, m: Module, c: _Shared) -> None:
+    def _cross_entropy(self, m: Module, c: _Shared, platform: Any) -> None:
         """Three phases after the start (the maximum is taken as the logits arrive): exp
         (``P`` LUT reads a cycle), divide (``k`` quotient bits a cycle), out (see the module
         docstring)."""
@@ -253,14 +259,33 @@ class LossUnit(wiring.Component):
         e1 = er.data.word_select(c.s1, fe + 1) if P > 1 else er.data
         p2 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
         lab2, vo2 = Signal(), Signal()
-        m.d.sync += [p2.eq(rhu(e1 * div.r, fe)), lab2.eq(c.j1 == label), vo2.eq(v_out)]
+        # with operand registers (R = LossUnit.operand_registers) e_j and r pass R registers and
+        # their product one more before p's rounding register (on the ECP5 the MULT18X18D's
+        # own: the mlp-digits critical path at 74.6 MHz was the word select → this multiply
+        # unregistered → p's rounding adder, 13.4 ns; docs/boards.md §4.2), R + 1 cycles
+        R = lp.operand_registers or 0
+        if R:
+            prod = Signal(unsigned(e1.shape().width + div.r.shape().width), name="p_prod")
+            registered_product(
+                m, platform, e1, div.r, registers=R, out=prod, names=("e_op", "r_op")
+            )
+            m.d.sync += p2.eq(rhu(prod, fe))
+        else:
+            m.d.sync += p2.eq(rhu(e1 * div.r, fe))
+        lab1 = delayed(m, c.j1 == label, "lab_op", R + 1 if R else 0)
+        vouts = [v_out]  # v_out through the product's registers: one per cycle of the out path
+        for k in range(R + 1 if R else 0):
+            vouts.append(Signal(name=f"vo_op{k}"))
+            m.d.sync += vouts[-1].eq(vouts[-2])
+        m.d.sync += [lab2.eq(lab1), vo2.eq(vouts[-1])]
         dv, dc = sat(rhu(p2, fr - fd.frac) - Mux(lab2, 1 << fd.frac, 0), fd)
         m.d.comb += er.addr.eq(c.q0)
         with m.If(vo2):
             m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
             with m.If(lab2):
                 m.d.sync += c.loss_v.eq(p2)
-        self._ce_phases(m, c, ph0, v2, div, vo2)
+        busy = Cat(vo2, *vouts[1:]).any() if R else vo2  # a δ still in the out path
+        self._ce_phases(m, c, ph0, v2, div, busy)
 
     def _running_max(self, m: Module, c: _Shared) -> None:
         """``zmax`` and ``arg`` as the logit words arrive: the word registered on arrival, its

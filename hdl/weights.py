@@ -28,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .arith import sat
+from .dsp import is_ecp5
 from .spram import SinglePortRAM
 from .streams import (
     SlotPipelineSignature,
@@ -176,13 +177,18 @@ class WeightStore(wiring.Component):
             r_lane.eq(acc.lane),
             r_wv.eq(Mux(acc.kind == 1, u_in, w_in)),
         ]
-        # two registered levels: each group of ≤ 4 lanes' banks through its multiplexer into a
-        # register (one LUT/PFUMX level after a block RAM's output, 5.6 ns on the ECP5), then
-        # the group, the kind and the write data into the answer (timing, *derived*: the
-        # lanes 2,4 critical path at 84.4 MHz was a DP16KD → the 4-lane and kind multiplexers
-        # → this register, 11.85 ns)
+        # two registered levels. Level 1, after the block RAM's output (its clock-to-output is
+        # 5.6 ns on the ECP5 without its output register, which Yosys does not use): in the
+        # fabric form each group of ≤ 4 lanes' banks through its multiplexer into a register
+        # (one LUT/PFUMX level; the lanes 2,4 critical path at 84.4 MHz was a DP16KD → the
+        # 4-lane and kind multiplexers → this register, 11.85 ns); on the ECP5 every lane's
+        # word into its own register, no logic between (the -deep 16,8,8,4 path at 84.0 MHz
+        # was a DP16KD → two LUT levels of that multiplexer → its register, 11.9 ns,
+        # docs/boards.md §4.2). Level 2: the group (ECP5: the lane), the kind and the write
+        # data into the answer (timing only, *derived*).
         kinds = 3 if self.w_prev else 2
-        groups = [list(range(q, min(q + 4, L))) for q in range(0, L, 4)]
+        per = 1 if is_ecp5(platform) else 4  # lanes a level-1 register selects among
+        groups = [list(range(q, min(q + per, L))) for q in range(0, L, per)]
         reads = [self.read.w, self.read.u] + ([self.read.w_prev] if self.w_prev else [])
         fmts = [fw, fu, fw]
         held = []  # held[q][kind]: group q's lane of that kind, registered
@@ -190,15 +196,19 @@ class WeightStore(wiring.Component):
             row = []
             for kind in range(kinds):
                 r = Signal(signed(fmts[kind].bits), name=f"acc_g{q}_k{kind}")
-                with m.Switch(r_lane):
-                    for lane in members:
-                        with m.Case(lane):
-                            m.d.sync += r.eq(reads[kind][lane])
+                if per == 1:
+                    m.d.sync += r.eq(reads[kind][q])
+                else:
+                    with m.Switch(r_lane):
+                        for lane in members:
+                            with m.Case(lane):
+                                m.d.sync += r.eq(reads[kind][lane])
                 row.append(r)
             held.append(row)
         r2_we, r2_kind, r2_wv = Signal(), Signal(2), Signal.like(r_wv)
         r2_group = Signal(range(max(len(groups), 2)))
-        m.d.sync += [r2_we.eq(r_we), r2_kind.eq(r_kind), r2_wv.eq(r_wv), r2_group.eq(r_lane >> 2)]
+        group = r_lane if per == 1 else r_lane >> 2
+        m.d.sync += [r2_we.eq(r_we), r2_kind.eq(r_kind), r2_wv.eq(r_wv), r2_group.eq(group)]
         gsel = [Signal(signed(fmts[k].bits), name=f"acc_sel_k{k}") for k in range(kinds)]
         with m.Switch(r2_group):
             for q, row in enumerate(held):

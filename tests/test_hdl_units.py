@@ -312,26 +312,34 @@ def _cases(fmt: QFormat, C: int = 5):
 
 
 @pytest.mark.parametrize(
-    "loss,d_fmt,lanes,par",
+    "loss,d_fmt,lanes,par,regs",
     [
-        ("cross_entropy", None, (2, 2), (1, 1)),
-        ("cross_entropy", QFormat(8, 8), (2, 2), (2, 2)),  # δ in [−0.5, 0.5): p − 1, p > 0.5 clamp
-        ("cross_entropy", None, (2, 5), (5, 1)),  # one word of 5: the registered compare tree
-        ("cross_entropy", None, (2, 3), (3, 2)),  # 2 words of 3 lanes, one padding lane each
-        ("cross_entropy", None, (2, 3), (1, 2)),
-        ("mse", None, (2, 2), (1, 1)),
-        ("mse", QFormat(8, 9), (2, 2), (1, 1)),
+        ("cross_entropy", None, (2, 2), (1, 1), 0),
+        # δ in [−0.5, 0.5): p − 1, p > 0.5 clamp
+        ("cross_entropy", QFormat(8, 8), (2, 2), (2, 2), 0),
+        ("cross_entropy", None, (2, 5), (5, 1), 0),  # one word of 5: the registered compare tree
+        ("cross_entropy", None, (2, 3), (3, 2), 0),  # 2 words of 3 lanes, one padding lane each
+        ("cross_entropy", None, (2, 3), (1, 2), 0),
+        # the ECP5 boards' operand registers (fabric form here): e_j, r and the product
+        # registered before p's rounding, 2 cycles more
+        ("cross_entropy", None, (2, 3), (3, 2), 1),
+        ("cross_entropy", QFormat(8, 8), (2, 2), (1, 1), 1),
+        ("mse", None, (2, 2), (1, 1), 0),
+        ("mse", QFormat(8, 9), (2, 2), (1, 1), 0),
     ],
 )
-def test_loss_unit_equals_golden(loss, d_fmt, lanes, par):
+def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
     """pred, loss output, every δ_j, the saturation counter and the cycle count equal the golden
     loss unit / the plan, on random, tied, extreme and saturating logits, for exp lanes P and
-    divider bits k ``par`` (the plan's parallelism, which never changes a result)."""
+    divider bits k ``par`` (the plan's parallelism, which never changes a result) and ``regs``
+    operand registers (``LossUnit.operand_registers``, timing only)."""
     plan, g = _loss_plan(loss, d_fmt, lanes)
     P, k = par
     lu = plan.loss
-    cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k, z_lanes=lanes[-1])
-    lu = dataclasses.replace(lu, exp_lanes=P, div_bits=k, cycles=cycles_pk)
+    cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k, lanes[-1], regs)
+    lu = dataclasses.replace(
+        lu, exp_lanes=P, div_bits=k, cycles=cycles_pk, operand_registers=regs or None
+    )
     plan = dataclasses.replace(plan, loss=lu)
     cases = _cases(plan.loss.z)
     got = _run_loss(plan, cases)
@@ -344,8 +352,8 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par):
             assert deltas == dl.tolist(), (z, label)
         assert sats == g.stage_saturations[-1]
         assert cycles == cycles_pk
-    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + 5 + 5 + ⌈log2 lanes⌉
+    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + 5 + 5 + ⌈log2 lanes⌉ (+ R + 1)
         tree = {2: 1, 3: 2, 5: 3}[lanes[-1]]
-        assert cycles_pk == -(-5 // P) + -(-17 // k) + 10 + tree
+        assert cycles_pk == -(-5 // P) + -(-17 // k) + 10 + tree + (regs + 1 if regs else 0)
     if d_fmt is not None:
         assert g.stage_saturations[-1] > 0  # the saturating formats did clamp

@@ -15,6 +15,8 @@ import random
 
 import pytest
 from amaranth import Module, signed
+from amaranth.back import rtlil
+from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.compiler.plan import QFormat
@@ -65,20 +67,29 @@ def test_weight_bank_reads_what_was_written(single_port):
 FW, FU = QFormat(12, 8), QFormat(10, 8)
 
 
+class _Ecp5:
+    """A stand-in platform of the ECP5 family (``hdl.dsp.is_ecp5``)."""
+
+    family = "ecp5"
+
+
 def _sat(v, fmt):
     return fixed.sat_int(v, fmt)[0]
 
 
 @pytest.mark.parametrize(
-    "single_port,L,N,G,depth,w_prev",
+    "single_port,L,N,G,depth,w_prev,ecp5",
     [
-        (False, 3, 4, 2, 4, False),
-        (True, 2, 3, 3, 5, False),
-        (False, 2, 4, 2, 5, True),
-        (False, 6, 3, 2, 4, True),  # two lane groups of the answer's multiplexer (4 + 2)
+        (False, 3, 4, 2, 4, False, False),
+        (True, 2, 3, 3, 5, False, False),
+        (False, 2, 4, 2, 5, True, False),
+        (False, 6, 3, 2, 4, True, False),  # two lane groups of the answer's multiplexer (4 + 2)
+        # the ECP5 form: every lane's word registered before the answer's multiplexer
+        (False, 6, 3, 2, 4, True, True),
+        (False, 5, 4, 2, 4, False, True),
     ],
 )
-def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
+def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev, ecp5):
     T = G * (N + 1)
     pipe = SlotPipelineSignature(N, G, T, depth)
     spram = (16384, 16) if single_port else None  # one SB_SPRAM256KA
@@ -165,7 +176,13 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev):
                 for a in range(T):
                     reads.append((await access(ctx, 0, kind, lane, a), mem[kind, lane, a]))
 
-    sim = Simulator(dut)
+    platform = _Ecp5() if ecp5 else None
+    # the ECP5 form registers each lane's word (acc_g<lane>_k<kind>), the fabric form each
+    # group of 4 lanes (acc_g<group>_k<kind>)
+    text = rtlil.convert(dut, platform=platform)
+    last = L - 1 if ecp5 else (L - 1) // 4
+    assert f"acc_g{last}_k0" in text and f"acc_g{last + 1}_k0" not in text
+    sim = Simulator(Fragment.get(dut, platform))
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
