@@ -553,7 +553,8 @@ def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:
     family = RAM_FAMILIES[plan.ram_family]
     key = f"s{feeder.index}.y"
     slack = max(s.pass_cycles for s in plan.stages) - feeder.pass_cycles
-    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family, slack)
+    regs = lu.operand_registers or 0  # the board's choice, checked for range above
+    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family, slack, regs)
     _same_fields(path, lu, want, "what build derives from kind, classes, formats, lanes, tick")
 
 

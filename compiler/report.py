@@ -26,7 +26,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .build import RAM_FAMILIES, TICK_OVERHEAD, logic_pieces, loss_operands, multiplier_blocks
+from .build import (
+    RAM_FAMILIES,
+    TICK_OVERHEAD,
+    logic_pieces,
+    loss_operands,
+    multiplier_blocks,
+    pass_cycles,
+)
 from .plan import Const, LossUnit, Plan, QFormat, Stage
 from .targets import BOARDS, Board
 
@@ -282,18 +289,23 @@ def _slot_lines(plan: Plan) -> list[str]:
         )
     regs = [s for s in plan.stages if s.operand_registers]
     if regs:
+        P = max(s.operand_registers or 0 for s in regs)
+        bare = {s.index: pass_cycles(dataclasses.replace(s, operand_registers=None)) for s in regs}
         each = ", ".join(
             f"stage {s.index} {s.cycles_per_tick:,} slots → {s.pass_cycles:,} cycles "
-            f"({s.pass_cycles - 2:,} without them)"
+            f"({bare[s.index]:,} without them)"
             for s in regs
         )
+        more = {s.pass_cycles - bare[s.index] for s in regs}
+        times = "once" if P == 1 else "twice" if P == 2 else f"{P} times"
         out.append(
-            "operand registers (the board's, `Stage.operand_registers`; docs/architecture.md "
-            "§3): every multiplier reads operands registered once more and the weight banks' "
-            "write data is registered before the write (timing), so each pass takes 2 cycles "
-            f"more than without them (a pass is its slots plus the pipeline's fill and "
-            f"drain): {each}; on the ECP5 a lane multiplier's operand and "
-            "product registers are its MULT18X18D's own (hdl/dsp.py)"
+            f"operand registers (the board's, `Stage.operand_registers` = {P}; "
+            f"docs/architecture.md §3): every multiplier's operands are registered {times} "
+            f"more and the weight banks' write data {times} before the write (timing), so each "
+            f"pass takes {' or '.join(str(n) for n in sorted(more))} cycles more than without "
+            f"them (a pass is its slots plus the pipeline's fill and drain): {each}; on the "
+            "ECP5 a lane multiplier's operand and product registers are its MULT18X18D's own "
+            "(hdl/dsp.py)"
         )
     return out
 

@@ -28,10 +28,10 @@ plan's :class:`~pipetrain.compiler.plan.Stage` (``x_lanes``, ``x_words``, ``stas
 ``what_bits``, ``x_operand_bits``, ``update_stage``, ``write_stage``, ``operand_registers``,
 …). A pass takes ``Stage.pass_cycles`` cycles from the start pulse to ``done``.
 
-With ``Stage.operand_registers`` = 1 (the ECP5 board's plans) every multiplier of the forward,
+With ``Stage.operand_registers`` = 1 every multiplier of the forward,
 input-gradient and update parts reads operands registered once more, per lane, right before
 it: the products leave at S4 instead of S3 and everything after them is one stage later (the
-stage numbers in the parts' docstrings are then + 1 from S3 on); with 2 (an experiment's
+stage numbers in the parts' docstrings are then + 1 from S3 on); with 2 (the ECP5 boards'
 plans) twice, the products at S5 and the stage numbers + 2.
 
 Source: docs/architecture.md §3 (fused pass, lane ownership, adder tree), docs/numerics.md §2–§6

@@ -386,22 +386,22 @@ def test_plan_json_round_trip_exact():
 def test_target_cycles_is_the_tick():
     """``--target-cycles T`` targets the plan's tick (``Plan.tick_cycles``), not a pass's
     slots: the fewest lanes whose tick is ≤ T, the board's operand registers included. ULX3S
-    mlp-digits: T = 74 and 100 give 32,10 (tick 74: stage 1's 65 slots + 7, stage 2's 33 + 7
-    + the loss unit's 30 + 2 control), where the slot rule gave 32,5 at 104 cycles (stage 2's
-    66 slots + the loss unit); T = 140 gives 16,4 at 139 (16,3 would tick 169: stage 2's 132
-    slots + 7 + 30 + 2). No board, T = 200: 16,3 at 169 (2 lanes: 165 slots → 202). Below the
+    mlp-digits: T = 76 and 100 give 32,10 (tick 76: stage 1's 65 slots + 9, stage 2's 33 + 9
+    + the loss unit's 32 + 2 control), where the slot rule gave 32,5 at 108 cycles (stage 2's
+    66 slots + the loss unit); T = 145 gives 16,4 at 141 (16,3 would tick 175: stage 2's 132
+    slots + 9 + 32 + 2). No board, T = 200: 16,3 at 169 (2 lanes: 165 slots → 202). Below the
     fastest tick, the error names it."""
     from pipetrain.compiler.compile import compile_result
     from pipetrain.compiler.targets import get_board
 
     ulx3s = get_board("ulx3s-85f")
-    for T, lanes, tick in ((74, [32, 10], 74), (100, [32, 10], 74), (140, [16, 4], 139)):
+    for T, lanes, tick in ((76, [32, 10], 76), (100, [32, 10], 76), (145, [16, 4], 141)):
         plan = compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=T).plan
         assert ([s.lanes for s in plan.stages], plan.tick_cycles) == (lanes, tick), T
     plan = compile_result("mlp-digits", formats="default", target_cycles=200).plan
     assert ([s.lanes for s in plan.stages], plan.tick_cycles) == ([16, 3], 169)
-    with pytest.raises(PlanError, match="the fastest tick of this network is 74 cycles"):
-        compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=73)
+    with pytest.raises(PlanError, match="the fastest tick of this network is 76 cycles"):
+        compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=75)
 
 
 def test_lane_policies():

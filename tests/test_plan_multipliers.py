@@ -165,13 +165,14 @@ def test_operand_registers_are_the_boards_and_round_trip():
         return compile_design("mlp-digits", formats="default", writers=(), **kw).plan
 
     ecp5, ice, none = plan_of("ulx3s-85f"), plan_of("icebreaker"), plan_of(None)
-    assert [s.operand_registers for s in ecp5.stages] == [1, 1]
+    assert [s.operand_registers for s in ecp5.stages] == [2, 2]
     assert [(s.update_stage, s.write_stage, s.pass_cycles) for s in ecp5.stages] == [
-        (5, 6, 65 - 1 + 2 + 6),
-        (5, 6, 33 - 1 + 2 + 6),
+        (6, 8, 65 - 1 + 2 + 8),
+        (6, 8, 33 - 1 + 2 + 8),
     ]
     assert [s.pass_cycles for s in none.stages] == [70, 38]  # the same lanes without them
-    assert ecp5.tick_cycles == 72 + 2
+    assert ecp5.tick_cycles == 74 + 2
+    assert ecp5.loss.operand_registers == 1 and ice.loss.operand_registers is None
     for plan in (ice, none):
         assert all(s.operand_registers is None for s in plan.stages)
         assert "operand_registers" not in plan.to_json()
@@ -180,28 +181,33 @@ def test_operand_registers_are_the_boards_and_round_trip():
     edited["stages"][0]["operand_registers"] = 3
     with pytest.raises(PlanError, match=r"stages\[0\]\.operand_registers = 3"):
         Plan.from_dict(edited)
-    edited["stages"][0]["operand_registers"] = 2  # in range, but the stages are P = 1's
-    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 5: must be"):
+    edited["stages"][0]["operand_registers"] = 1  # in range, but the stages are P = 2's
+    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 6: must be"):
         Plan.from_dict(edited)
     edited["stages"][0]["operand_registers"] = None
-    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 5: must be"):
+    with pytest.raises(PlanError, match=r"stages\[0\]\.update_stage = 6: must be"):
+        Plan.from_dict(edited)
+    edited = json.loads(ecp5.to_json())
+    edited["loss"]["operand_registers"] = None  # the loss unit's cycles are R = 1's
+    with pytest.raises(PlanError, match=r"loss\.cycles = 32: must be"):
         Plan.from_dict(edited)
 
 
-def test_two_operand_registers_round_trip():
-    """``Stage.operand_registers`` = 2 (an experiment's ECP5 board with
-    ``Board.operand_registers`` = 2; the default stays 1): every product two stages later
-    (``update_stage`` 6), the write data twice registered (``write_stage`` 8): two cycles more
-    per pass than with 1; the plan round-trips exactly, JSON and hash."""
+def test_one_and_two_operand_registers_round_trip():
+    """``Stage.operand_registers`` = 2 (the ECP5 board's, ``Board.operand_registers``) against
+    1 (an experiment's board): every product two stages later (``update_stage`` 6, not 5), the
+    write data twice registered (``write_stage`` 8, not 6): two cycles more per pass than with
+    1; the plan round-trips exactly, JSON and hash."""
     import dataclasses
 
     from pipetrain.compiler.targets import get_board
     from pipetrain.host.flow import compile_design
 
-    assert get_board("ulx3s-85f").operand_registers == 1
-    board = dataclasses.replace(get_board("ulx3s-85f"), operand_registers=2)
-    plan = compile_design("mlp-digits", board=board, formats="default", writers=()).plan
-    one = compile_design("mlp-digits", board="ulx3s-85f", formats="default", writers=()).plan
+    assert get_board("ulx3s-85f").operand_registers == 2
+    board = dataclasses.replace(get_board("ulx3s-85f"), operand_registers=1)
+    one = compile_design("mlp-digits", board=board, formats="default", writers=()).plan
+    plan = compile_design("mlp-digits", board="ulx3s-85f", formats="default", writers=()).plan
+    assert [(s.update_stage, s.write_stage) for s in one.stages] == [(5, 6), (5, 6)]
     assert [s.lanes for s in plan.stages] == [s.lanes for s in one.stages]
     assert [s.operand_registers for s in plan.stages] == [2, 2]
     assert [(s.update_stage, s.write_stage) for s in plan.stages] == [(6, 8), (6, 8)]
