@@ -25,6 +25,7 @@ from amaranth.lib.wiring import In, Out
 
 from .arith import const_mul
 from .streams import WeightAccessSignature, wacc_cmd_layout, wacc_rsp_layout
+from .weights import access_latency
 
 __all__ = ["AccessGeometry", "WeightAccess", "div_const"]
 
@@ -96,6 +97,7 @@ class WeightAccess(wiring.Component):
         lane = Signal(range(max(max(g.lanes for g in geo), 2)))
         okr = Signal()
         rsp = Signal.like(wr.payload.data)  # the answer, registered in READ
+        latency = max(access_latency(g.lanes, platform) for g in geo)
         for n in range(len(geo)):
             port = self.stage(n)
             m.d.comb += [
@@ -144,12 +146,13 @@ class WeightAccess(wiring.Component):
                         with m.Case(n):
                             m.d.comb += self.stage(n).en.eq(okr)
                 m.next = "WAIT"
-            with m.State("WAIT"):  # the store registers its answer (rdata three cycles after en)
-                m.d.comb += self.busy.eq(1)
-                m.next = "WAIT2"
-            with m.State("WAIT2"):
-                m.d.comb += self.busy.eq(1)
-                m.next = "READ"
+            # the store registers its answer: rdata access_latency cycles after en (3; on the
+            # ECP5 more with many lanes, hdl/weights.py), the slowest stage's for every stage
+            waits = ["WAIT", "WAIT2"] + [f"WAIT{k}" for k in range(3, latency)]
+            for k, state in enumerate(waits):
+                with m.State(state):
+                    m.d.comb += self.busy.eq(1)
+                    m.next = waits[k + 1] if k + 1 < len(waits) else "READ"
             with m.State("READ"):
                 # the stage's read data into a register (a block RAM's output through the
                 # lanes' multiplexer: the link takes it byte by byte; docs/boards.md §4.1)

@@ -21,7 +21,9 @@ access); the sharing of the ports is *derived*.
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Shape, ShapeLike, Signal, signed
+from typing import Any
+
+from amaranth import Module, Mux, Shape, ShapeLike, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -38,7 +40,7 @@ from .streams import (
     write_back_layout,
 )
 
-__all__ = ["WeightBank", "WeightStore"]
+__all__ = ["WeightBank", "WeightStore", "access_latency", "tree_levels"]
 
 
 class WeightBank:
@@ -103,9 +105,10 @@ class WeightStore(wiring.Component):
     write_back: ``In(ValidSignature(write_back_layout(L, w.bits, u.bits, w_prev)))``
         ``(w′, u′[, w_prev′])`` of the slot at the write stage (cannot stall).
     access: ``In(WeightAccessSignature(L, words))`` weight access while no pass runs (kind 0
-        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` three cycles after ``en`` (two registered
-        multiplexer levels after the bank's read): the word read, or the saturated word
-        written.
+        ``w``, 1 ``u``, 2 ``w_prev``); ``rdata`` :func:`access_latency` cycles after ``en`` (3:
+        the bank's read and two registered levels; on the ECP5 one per-lane register level
+        and the 4-way levels of :func:`tree_levels` before the last): the word read, or the
+        saturated word written; it holds while the request is unchanged.
 
     Raises ValueError for ``w_prev`` with single-port banks.
     """
@@ -177,38 +180,33 @@ class WeightStore(wiring.Component):
             r_lane.eq(acc.lane),
             r_wv.eq(Mux(acc.kind == 1, u_in, w_in)),
         ]
-        # two registered levels. Level 1, after the block RAM's output (its clock-to-output is
-        # 5.6 ns on the ECP5 without its output register, which Yosys does not use): in the
-        # fabric form each group of ≤ 4 lanes' banks through its multiplexer into a register
-        # (one LUT/PFUMX level; the lanes 2,4 critical path at 84.4 MHz was a DP16KD → the
-        # 4-lane and kind multiplexers → this register, 11.85 ns); on the ECP5 every lane's
-        # word into its own register, no logic between (the -deep 16,8,8,4 path at 84.0 MHz
-        # was a DP16KD → two LUT levels of that multiplexer → its register, 11.9 ns,
-        # docs/boards.md §4.2). Level 2: the group (ECP5: the lane), the kind and the write
-        # data into the answer (timing only, *derived*).
         kinds = 3 if self.w_prev else 2
-        per = 1 if is_ecp5(platform) else 4  # lanes a level-1 register selects among
-        groups = [list(range(q, min(q + per, L))) for q in range(0, L, per)]
         reads = [self.read.w, self.read.u] + ([self.read.w_prev] if self.w_prev else [])
         fmts = [fw, fu, fw]
+        if is_ecp5(platform):
+            rq = self._answer_tree(m, reads, fmts, kinds, r_we, r_kind, r_lane, r_wv)
+            m.d.comb += acc.rdata.eq(rq)
+            return m
+        # two registered levels: each group of ≤ 4 lanes' banks through its multiplexer into a
+        # register (one LUT/PFUMX level after a block RAM's output, 5.6 ns on the ECP5), then
+        # the group, the kind and the write data into the answer (timing, *derived*: the
+        # lanes 2,4 critical path at 84.4 MHz was a DP16KD → the 4-lane and kind multiplexers
+        # → this register, 11.85 ns)
+        groups = [list(range(q, min(q + 4, L))) for q in range(0, L, 4)]
         held = []  # held[q][kind]: group q's lane of that kind, registered
         for q, members in enumerate(groups):
             row = []
             for kind in range(kinds):
                 r = Signal(signed(fmts[kind].bits), name=f"acc_g{q}_k{kind}")
-                if per == 1:
-                    m.d.sync += r.eq(reads[kind][q])
-                else:
-                    with m.Switch(r_lane):
-                        for lane in members:
-                            with m.Case(lane):
-                                m.d.sync += r.eq(reads[kind][lane])
+                with m.Switch(r_lane):
+                    for lane in members:
+                        with m.Case(lane):
+                            m.d.sync += r.eq(reads[kind][lane])
                 row.append(r)
             held.append(row)
         r2_we, r2_kind, r2_wv = Signal(), Signal(2), Signal.like(r_wv)
         r2_group = Signal(range(max(len(groups), 2)))
-        group = r_lane if per == 1 else r_lane >> 2
-        m.d.sync += [r2_we.eq(r_we), r2_kind.eq(r_kind), r2_wv.eq(r_wv), r2_group.eq(group)]
+        m.d.sync += [r2_we.eq(r_we), r2_kind.eq(r_kind), r2_wv.eq(r_wv), r2_group.eq(r_lane >> 2)]
         gsel = [Signal(signed(fmts[k].bits), name=f"acc_sel_k{k}") for k in range(kinds)]
         with m.Switch(r2_group):
             for q, row in enumerate(held):
@@ -220,3 +218,90 @@ class WeightStore(wiring.Component):
         m.d.sync += rq.eq(Mux(r2_we, r2_wv, rsel))
         m.d.comb += acc.rdata.eq(rq)
         return m
+
+    def _answer_tree(
+        self,
+        m: Module,
+        reads: list,
+        fmts: list[QFormat],
+        kinds: int,
+        r_we: Signal,
+        r_kind: Signal,
+        r_lane: Signal,
+        r_wv: Signal,
+    ) -> Signal:
+        """The ECP5 form of the answer (:func:`access_latency`): every lane's word straight from
+        its block RAM into a register (a DP16KD without its output register has 5.6 ns
+        clock-to-output: the -deep 16,8,8,4 critical path at 84.0 MHz was a DP16KD → two LUT
+        levels of the 4-lane multiplexer → its register, 11.9 ns), then registered 4-way
+        multiplexer levels until ≤ 4 words are left (one 16-way level after the per-lane
+        registers, which sit beside their block RAMs across the die, made 13.1 ns, 76.4 MHz),
+        then those, the kind and the write data into the answer; the request fields follow
+        through as many registers (timing only, *derived*; docs/boards.md §4.2)."""
+        L = self.L
+        nodes = []  # nodes[i][kind]: a register holding node i's word of that kind
+        for lane in range(L):
+            row = []
+            for kind in range(kinds):
+                r = Signal(signed(fmts[kind].bits), name=f"acc_l{lane}_k{kind}")
+                m.d.sync += r.eq(reads[kind][lane])
+                row.append(r)
+            nodes.append(row)
+        # the request's fields, registered alongside the words (they match the nodes)
+        we, kind_, lane_, wv = (
+            _registered(m, v, f"acc_{n}0")
+            for v, n in ((r_we, "we"), (r_kind, "kind"), (r_lane, "lane"), (r_wv, "wv"))
+        )
+        shift = 0  # nodes[i] holds the lanes with lane >> shift == i
+        level = 0
+        while len(nodes) > 4:
+            level += 1
+            nxt = []
+            for g in range(0, len(nodes), 4):
+                row = []
+                for kind in range(kinds):
+                    r = Signal(signed(fmts[kind].bits), name=f"acc_t{level}_{g // 4}_k{kind}")
+                    with m.Switch((lane_ >> shift) & 3):
+                        for i, node in enumerate(nodes[g : g + 4]):
+                            with m.Case(i):
+                                m.d.sync += r.eq(node[kind])
+                    row.append(r)
+                nxt.append(row)
+            nodes, shift = nxt, shift + 2
+            we, kind_, lane_, wv = (
+                _registered(m, v, f"acc_{n}{level}")
+                for v, n in ((we, "we"), (kind_, "kind"), (lane_, "lane"), (wv, "wv"))
+            )
+        # the last level: ≤ 4 nodes, the kind and the write data into the answer
+        gsel = [Signal(signed(fmts[k].bits), name=f"acc_sel_k{k}") for k in range(kinds)]
+        with m.Switch(lane_ >> shift):
+            for i, row in enumerate(nodes):
+                with m.Case(i):
+                    m.d.comb += [g.eq(r) for g, r in zip(gsel, row, strict=True)]
+        prev = gsel[2] if kinds == 3 else 0  # kind 2 without w_prev banks answers 0
+        rsel = Mux(kind_ == 0, gsel[0], Mux(kind_ == 1, gsel[1], prev))
+        rq = Signal(signed(max(self.fw.bits, self.fu.bits)))
+        m.d.sync += rq.eq(Mux(we, wv, rsel))
+        return rq
+
+
+def tree_levels(lanes: int) -> int:
+    """The ECP5 answer's 4-way multiplexer levels between the per-lane registers and the last
+    level (:meth:`WeightStore._answer_tree`): 4-way reductions until ≤ 4 words are left."""
+    n, levels = lanes, 0
+    while n > 4:
+        n, levels = -(-n // 4), levels + 1
+    return levels
+
+
+def access_latency(lanes: int, platform: Any) -> int:
+    """Cycles from a weight access's ``en`` to its ``rdata`` (:class:`WeightStore`): 3 (the
+    bank's read, two registered levels), on the ECP5 3 + :func:`tree_levels` (``lanes``).
+    Source: *derived* (timing)."""
+    return 3 + (tree_levels(lanes) if is_ecp5(platform) else 0)
+
+
+def _registered(m: Module, value: Value, name: str) -> Signal:
+    r = Signal.like(value, name=name)
+    m.d.sync += r.eq(value)
+    return r

@@ -21,7 +21,7 @@ from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.compiler.plan import QFormat
 from pipetrain.hdl.streams import SlotPipelineSignature
-from pipetrain.hdl.weights import WeightBank, WeightStore
+from pipetrain.hdl.weights import WeightBank, WeightStore, access_latency, tree_levels
 from pipetrain.sim import fixed
 
 
@@ -84,9 +84,11 @@ def _sat(v, fmt):
         (True, 2, 3, 3, 5, False, False),
         (False, 2, 4, 2, 5, True, False),
         (False, 6, 3, 2, 4, True, False),  # two lane groups of the answer's multiplexer (4 + 2)
-        # the ECP5 form: every lane's word registered before the answer's multiplexer
+        # the ECP5 form: every lane's word registered, then 4-way levels: 6 lanes one level
+        # (2 words left), 17 lanes two (5, then 2), 3 lanes none
         (False, 6, 3, 2, 4, True, True),
-        (False, 5, 4, 2, 4, False, True),
+        (False, 17, 2, 2, 4, False, True),
+        (False, 3, 4, 2, 4, False, True),
     ],
 )
 def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev, ecp5):
@@ -110,8 +112,8 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev, ecp5)
         ctx.set(acc.data, data)
         await ctx.tick()
         ctx.set(acc.en, 0)
-        await ctx.tick()
-        await ctx.tick()  # rdata: three cycles after en (two registered multiplexer levels)
+        for _ in range(latency - 1):  # rdata: access_latency cycles after en
+            await ctx.tick()
         out = ctx.get(acc.rdata)
         for _ in range(rng.randrange(3)):  # the answer holds while the command is unchanged
             await ctx.tick()
@@ -177,11 +179,20 @@ def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev, ecp5)
                     reads.append((await access(ctx, 0, kind, lane, a), mem[kind, lane, a]))
 
     platform = _Ecp5() if ecp5 else None
-    # the ECP5 form registers each lane's word (acc_g<lane>_k<kind>), the fabric form each
-    # group of 4 lanes (acc_g<group>_k<kind>)
+    # the ECP5 form registers each lane's word (acc_l<lane>_k<kind>), then 4-way levels
+    # (acc_t<level>_<group>_k<kind>) until ≤ 4 are left; the fabric form each group of 4 lanes
+    # (acc_g<group>_k<kind>)
     text = rtlil.convert(dut, platform=platform)
-    last = L - 1 if ecp5 else (L - 1) // 4
-    assert f"acc_g{last}_k0" in text and f"acc_g{last + 1}_k0" not in text
+    if ecp5:
+        assert f"acc_l{L - 1}_k0" in text and f"acc_l{L}_k0" not in text
+        levels = tree_levels(L)
+        assert (f"acc_t{levels}_0_k0" in text) == (levels > 0)
+        assert f"acc_t{levels + 1}_0_k0" not in text
+    else:
+        last = (L - 1) // 4
+        assert f"acc_g{last}_k0" in text and f"acc_g{last + 1}_k0" not in text
+    latency = access_latency(L, platform)
+    assert latency == 3 + (tree_levels(L) if ecp5 else 0)
     sim = Simulator(Fragment.get(dut, platform))
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
