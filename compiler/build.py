@@ -1616,9 +1616,9 @@ def build_plan(
     if memory_budget_bits and memory > memory_budget_bits:
         worst = max(stages, key=lambda s: s.memory_bits)
         raise PlanError(
-            f"the design needs {memory} memory bits ({memory / 1024:.1f} Kib) but the budget is "
-            f"{memory_budget_bits} bits ({memory_budget_bits / 1024:.1f} Kib); the largest is "
-            f"stage {worst.index} ({worst.name}) with {worst.memory_bits} bits; use narrower "
+            f"the design needs {memory:,} memory bits ({memory / 1024:.1f} Kib) but the budget "
+            f"is {memory_budget_bits:,} bits ({memory_budget_bits / 1024:.1f} Kib); the largest "
+            f"is stage {worst.index} ({worst.name}) with {worst.memory_bits:,} bits; use narrower "
             "formats, a smaller network or a shorter delay (schedule/strategy)"
         )
     # The plan is the hardware's identity: how long the host streams (epochs) is not part of it.

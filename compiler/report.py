@@ -1,6 +1,7 @@
 """Human- and machine-readable summaries of a :class:`~pipetrain.compiler.plan.Plan`.
 
-* :func:`stage_table` — the per-stage table ``pipetrain compile`` prints (aligned Markdown);
+* :func:`stage_table` — the per-stage table ``pipetrain compile`` prints (aligned Markdown),
+  and :func:`stage_legend`, the line under it naming its columns;
 * :func:`conv_table` — the convolution stages' geometry, lanes, cycles and memories;
 * :func:`format_table` — every tensor's format against its calibrated range;
 * :func:`fit_table` / :func:`fit_text` — a board fit's needed / available resources;
@@ -39,6 +40,7 @@ from .targets import BOARDS, Board
 
 __all__ = [
     "markdown_table",
+    "stage_legend",
     "stage_table",
     "stage_shape",
     "conv_table",
@@ -180,7 +182,8 @@ def _bram_blocks(memories: Sequence[Any]) -> int:
 
 
 def stage_table(plan: Plan) -> str:
-    """Return the per-stage table: layer, shape, delay D_s, stash depth, lanes, slots and
+    """Return the per-stage table: layer, shape, delay D_s, stash entries as built
+    (``Stage.stash_entries`` = D_s + 2, the ``xstash`` / ``mask`` memories'), lanes, slots and
     cycles of the stage's pass per tick (``Stage.cycles_per_tick`` slots, one every
     ``Stage.slot_cycles`` cycles: ``Stage.pass_cycles``), memory (bits and block RAMs of the
     plan's RAM family, from ``Stage.memories`` as the HDL builds them), multipliers and the
@@ -203,7 +206,7 @@ def stage_table(plan: Plan) -> str:
                 stage_shape(st),
                 st.activation,
                 st.delay,
-                st.stash_depth,
+                st.stash_entries,
                 st.lanes,
                 st.cycles_per_tick,
                 st.pass_cycles,
@@ -243,6 +246,21 @@ def stage_table(plan: Plan) -> str:
         )
     )  # fmt: skip
     return markdown_table(headers, rows, left=("layer",))
+
+
+def stage_legend() -> str:
+    """The line under :func:`stage_table` saying what its less obvious columns are: D_s, the
+    stash (entries as built), slots/tick and pass cycles (docs/architecture.md §2.1, §3.4,
+    §3.6)."""
+    return (
+        "D_s: the stage's delay, the weight updates it applies between a sample's forward "
+        "and its backward (docs/architecture.md §2.1); stash: input-stash entries as built "
+        "(`Stage.stash_entries` = D_s + 2: the D_s + 1 samples in use and the one being "
+        "written; the `xstash` and `mask` memories hold that many, §3.6); slots/tick: the "
+        "fused pass's weight-memory slots per tick (`Stage.cycles_per_tick`; a Linear "
+        "stage's row groups × (N + 1)); pass cycles: the pass from start to done, its slots "
+        "plus the pipeline's fill and drain (`Stage.pass_cycles`)."
+    )
 
 
 def totals_text(plan: Plan, board: Board | None = None) -> str:
@@ -450,12 +468,14 @@ def multiplier_table(plan: Plan) -> str:
 
 #: How the rows of a board fit (:func:`~pipetrain.compiler.fit.check_fit`) read in output: the
 #: datapath's multipliers take the board's DSP blocks (row key ``multipliers``), and the
-#: stage memories are mapped onto the board's own block RAMs.
+#: stage memories are mapped onto the board's own block RAMs. ``memory_bits`` is the plan's
+#: own (``Plan.memory_bits``: the link engine's memories are not in it), the two block-RAM
+#: rows count the link's blocks too (``fit.plan_totals``' ``bram_blocks``): each label says so.
 FIT_LABELS = {
     "multipliers": "DSP blocks",
     "spram": "SPRAM",
-    "memory_bits": "memory bits",
-    "memory_block_bits": "block-RAM bits as mapped",
+    "memory_bits": "memory bits (the plan's, link's not counted)",
+    "memory_block_bits": "block-RAM bits as mapped (link's included)",
     "bram_blocks": "block RAMs (link's included)",
     "logic_cells": "logic cells (estimate)",
 }
@@ -511,8 +531,9 @@ def _board_lines(plan: Plan, board: Board | None, fit: dict | None) -> list[str]
     ]
     if fit:
         lines += [
-            f"Needed vs available (the link engine and UART included; {board.cells_name} are "
-            "an estimate, docs/boards.md §3):",
+            f"Needed vs available (the link engine and UART included in the block RAMs and "
+            f"{board.cells_name}; memory bits are the plan's own; {board.cells_name} are an "
+            "estimate, docs/boards.md §3):",
             "",
             fit_table(fit, board),
             "",
@@ -635,6 +656,24 @@ def _unsplit_text(plan: Plan) -> str:
     return f"{head}, and no product of this plan is wider than one block{why}"
 
 
+def _low_bits_used(plan: Plan) -> str:
+    """``6 used here`` (or ``6 and 8 used here``, ``none used here``): the low bits the plan's
+    constant products actually form in logic (:func:`~pipetrain.compiler.build.logic_pieces`,
+    their operand's width beyond ``Plan.operand_bits``), next to the limit
+    ``Plan.logic_low_bits``."""
+    used = sorted(
+        {
+            lo
+            for st in plan.stages
+            for _, lo, _ in logic_pieces(st, plan.operand_bits, plan.logic_low_bits)
+        }
+    )
+    if not used:
+        return "none used here"
+    words = ", ".join(map(str, used[:-1])) + (" and " if len(used) > 1 else "") + str(used[-1])
+    return f"{words} used here"
+
+
 def _operand_lines(plan: Plan) -> list[str]:
     """One line per stage with a rounded multiplier operand (docs/numerics.md §3.2, §5.3)."""
     out = []
@@ -656,7 +695,8 @@ def _operand_lines(plan: Plan) -> list[str]:
         for name, lo, _ in logic_pieces(st, plan.operand_bits, plan.logic_low_bits):
             parts.append(
                 f"`{name}` takes the top {plan.operand_bits} bits of its variable operand, the "
-                f"constant × the low {lo} bits is a select-add in logic"
+                f"constant × the low {lo} bits is a select-add in logic ({lo} of the up to "
+                f"{plan.logic_low_bits} `logic_low_bits` allows)"
             )
         if parts:
             out.append(f"- stage {st.index}: " + "; ".join(parts))
@@ -781,6 +821,8 @@ def render_report(
         "",
         stage_table(plan),
         "",
+        stage_legend(),
+        "",
         *(
             ["## Convolutions (docs/numerics.md §9)", "", conv_table(plan), ""]
             if any(st.conv is not None for st in plan.stages)
@@ -819,8 +861,9 @@ def render_report(
             wide = (
                 f"a constant × one of them up to {lb} bits wider gives its top "
                 f"{plan.operand_bits} bits to the block and forms the constant × the low bits "
-                f"in logic (a select-add, `logic_low_bits` = {lb}; the same integers), so m·u "
-                f"takes one block for a u of up to {plan.operand_bits + lb} bits"
+                f"in logic (a select-add of up to {lb} low bits, `logic_low_bits` = {lb}; "
+                f"{_low_bits_used(plan)}; the same integers), so m·u takes one block for a u "
+                f"of up to {plan.operand_bits + lb} bits"
                 if lb
                 else _unsplit_text(plan)
             )

@@ -602,3 +602,38 @@ def test_a_format_one_lsb_short_asks_for_fraction_bits_or_an_integer_bit():
     with pytest.raises(PlanError) as err:  # above 1: integer bits only
         _check_formats(Slot(), f, {"w": 2.5})
     assert str(err.value).endswith("it needs ≥ 2 integer bits")
+
+
+def test_memory_budget_error_formats_its_figures():
+    """Second trial, item 4: the ``--memory-budget`` refusal gave its bit counts without
+    thousands separators (``134216``, ``65536``) while every other figure has them."""
+    res = run("compile", "mlp-digits", "--formats", "default", "--memory-budget", "64Kib")
+    assert res.exit_code == 2
+    assert (
+        "the design needs 134,216 memory bits (131.1 Kib) but the budget is 65,536 bits "
+        "(64.0 Kib); the largest is stage 1 (0) with 106,272 bits; use narrower formats"
+    ) in res.output
+
+
+def test_readme_conv_table_gives_mlp_digits_current_memory_and_multipliers():
+    """Second trial, item 5: README's plan table quoted 133,728 memory bits and 16 multipliers
+    for ``mlp-digits`` at lanes 4,1; the rows now hold the plan's figures as
+    ``benchmarks/conv.py`` reads them (``plan_figures``: ``Plan.memory_bits``, the stages'
+    ``Plan.multipliers``)."""
+    from pathlib import Path
+
+    from pipetrain.benchmarks.conv import plan_figures
+    from pipetrain.host.flow import compile_design
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(ln for ln in readme.splitlines() if ln.startswith("| `mlp-digits` | 4,1 | "))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    fig = plan_figures(compile_design("mlp-digits", seed=0).plan)
+    assert fig["lanes"] == [4, 1]
+    assert cells[2] == f"{fig['ideal_cycles_per_sample']:,}"
+    assert cells[5:] == [
+        f"{fig['multiplies_per_sample']:,}",
+        f"{fig['memory_bits']:,}",
+        f"{fig['stash_bits']:,}",
+        str(fig["multipliers"]),
+    ]

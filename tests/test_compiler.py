@@ -346,7 +346,7 @@ def test_too_many_lanes_and_idle_lanes():
 
 def test_memory_budget():
     ir = _ir()
-    with pytest.raises(PlanError, match=r"needs 134216 memory bits .* budget is 100000 bits"):
+    with pytest.raises(PlanError, match=r"needs 134,216 memory bits .* budget is 100,000 bits"):
         build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=100_000)
     assert build_plan(ir, TrainConfig(), lanes=[4, 1], memory_budget_bits=134216).memory_bits == (
         134216

@@ -179,7 +179,7 @@ def test_bad_model_files_fail_cleanly(tmp_path, fname):
             ["mlp-digits", "--target-cycles", "20"],
             ["the fastest tick of this network is 72 cycles", "give --target-cycles 72 or more"],
         ),
-        (["mlp-digits", "--memory-budget", "64Kib"], ["memory bits", "budget is 65536 bits"]),
+        (["mlp-digits", "--memory-budget", "64Kib"], ["memory bits", "budget is 65,536 bits"]),
         (["mlp-digits", "--memory-budget", "lots"], ["is not a size in bits"]),
         (["mlp-digits", "--strategy", "local"], ["--strategy local needs at least one block"]),
         (["mlp-digits", "--strategy", "interlocking"], ["--strategy interlocking needs"]),

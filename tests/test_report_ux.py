@@ -335,3 +335,86 @@ def test_ice40_report_counts_its_own_blocks(tmp_path):
     text = (tmp_path / "u" / "report.md").read_text()
     assert "it is the board fit's DSP block count on an 18 × 18 board" in text
     assert "product registers are its MULT18X18D's own (hdl/dsp.py)" in text
+
+
+@pytest.fixture(scope="module")
+def ulx(tmp_path_factory):
+    """``compile mlp-digits --board ulx3s-85f --formats default --json -``: (result, report.md,
+    plan.json as a dict — read as JSON, not ``Plan.from_json``, whose check of a board plan's
+    loss cycles is not what these tests are about)."""
+    import json
+
+    out = tmp_path_factory.mktemp("ulx") / "b"
+    res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
+              "--out", str(out), "--json", "-")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    plan = json.loads((out / "plan.json").read_text())
+    return res, (out / "report.md").read_text(), plan
+
+
+def test_fit_memory_bits_row_and_heading_say_the_same_of_the_link(ulx):
+    """Second trial, item 1: the fit table's heading said "the link engine and UART included"
+    while its memory-bits row is the plan's own (``Plan.memory_bits``, the link's memories not
+    in it; the block-RAM rows count the link's blocks): every row now says which it is, and the
+    heading no longer claims the link for all of them."""
+    res, text, plan = ulx
+    rep = report_of(res)
+    rows = {r[0]: r[1:] for r in _table(text, "| resource")}
+    bits = rows["memory bits (the plan's, link's not counted)"]
+    assert (
+        int(bits[0].replace(",", "")) == plan["memory_bits"] == rep["fit"]["memory_bits"]["needed"]
+    )
+    blocks = rows["block RAMs (link's included)"]
+    assert int(blocks[0]) == rep["fit"]["bram_blocks"]["needed"] > plan["memory_blocks"]  # + link
+    assert "block-RAM bits as mapped (link's included)" in rows
+    assert (
+        "Needed vs available (the link engine and UART included in the block RAMs and LUT4s; "
+        "memory bits are the plan's own; LUT4s are an estimate, docs/boards.md §3):"
+    ) in text
+    assert (
+        f"memory bits (the plan's, link's not counted) {plan['memory_bits']:,}/3,833,856, "
+        "block-RAM bits as mapped (link's included) "
+    ) in res.stderr
+
+
+def test_stash_column_counts_the_entries_built_and_a_legend_names_the_columns(ulx):
+    """Second trial, item 2: the stash column showed ``stash_depth`` (D_s + 1, the samples in
+    use) while ``xstash`` and ``mask`` hold ``stash_entries`` = D_s + 2 (one more being
+    written); it now shows the entries as built, and a line under the table says what D_s,
+    stash, slots/tick and pass cycles are (report.md and the compile output)."""
+    from pipetrain.compiler.report import stage_legend
+
+    res, text, plan = ulx
+    head = text.split("| stage | layer", 1)[1].splitlines()[0]
+    cols = ["stage", "layer", *[c.strip() for c in head.split("|")[1:-1]]]
+    by = {r[0]: r for r in _table(text, "| stage | layer")}
+    mems = {(r[0], r[1]): r for r in _table(text, "| owner")}
+    for st in plan["stages"]:
+        entries, i = st["stash_entries"], st["index"]
+        assert int(by[str(i)][cols.index("stash")]) == entries == st["delay"] + 2
+        assert int(mems[(f"stage{i}", "xstash")][4]) == entries * st["x_words"]  # words
+        assert int(mems[(f"stage{i}", "mask")][4]) == entries * st["row_groups"]
+    legend = stage_legend()
+    assert legend.startswith("D_s: the stage's delay, the weight updates it applies between")
+    for words in ("stash: input-stash entries as built (`Stage.stash_entries` = D_s + 2",
+                  "slots/tick: ", "pass cycles: "):  # fmt: skip
+        assert words in legend
+    table_end = text.index("| total |")
+    assert text[table_end:].split("\n", 2)[2].startswith(legend)  # the line under the table
+    assert f"\n{legend}\ntick: " in res.stderr
+
+
+def test_logic_low_bits_text_gives_the_limit_and_the_bits_used(ulx):
+    """Second trial, item 3: "`logic_low_bits` = 8" (the limit) beside "the low 6 bits" (what
+    m·u of the 24-bit u forms in logic) read as a contradiction; the report now says both."""
+    _, text, plan = ulx
+    assert plan["logic_low_bits"] == 8 and plan["stages"][0]["formats"]["u"]["bits"] == 24
+    assert (
+        "forms the constant × the low bits in logic (a select-add of up to 8 low bits, "
+        "`logic_low_bits` = 8; 6 used here; the same integers), so m·u takes one block for a u "
+        "of up to 26 bits"
+    ) in text
+    assert (
+        "`momentum` takes the top 18 bits of its variable operand, the constant × the low 6 "
+        "bits is a select-add in logic (6 of the up to 8 `logic_low_bits` allows)"
+    ) in text

@@ -34,7 +34,7 @@ import click
 
 from ...compiler.build import PlanError
 from ...compiler.lanes import parse_lanes
-from ...compiler.report import fit_text, plan_summary, stage_table, totals_text
+from ...compiler.report import fit_text, plan_summary, stage_legend, stage_table, totals_text
 from ...compiler.targets import get_board
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
@@ -164,6 +164,8 @@ def compile_cmd(
         f"{plan.name}: {len(plan.stages)} stages, schedule {plan.schedule}, strategy "
         f"{plan.strategy}, formats {result.formats.source}\n"
         + stage_table(plan)
+        + "\n"
+        + stage_legend()
         + "\n"
         + totals_text(plan, board)
         + (
