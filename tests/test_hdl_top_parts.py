@@ -15,11 +15,13 @@ import random
 
 import pytest
 from amaranth import Const
+from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 from pipetrain.hdl.saturation import GROUP, SaturationCounter
 from pipetrain.hdl.streams import sample_layout, wacc_cmd_layout
 from pipetrain.hdl.top import ResultQueue, SampleWriter
 from pipetrain.hdl.wacc import AccessGeometry, WeightAccess
+from pipetrain.hdl.weights import access_latency
 from tiny_net import tiny
 
 
@@ -117,12 +119,26 @@ def test_result_queue_delivers_in_order_under_backpressure():
     assert out == [(n, p, lo, int(t)) for n, (p, lo, t) in enumerate(records)]
 
 
-def test_weight_access_addresses_and_answers():
+class _Ecp5:
+    """A stand-in platform of the ECP5 family (``hdl.dsp.is_ecp5``)."""
+
+    family = "ecp5"
+
+
+@pytest.mark.parametrize("ecp5", [False, True])
+def test_weight_access_addresses_and_answers(ecp5):
+    """Commands reach the right stage, lane and address; the answer is taken
+    ``access_latency`` cycles after ``en`` — the slowest stage's: on the ECP5 stage 1's 6 lanes
+    add a 4-way level (4 cycles), and the stages model answers only from then on."""
+    lanes = 6 if ecp5 else 2
     geo = [
-        AccessGeometry(2, 6, 5, 3 * 7),
+        AccessGeometry(lanes, 6, 5, 3 * 7),
         AccessGeometry(3, 5, 4, 2 * 6),
         AccessGeometry(1, 4, 3, 15),
     ]
+    platform = _Ecp5() if ecp5 else None
+    latency = max(access_latency(g.lanes, platform) for g in geo)
+    assert latency == (4 if ecp5 else 3)
     dut = WeightAccess(geo, tiny()[0].shift_add)  # the plan's constant-multiplier rule
     rng = random.Random(4)
     lay = wacc_cmd_layout()
@@ -152,7 +168,9 @@ def test_weight_access_addresses_and_answers():
             ctx.set(dut.cmd.valid, 0)
 
     async def stages(ctx):
-        """The stages' memories: answer an access the cycle after ``en``."""
+        """The stages' stores: the answer from ``latency`` cycles after ``en`` on (held while
+        the request is unchanged), a wrong value before."""
+        since = None  # cycles since the last en
         while len(answers) < len(cmds):
             ctx.set(dut.allowed, rng.random() < 0.7)
             for n in range(3):
@@ -160,15 +178,17 @@ def test_weight_access_addresses_and_answers():
                 if ctx.get(port.en):
                     rec = (n, ctx.get(port.write), ctx.get(port.kind), ctx.get(port.lane))
                     accesses.append((*rec, ctx.get(port.addr), ctx.get(port.data)))
+                    since = 0
             ready = rng.random() < 0.5
             ctx.set(dut.rsp.ready, ready)
             if ready and ctx.get(dut.rsp.valid):
                 answers.append(ctx.get(dut.rsp.payload.data))
             await ctx.tick()
-            for n in range(3):
-                ctx.set(dut.stage(n).rdata, 1000 + n)  # what a stage answers
+            since = None if since is None else since + 1
+            for n in range(3):  # what a stage answers
+                ctx.set(dut.stage(n).rdata, 1000 + n if since and since >= latency else -7)
 
-    sim = Simulator(dut)
+    sim = Simulator(Fragment.get(dut, platform))
     sim.add_clock(1e-8)
     sim.add_testbench(host, background=True)
     sim.add_testbench(stages)
