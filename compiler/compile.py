@@ -35,7 +35,7 @@ from .build import (
     stage_slots,
 )
 from .config import TrainConfig, check_strategy_options, global_if_same
-from .fit import PlanRequest, ShellSource, board_request, check_fit, fit_plan
+from .fit import PlanRequest, ShellSource, board_request, check_fit, fit_plan, plan_with_lanes
 from .formats import (
     Ranges,
     apply_overrides,
@@ -223,7 +223,7 @@ def compile_result(
                                 operand_bits=operand_bits, logic_low_bits=logic_low_bits,
                                 operand_registers=operand_registers)  # fmt: skip
             early = early if board is None else board_request(early, board)
-            lanes_for_tick(ir, config, target_cycles, lambda ln: early.replace(lanes=ln).build())
+            lanes_for_tick(ir, config, target_cycles, _plans_of(early, board))
         if max_multipliers is None:
             chosen = choose_lanes(ir, config, lanes, target_cycles)  # fail fast
         elif lanes is not None or target_cycles is not None:
@@ -280,9 +280,7 @@ def compile_result(
         )
         if target_cycles is not None:  # the tick itself: the board's options set the passes
             at = request if board is None else board_request(request, board)
-            chosen = lanes_for_tick(
-                ir, config, target_cycles, lambda lanes: at.replace(lanes=lanes).build()
-            )
+            chosen = lanes_for_tick(ir, config, target_cycles, _plans_of(at, board))
             request = request.replace(lanes=tuple(chosen))
         if max_multipliers is not None:  # the formats and constants decide which products
             # exist: with a board, the board's (its constants, e.g. 5-bit shift-adds on iCE40)
@@ -308,6 +306,16 @@ def compile_result(
     if out_dir is not None:
         _write_artifacts(result, Path(out_dir), ARTIFACT_WRITERS if writers is None else writers)
     return result
+
+
+def _plans_of(request: PlanRequest, board: Board | None) -> Callable[[tuple[int, ...]], Plan]:
+    """The plan of each lane count as the build makes it: with a board as the fit builds it
+    (:func:`~pipetrain.compiler.fit.plan_with_lanes`: one-lane stages on SPRAM where the board
+    has it, a slot every 2 cycles), so ``--target-cycles`` counts the cycles the fitted plan
+    has (the iCEBreaker's 1,1 ticks 4,167 on SPRAM, not 2,087)."""
+    if board is None:
+        return lambda lanes: request.replace(lanes=lanes).build()
+    return lambda lanes: plan_with_lanes(request, board, lanes)[0]
 
 
 def compile_model(

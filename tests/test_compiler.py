@@ -404,6 +404,27 @@ def test_target_cycles_is_the_tick():
         compile_result("mlp-digits", formats="default", board=ulx3s, target_cycles=75)
 
 
+def test_target_cycles_counts_the_fitted_plans_cycles():
+    """A fresh-user trial: ``--target-cycles 3000 --board icebreaker`` returned 1,1 at 4,167
+    cycles without a word — the target counted 1,1 with dual-port memories (2,087), the fit then
+    moved the one-lane stages to SPRAM (a slot every 2 cycles). It now counts the fitted plan:
+    3000 needs 2,1, which does not fit, and the error names the plan that does; 5000 gives
+    1,1 at 4,167."""
+    from pipetrain.compiler.compile import compile_result
+    from pipetrain.compiler.fit import FitError
+    from pipetrain.compiler.targets import get_board
+
+    ice = get_board("icebreaker")
+    with pytest.raises(FitError) as e:
+        compile_result("mlp-digits", formats="default", board=ice, target_cycles=3000)
+    msg = str(e.value)
+    assert "with the lanes --target-cycles 3000 chose (2,1)" in msg
+    assert "--lanes 1,1 fits (4,167 cycles/sample)" in msg
+    plan = compile_result("mlp-digits", formats="default", board=ice, target_cycles=5000).plan
+    assert ([s.lanes for s in plan.stages], plan.tick_cycles) == ([1, 1], 4167)
+    assert [s.slot_cycles for s in plan.stages] == [2, 2]
+
+
 def test_lane_policies():
     ir, deep = _ir(), _ir("mlp-digits-deep")
     cfg = TrainConfig()
