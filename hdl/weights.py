@@ -13,7 +13,9 @@ free for the write-back.
 Two clients share the banks: the fused pass (reads at S0 while slots issue, writes ``(w′, u′)``
 back at the write stage) and the host's weight access (docs/ports.md ``wacc``), which the top
 only serves while no pass runs. A weight-access write stores the data saturated to the bank's
-format and answers with the stored value (uncounted: not a training clamp).
+format and answers with the stored value (uncounted: not a training clamp); on the ECP5 the
+write lands two cycles after ``en``, from registers beside each lane (before the answer, so a
+following read or pass sees it).
 
 Source: docs/architecture.md §3 (lane ownership, memory per lane), docs/ports.md (weight
 access); the sharing of the ports is *derived*.
@@ -146,20 +148,47 @@ class WeightStore(wiring.Component):
         u_in, _ = sat(acc.data, fu)
         read_addr = Signal(range(T))
         m.d.comb += read_addr.eq(Mux(sp.busy, sp.read_addr, acc.addr))
+        ecp5 = is_ecp5(platform)
+        if ecp5:  # the access write, registered per stage and then per lane (_access_writes)
+            a_w, a_kind, a_lane, a_addr, a_win, a_uin = (
+                _registered(m, v, f"aw_{n}")
+                for v, n in (
+                    (acc_w, "en"),
+                    (acc.kind, "kind"),
+                    (acc.lane, "lane"),
+                    (acc.addr, "addr"),
+                    (w_in, "w"),
+                    (u_in, "u"),
+                )
+            )
         for lane in range(L):
             live = wb.valid & wb.payload.lanes[lane]
             sel = acc.lane == lane
+            if ecp5:
+                l_addr = _registered(m, a_addr, f"aw_addr_l{lane}")
+                l_win = _registered(m, a_win, f"aw_w_l{lane}")
+                l_uin = _registered(m, a_uin, f"aw_u_l{lane}")
             kinds = [("w", fw, wb.payload.w[lane], w_in), ("u", fu, wb.payload.u[lane], u_in)]
             if self.w_prev:
                 kinds.append(("w_prev", fw, wb.payload.w_prev[lane], w_in))
             banks = []
             for kind, (prefix, fmt, new, acc_in) in enumerate(kinds):
                 bank = WeightBank(m, f"{prefix}{lane}", signed(fmt.bits), T, spram=self.spram)
+                if ecp5:  # the write two cycles after en, from registers beside the lane
+                    # (timing only, *derived*: the -deep 16,8,8,4 critical path at 80.0 MHz was
+                    # the access data → its saturation → 7.9 ns of routing to every stage's
+                    # banks → a bank's write data, 12.5 ns; docs/boards.md §4.2)
+                    l_en = _registered(
+                        m, a_w & (a_lane == lane) & (a_kind == kind), f"aw_en_l{lane}_k{kind}"
+                    )
+                    en, addr, data = l_en, l_addr, (l_uin if kind == 1 else l_win)
+                else:
+                    en, addr, data = acc_w & sel & (acc.kind == kind), acc.addr, acc_in
                 m.d.comb += [
                     bank.read.addr.eq(read_addr),
-                    bank.write.en.eq(live | (acc_w & sel & (acc.kind == kind))),
-                    bank.write.addr.eq(Mux(live, sp.write_addr, acc.addr)),
-                    bank.write.data.eq(Mux(live, new, acc_in)),
+                    bank.write.en.eq(live | en),
+                    bank.write.addr.eq(Mux(live, sp.write_addr, addr)),
+                    bank.write.data.eq(Mux(live, new, data)),
                 ]
                 banks.append(bank)
             m.d.comb += [
