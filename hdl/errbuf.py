@@ -21,7 +21,7 @@ Source: docs/architecture.md §3 (double-buffered error buffer), docs/numerics.m
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -29,6 +29,7 @@ from amaranth.lib.wiring import In, Out
 from ..compiler.plan import QFormat
 from .activation import Activation
 from .arith import rhu, sat, wire
+from .dsp import in_dsp, registered_product
 from .streams import (
     DeltaSignature,
     ErrorHalvesSignature,
@@ -179,7 +180,9 @@ class ErrorBuffer(wiring.Component):
         raddr = wire(m, Mux(self.halves.read, G, 0) + slot_at(sp, 0).payload.group, "raddr")
         grd = self._gbuf(m, waddr, gl, raddr) if self.delta_out else None
         e_bits = sum(bits for _, _, bits in self.scales)
-        srd = self._scaled_at_write(m, waddr, gl, raddr, e_bits) if self.at_write else None
+        srd = (
+            self._scaled_at_write(m, platform, waddr, gl, raddr, e_bits) if self.at_write else None
+        )
         live_last = M - (G - 1) * L  # lanes ≥ this are padding in the last row group
         for lane in range(L):
             mb = self.act.stash_bits
@@ -258,7 +261,7 @@ class ErrorBuffer(wiring.Component):
             e2 = wire(m, rhu(p2, k)[:bits].as_signed(), f"e{n}_2_{lane}")
             m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
 
-    def _scaled_at_write(self, m: Module, waddr, wlane, raddr, e_bits: int):
+    def _scaled_at_write(self, m: Module, platform, waddr, wlane, raddr, e_bits: int):
         """``sbuf``: ``rhu(c·g, k)`` of each scale for every written ``g`` (registered first with
         ``register_write``) — ``c·g`` registered (one multiplier per scale, no enable: a DSP
         output register), rounded the cycle after and written with the address and lane of
@@ -275,15 +278,29 @@ class ErrorBuffer(wiring.Component):
             return regs
 
         valid, addr, lane_w, g = wr.valid, waddr, wlane, wr.payload
+        # on the ECP5 the register before c·g is the MULT18X18D's input register and c·g's the
+        # block's output register (hdl/dsp.py; the same cycles): the -deep 16,8,8,4 critical
+        # path at 78.1 MHz was stage 2's fabric g register → 4.6 ns of routing → the block
+        # without registers → 3.8 ns → c·g's register, 12.8 ns (docs/boards.md §4.2)
+        consts = [Const(c) for c, _, _ in self.scales]
+        dsp = self.register_write and all(in_dsp(platform, 1, g, c) for c in consts)
         if self.register_write:  # timing, *derived*: -deep on the ULX3S had stage 3's gin
             # rounding and clamp → stage 2's c·g → its register as the critical path (16.5 ns)
-            valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
+            if dsp:
+                valid, addr, lane_w = registered((valid, addr, lane_w), "w")
+            else:
+                valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
         valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
         es = []
         for n, (c, k, bits) in enumerate(self.scales):
             raw = g * c
             p1 = Signal(raw.shape(), name=f"e{n}_p1")
-            m.d.sync += p1.eq(raw)
+            if dsp:
+                registered_product(
+                    m, platform, g, consts[n], registers=1, out=p1, names=(f"sbuf_w{n}", "")
+                )
+            else:
+                m.d.sync += p1.eq(raw)
             es.append(rhu(p1, k)[:bits])
         m.d.comb += [
             swr.addr.eq(addr1),
