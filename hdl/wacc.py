@@ -1,14 +1,16 @@
 """The weight-access unit of the network top: ``wacc_cmd`` → one stage's memory → ``wacc_rsp``.
 
 A command names a stage, a kind (0 = ``w``, 1 = ``u``, 2 = ``w_prev``), a row ``j`` and a column
-(``N`` = the bias). Row ``j`` lives in lane ``j mod L`` at address ``(j div L)·(N+1) + col``;
-the division by the constant ``L`` is a multiply-and-shift (exact for 16-bit rows,
-Granlund–Montgomery). A write stores the data saturated to the memory's format (uncounted) and
-answers with the stored value; a command for a stage, kind, row or column that does not exist
-answers 0 and changes nothing. Commands are taken only while ``allowed`` (the top: pipeline
-idle, no sample pending), so the memories' ports are free. Per command: CALC (lane, address) →
-ACC (the access) → READ (its data into a register) → RESP (answer until taken); back-to-back
-commands skip IDLE.
+(``N`` = the bias). Row ``j`` lives in lane ``j mod L`` at address ``(j div L)·(N+1) + col``; the
+division by the constant ``L`` is a multiply-and-shift (exact for 16-bit rows, Granlund–Montgomery);
+on the ECP5 a repeated subtraction instead, one ``L`` a cycle (DIV, at most ``row_groups`` cycles;
+:meth:`WeightAccess._stepped_calc`), and the answer is taken
+:func:`~pipetrain.hdl.weights.access_latency` cycles after the access. A write stores the data
+saturated to the memory's format (uncounted) and answers with the stored value; a command for a
+stage, kind, row or column that does not exist answers 0 and changes nothing. Commands are taken
+only while ``allowed`` (the top: pipeline idle, no sample pending), so the memories' ports are free.
+Per command: CALC (lane, address) → ACC (the access) → READ (its data into a register) → RESP
+(answer until taken); back-to-back commands skip IDLE.
 
 Source: docs/ports.md (``wacc`` contract); the state machine and the constant division are
 *derived*.
@@ -24,6 +26,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .arith import const_mul
+from .dsp import is_ecp5
 from .streams import WeightAccessSignature, wacc_cmd_layout, wacc_rsp_layout
 from .weights import access_latency
 
@@ -114,31 +117,38 @@ class WeightAccess(wiring.Component):
             m.d.sync += cmd.eq(wc.payload)
             m.next = "CALC"
 
+        stepped = is_ecp5(platform)
+        if stepped:  # the row's group by repeated subtraction (see the module docstring)
+            rem = Signal.like(cmd.row, name="div_rem")
+            base = Signal(range(max(max(g.words for g in geo), 2) + 1), name="div_base")
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(accept):
                     take_cmd()
-            with m.State("CALC"):
-                # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
-                m.d.comb += self.busy.eq(1)
-                m.d.sync += okr.eq(0)
-                with m.Switch(cmd.stage):
-                    for n, g in enumerate(geo):
-                        with m.Case(n):
-                            grp = div_const(cmd.row, g.lanes, self.shift_add)
-                            m.d.sync += [
-                                okr.eq(
-                                    (cmd.kind <= g.kinds - 1)
-                                    & (cmd.row < g.out_features)
-                                    & (cmd.col <= g.in_features)
-                                ),
-                                # constant products: shifts and adders where cheap
-                                lane.eq(cmd.row - const_mul(g.lanes, grp, self.shift_add)),
-                                addr.eq(
-                                    const_mul(g.in_features + 1, grp, self.shift_add) + cmd.col
-                                ),
-                            ]
-                m.next = "ACC"
+            if stepped:
+                self._stepped_calc(m, cmd, okr, lane, addr, rem, base)
+            else:
+                with m.State("CALC"):
+                    # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
+                    m.d.comb += self.busy.eq(1)
+                    m.d.sync += okr.eq(0)
+                    with m.Switch(cmd.stage):
+                        for n, g in enumerate(geo):
+                            with m.Case(n):
+                                grp = div_const(cmd.row, g.lanes, self.shift_add)
+                                m.d.sync += [
+                                    okr.eq(
+                                        (cmd.kind <= g.kinds - 1)
+                                        & (cmd.row < g.out_features)
+                                        & (cmd.col <= g.in_features)
+                                    ),
+                                    # constant products: shifts and adders where cheap
+                                    lane.eq(cmd.row - const_mul(g.lanes, grp, self.shift_add)),
+                                    addr.eq(
+                                        const_mul(g.in_features + 1, grp, self.shift_add) + cmd.col
+                                    ),
+                                ]
+                    m.next = "ACC"
             with m.State("ACC"):
                 m.d.comb += self.busy.eq(1)
                 with m.Switch(cmd.stage):
@@ -171,3 +181,37 @@ class WeightAccess(wiring.Component):
                     with m.Else():
                         m.next = "IDLE"
         return m
+
+    def _stepped_calc(self, m: Module, cmd, okr, lane, addr, rem, base) -> None:
+        """The ECP5 form of CALC: ``okr`` as in the other form, then the row's group by
+        repeated subtraction, one ``L`` (and one ``N + 1`` added to the base address) a cycle
+        in DIV, until the remainder is the lane (≤ row_groups cycles; a command that does
+        not exist skips it). No multiplier, no constant division: the mlp-digits 32,10
+        critical path at 67.9 MHz was the command's row → stage 2's division by 10 (a
+        MULT18X18D without registers) → the lane's subtraction, 14.7 ns (docs/boards.md
+        §4.2); the link takes longer per command than the steps (timing only, *derived*)."""
+        geo = self.geo
+        with m.State("CALC"):
+            m.d.comb += self.busy.eq(1)
+            m.d.sync += [okr.eq(0), rem.eq(cmd.row), base.eq(0)]
+            with m.Switch(cmd.stage):
+                for n, g in enumerate(geo):
+                    with m.Case(n):
+                        m.d.sync += okr.eq(
+                            (cmd.kind <= g.kinds - 1)
+                            & (cmd.row < g.out_features)
+                            & (cmd.col <= g.in_features)
+                        )
+            m.next = "DIV"
+        with m.State("DIV"):
+            m.d.comb += self.busy.eq(1)
+            with m.If(~okr):
+                m.next = "ACC"
+            with m.Switch(cmd.stage):
+                for n, g in enumerate(geo):
+                    with m.Case(n):
+                        with m.If(rem >= g.lanes):
+                            m.d.sync += [rem.eq(rem - g.lanes), base.eq(base + g.in_features + 1)]
+                        with m.Else():
+                            m.d.sync += [lane.eq(rem), addr.eq(base + cmd.col)]
+                            m.next = "ACC"
