@@ -115,9 +115,19 @@ class SlotSequencer(wiring.Component):
         with m.Elif(slot_at(sp, depth).valid):
             m.d.sync += wk.eq(wk + 1)
 
-        active = it.start | busy
-        for s in range(1, depth + 1):
-            active = active | slot_at(sp, s).valid
+        # ``done`` = no start, no slot issuing, none in S1..S{depth}; the last two from a
+        # register holding next cycle's ``busy | v1 | … | v{depth}`` (the same value in every
+        # cycle: busy's next value, S0's slot becomes v1, v{s} becomes v{s+1}), so ``done``
+        # leaves one gate after a flip-flop (timing only, *derived*: the -deep 16,8,8,4
+        # critical path at 85.7 MHz was a stage's v1 → the OR of its pipeline → the tick
+        # controller's all-done → the result queue's push, 11.7 ns; docs/boards.md §4.2)
+        ends = adv & (k == T - 1)
+        following = it.start | (busy & ~ends) | adv
+        for s in range(1, depth):
+            following = following | slot_at(sp, s).valid
+        in_pass = Signal()
+        m.d.sync += in_pass.eq(following)
+        active = it.start | in_pass
         m.d.comb += [
             sp.start.eq(it.start),
             sp.busy.eq(busy),

@@ -23,6 +23,8 @@ access); the sharing of the ports is *derived*.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from amaranth import Module, Mux, Shape, ShapeLike, Signal, Value, signed
@@ -35,6 +37,7 @@ from .arith import sat
 from .dsp import is_ecp5
 from .spram import SinglePortRAM
 from .streams import (
+    RamReadSignature,
     SlotPipelineSignature,
     ValidSignature,
     WeightAccessSignature,
@@ -42,7 +45,24 @@ from .streams import (
     write_back_layout,
 )
 
-__all__ = ["WeightBank", "WeightStore", "access_latency", "tree_levels"]
+__all__ = ["WeightBank", "WeightStore", "access_latency", "poison_collisions", "tree_levels"]
+
+_poison = [False]  # poison_collisions() is active
+
+
+@contextmanager
+def poison_collisions() -> Iterator[None]:
+    """While active, the dual-port banks elaborated read the bitwise complement of the old
+    word when the address read is written in the same cycle (a block RAM's ports leave that
+    read undefined, and the banks tell Yosys so: ``no_rw_check``). A design elaborated inside
+    it stays bit-exact with the golden model only if no read whose data is used ever meets a
+    write to its address — what the RTL-vs-golden tests check with it (verification aid,
+    simulation only)."""
+    _poison[0], before = True, _poison[0]
+    try:
+        yield
+    finally:
+        _poison[0] = before
 
 
 class WeightBank:
@@ -63,8 +83,9 @@ class WeightBank:
 
     Members
     -------
-    read: the read port, ``addr`` (in) and ``data`` (out, the next cycle) — a
-        ``lib.memory.ReadPort`` or :class:`~pipetrain.hdl.streams.RamReadSignature`.
+    read: the read port, :class:`~pipetrain.hdl.streams.RamReadSignature`: ``addr`` (in) and
+        ``data`` (out, the word at the previous cycle's address; undefined on the FPGA when that
+        address was written in that cycle — the user must not use such a read).
     write: the write port, ``en``, ``addr``, ``data`` (in) — a ``lib.memory.WritePort`` or
         :class:`~pipetrain.hdl.streams.RamWriteSignature`.
     """
@@ -82,9 +103,27 @@ class WeightBank:
         if spram is not None:
             m.submodules[name] = ram = SinglePortRAM(self.shape, words, spram)
             self.read, self.write = ram.read, ram.write
-        else:
-            m.submodules[name] = mem = Memory(shape=self.shape, depth=words, init=[])
-            self.read, self.write = mem.read_port(), mem.write_port()
+            return
+        # an asynchronous read port and a register: the same cycle-for-cycle values as a
+        # synchronous port (the word at the previous cycle's address, the old word when that
+        # address was written in that cycle), which Yosys merges into the block RAM's own
+        # address register; ``no_rw_check`` tells it no read whose data is used meets a write
+        # to its address in the same cycle (:func:`poison_collisions` checks that in
+        # simulation), so it builds no collision logic. Without the attribute it built, per
+        # bank, a flip-flop per bit and a comparison of the two addresses: the mlp-digits 32,10
+        # critical path at 81.5 MHz was a stage's ``busy`` → the read-address multiplexer →
+        # that comparison's register, 12.3 ns (timing and logic cells, *derived*;
+        # docs/boards.md §4.2)
+        attrs = {"no_rw_check": 1}
+        m.submodules[name] = mem = Memory(shape=self.shape, depth=words, init=[], attrs=attrs)
+        rp, self.write = mem.read_port(domain="comb"), mem.write_port()
+        self.read = RamReadSignature(self.shape, words).create(path=(name, "read"))
+        word = rp.data
+        if _poison[0]:  # a used read that meets a write to its address reads garbage
+            hit = self.write.en & (self.write.addr == rp.addr)
+            word = Mux(hit, ~rp.data, rp.data)
+        m.d.comb += rp.addr.eq(self.read.addr)
+        m.d.sync += self.read.data.eq(word)
 
 
 class WeightStore(wiring.Component):

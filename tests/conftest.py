@@ -87,3 +87,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def poisoned_collisions() -> Any:
+    """Designs elaborated in the test read garbage where a weight bank's read meets a write to
+    its address in the same cycle (``hdl.weights.poison_collisions``: the FPGA leaves that read
+    undefined), so an RTL-vs-golden test passes only if no such read is used."""
+    from pipetrain.hdl.weights import poison_collisions
+
+    with poison_collisions():
+        yield

@@ -26,6 +26,9 @@ from pipetrain.hdl.conv_stage import ConvStageUnit
 from pipetrain.sim.golden import GoldenModel
 from torch import nn
 
+# a weight bank's read that meets a write to its address reads garbage (conftest)
+pytestmark = pytest.mark.usefixtures("poisoned_collisions")
+
 
 def conv_net(kind, pool, stride, padding, bias, act, c=(2, 3, 2), window=2, size=None):
     """Conv (c0 → c1) → act → pool → Conv (c1 → c2, 2, padding 1) → ReLU → Flatten → Linear(→ 3),

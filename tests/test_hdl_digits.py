@@ -14,6 +14,9 @@ from pipetrain.data import load_data
 from pipetrain.sim.golden import GoldenModel
 from pipetrain.sim.tb.pysim import simulate_top
 
+# a weight bank's read that meets a write to its address reads garbage (conftest)
+pytestmark = pytest.mark.usefixtures("poisoned_collisions")
+
 
 def _run(name: str, schedule: str, n: int):
     with warnings.catch_warnings():

@@ -20,6 +20,9 @@ from pipetrain.hdl.stage import StageUnit
 from pipetrain.sim.golden import GoldenModel
 from tiny_net import tiny
 
+# a weight bank's read that meets a write to its address reads garbage (conftest)
+pytestmark = pytest.mark.usefixtures("poisoned_collisions")
+
 
 def _pack(values, bits):
     word = 0

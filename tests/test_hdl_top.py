@@ -17,6 +17,9 @@ from pipetrain.sim.golden import GoldenModel
 from pipetrain.sim.tb.pysim import simulate_top
 from tiny_net import tiny, tiny_stream
 
+# a weight bank's read that meets a write to its address reads garbage (conftest)
+pytestmark = pytest.mark.usefixtures("poisoned_collisions")
+
 
 def golden_and_rtl(plan, model, cfg, n=30, **sim_kw):
     """Run the same quantised stream through the golden model and the RTL."""
@@ -61,6 +64,10 @@ CASES = [
     # clamped step makes w − w_prev wider than u (Stage.what_bits)
     dict(schedule="pb", mitigation="sc+lwp", lwp_form="w", loss="mse", lr=0.3),
     dict(schedule="sequential", mitigation="sc"),
+    # the ECP5's operand registers (every product one or two stages later: a later write
+    # stage, so write-backs nearer the next pass's reads)
+    dict(schedule="pb", mitigation="sc", operand_registers=1),
+    dict(schedule="pb", mitigation="sc+lwp", lwp_form="w", operand_registers=2),
     # the iCE40 options: single-port (SPRAM) weights, a slot every other cycle, and 5-bit
     # constants (lr a shift, m = 0.90625 a shift-add) — with and without SC (write stage 5
     # either way) and with LWP (H·u as shifts)

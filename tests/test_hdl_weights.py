@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -21,16 +22,25 @@ from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.compiler.plan import QFormat
 from pipetrain.hdl.streams import SlotPipelineSignature
-from pipetrain.hdl.weights import WeightBank, WeightStore, access_latency, tree_levels
+from pipetrain.hdl.weights import (
+    WeightBank,
+    WeightStore,
+    access_latency,
+    poison_collisions,
+    tree_levels,
+)
 from pipetrain.sim import fixed
 
 
-@pytest.mark.parametrize("single_port", [False, True])
-def test_weight_bank_reads_what_was_written(single_port):
+@pytest.mark.parametrize("single_port,poison", [(False, False), (False, True), (True, False)])
+def test_weight_bank_reads_what_was_written(single_port, poison):
+    """``poison``: inside ``poison_collisions`` a dual-port read that meets a write to its
+    address in the same cycle returns the complement of the old word (else the old word)."""
     words, bits = 11, 9
     m = Module()
     spram = (16384, 16) if single_port else None  # one SB_SPRAM256KA
-    dut = WeightBank(m, "w0", signed(bits), words, spram=spram)
+    with poison_collisions() if poison else contextlib.nullcontext():
+        dut = WeightBank(m, "w0", signed(bits), words, spram=spram)
     rng = random.Random(int(single_port))
     model = [0] * words
     checks = []
@@ -48,7 +58,10 @@ def test_weight_bank_reads_what_was_written(single_port):
             if pending is not None:
                 checks.append((ctx.get(dut.read.data), *pending))
             # the word a read issued now returns next cycle (the old content: no write-through)
-            pending = (model[wa if (single_port and we) else ra], (ra, wa, we))
+            word = model[wa if (single_port and we) else ra]
+            if poison and we and wa == ra:
+                word = ~word
+            pending = (word, (ra, wa, we))
             await ctx.tick()
             if we:
                 model[wa] = wd
@@ -62,6 +75,8 @@ def test_weight_bank_reads_what_was_written(single_port):
         assert got == exp, what
     if single_port:  # the hazard is visible: some read in a write cycle got another word
         assert any(w[2] and w[0] != w[1] for _, _, w in checks)
+    collisions = [got for got, _, (ra, wa, we) in checks if we and ra == wa]
+    assert len(collisions) >= 5  # the random reads and writes met often enough to matter
 
 
 FW, FU = QFormat(12, 8), QFormat(10, 8)
@@ -91,6 +106,7 @@ def _sat(v, fmt):
         (False, 3, 4, 2, 4, False, True),
     ],
 )
+@pytest.mark.usefixtures("poisoned_collisions")  # no used read meets a write (conftest)
 def test_weight_store_access_and_pass(single_port, L, N, G, depth, w_prev, ecp5):
     T = G * (N + 1)
     pipe = SlotPipelineSignature(N, G, T, depth)
