@@ -65,7 +65,8 @@ class ErrorBuffer(wiring.Component):
         ``addends``, where both give the same integers).
     register_write: (``at_write``) register ``g`` before ``c·g``: the writer's value is not
         a register output (an input gradient's ``sat(rhu(Σ))`` at S4); the ``sbuf`` write then
-        lands two cycles after ``g``'s instead of one.
+        lands two cycles after ``g``'s instead of one (three on the ECP5, where ``c·g`` is a
+        MULT18X18D with its input register after ``g``'s fabric one).
     delta_out: build ``gbuf`` and give δ (False: with ``at_write``, when nothing reads δ —
         a stage without an input gradient whose every learning-rate product takes a scaled
         error, ``Stage.reads_delta``; ``delta`` is then 0).
@@ -91,10 +92,11 @@ class ErrorBuffer(wiring.Component):
         lane at S2, of the update's δ (``total`` with ``addends``, else ``delta``).
 
     The write of ``sbuf`` lands one cycle after its ``g`` (``c·g`` registered, then rounded),
-    two with ``register_write``: an input gradient's last value leaves at S4 of the
-    second-to-last slot of a pass, at least 3 cycles before the pass ends (that slot + 1 +
-    2 + ``write_stage``), and the reading pass starts after the tick's control cycles, so
-    the two cycles land in time; the loss unit's δ (a register: one cycle) ends
+    two with ``register_write`` (three on the ECP5): an input gradient's last value leaves at
+    S4 of the second-to-last slot of a pass, at least 3 cycles before the pass ends (that
+    slot + 1 + 2 + ``write_stage``), and the reading pass reads it at S0 of its first slot,
+    after the tick's ``TICK_OVERHEAD`` control cycles and its start pulse, so the three cycles
+    land in time; the loss unit's δ (a register: one cycle) ends
     ``TICK_OVERHEAD`` cycles before the tick. The read never sees a half-written word
     (*derived*; the RTL-vs-golden tests cover both schedules, one row group included).
 
@@ -278,18 +280,20 @@ class ErrorBuffer(wiring.Component):
             return regs
 
         valid, addr, lane_w, g = wr.valid, waddr, wlane, wr.payload
-        # on the ECP5 the register before c·g is the MULT18X18D's input register and c·g's the
-        # block's output register (hdl/dsp.py; the same cycles): the -deep 16,8,8,4 critical
-        # path at 78.1 MHz was stage 2's fabric g register → 4.6 ns of routing → the block
-        # without registers → 3.8 ns → c·g's register, 12.8 ns (docs/boards.md §4.2)
+        # on the ECP5 c·g takes the MULT18X18D's input register after g's fabric one, and c·g's
+        # register is the block's output register (hdl/dsp.py; one cycle more): the -deep
+        # 16,8,8,4 critical path at 78.1 MHz was stage 2's fabric g register → 4.6 ns of
+        # routing → the block without registers → 3.8 ns → c·g's register, 12.8 ns
+        # (docs/boards.md §4.2)
         consts = [Const(c) for c, _, _ in self.scales]
         dsp = self.register_write and all(in_dsp(platform, 1, g, c) for c in consts)
         if self.register_write:  # timing, *derived*: -deep on the ULX3S had stage 3's gin
             # rounding and clamp → stage 2's c·g → its register as the critical path (16.5 ns)
-            if dsp:
-                valid, addr, lane_w = registered((valid, addr, lane_w), "w")
-            else:
-                valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
+            valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
+            if dsp:  # and g's fabric register before the block's: with the block's input
+                # register alone the path was stage 3's gsum4 → its rounding and clamp → 4.1 ns
+                # of routing → stage 2's MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz)
+                valid, addr, lane_w = registered((valid, addr, lane_w), "x")
         valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
         es = []
         for n, (c, k, bits) in enumerate(self.scales):
