@@ -13,27 +13,28 @@ Per model (``mlp-digits``, ``mlp-digits-deep``, ``mlp-digits-wide``), all measur
    bit-exact against the golden model) vs the plan's ``ideal_cycles_per_sample``; the same for
    ``--schedule sequential`` (also in RTL), and their ratio (PB speed-up, ≈ the stage count);
    per-stage lane utilisation from the plan.
-2. **Boards against their ceiling, side by side with the CPU peers** (issue 17 item 8). Per
-   board (ULX3S: ECP5-85F, iCEBreaker: iCE40UP5K): ``projected_samples_per_s`` = achieved Fmax
-   (nextpnr report of the board build) / RTL cycles per sample of the plan fitted to that board
+2. **Boards against their ceiling, side by side with the CPU peers** (issue 17 item 8). Per board
+   (ULX3S: ECP5-85F, iCEBreaker: iCE40UP5K): ``projected_samples_per_s`` = achieved Fmax (nextpnr
+   report of the board build) / RTL cycles per sample of the plan fitted to that board
    (``compile_design(board=…)``, the plan in the bitstream, measured in Verilator as well);
-   ``ceiling_samples_per_s`` = the board's DSP blocks × Fmax / the multiplies a sample needs
-   (:func:`measure.multiplies_per_sample`, from the plan); ``fraction_of_ceiling`` = projected
-   / ceiling; ``board_clock_mhz`` (the oscillator the board top runs the network at today) and
-   the rate at it; ``board_samples_per_s``: the real rate at the board's clock through the
-   on-chip training set, measured in the board-level RTL simulation (the board top through its
-   UART pins, :func:`measure.onchip_board_rate`: the device's own cycle count of a RUN), with
-   ``board_samples_ratio`` = it ÷ (board clock ÷ RTL cycles per sample) (issue 17 done-when:
-   ≥ 0.9); ``n/a`` with the reason where the set does not fit the board
-   (:data:`BOARD_SAMPLES_NA`); in a full run the golden model of the fitted plan is trained for
-   the peers' epochs (the board's test accuracy). A model that does not fit gets ``null`` and
-   the needed vs available numbers. CPU peers (:mod:`cpu_peers`, one child process at
-   niceness :data:`PEER_NICE`): PyTorch SGD with momentum at batch 1, 32, 128 and a batch-1 C
-   loop (``cc -O3 -march=native``), each with samples/s and test accuracy after the same
-   epochs, initial weights and order. Board builds are cached by plan hash + board
-   (:mod:`board_cache`); ``--quick`` reuses cached reports even when built from older HDL and
-   builds only missing ones (``--no-board-builds``: none); a full run also rebuilds reports
-   made from older HDL unless ``--reuse-stale-boards`` (they are then marked).
+   ``ceiling_samples_per_s`` = the board's DSP blocks (``dsp_blocks``, all of them, not the
+   design's) × Fmax / the multiplies a sample needs (:func:`measure.multiplies_per_sample`, from the
+   plan); the tables' "DSP blocks used/available" column is the design's, from the build's
+   ``utilization`` or else the plan's ``fit`` (:func:`_dsp_cell`); ``fraction_of_ceiling`` =
+   projected / ceiling; ``board_clock_mhz`` (the oscillator the board top runs the network at today)
+   and the rate at it; ``board_samples_per_s``: the real rate at the board's clock through the
+   on-chip training set, measured in the board-level RTL simulation (the board top through its UART
+   pins, :func:`measure.onchip_board_rate`: the device's own cycle count of a RUN), with
+   ``board_samples_ratio`` = it ÷ (board clock ÷ RTL cycles per sample) (issue 17 done-when: ≥ 0.9);
+   ``n/a`` with the reason where the set does not fit the board (:data:`BOARD_SAMPLES_NA`); in a
+   full run the golden model of the fitted plan is trained for the peers' epochs (the board's test
+   accuracy). A model that does not fit gets ``null`` and the needed vs available numbers. CPU peers
+   (:mod:`cpu_peers`, one child process at niceness :data:`PEER_NICE`): PyTorch SGD with momentum at
+   batch 1, 32, 128 and a batch-1 C loop (``cc -O3 -march=native``), each with samples/s and test
+   accuracy after the same epochs, initial weights and order. Board builds are cached by plan hash +
+   board (:mod:`board_cache`); ``--quick`` reuses cached reports even when built from older HDL and
+   builds only missing ones (``--no-board-builds``: none); a full run also rebuilds reports made
+   from older HDL unless ``--reuse-stale-boards`` (they are then marked).
 3. **Tool speed** — Verilog generation, Verilator build (rebuilt and timed in a full run; the
    recorded time of the cached build with ``--quick``), RTL simulation cycles/s and samples/s,
    golden model and reference trainer samples/s.
@@ -75,6 +76,8 @@ README_END = "<!-- benchmarks:end -->"
 #: Niceness of the CPU peers' process (the machine is shared; falls back when not allowed).
 PEER_NICE = -5
 SUMMARY_NOTE = (
+    "DSP blocks used/available: the design's, from the board build (nextpnr); *(plan)*: the "
+    "fit estimate of the plan fitted to the board, where it is not built. "
     "Ceiling = the board's DSP blocks (ECP5-85F: 156 MULT18X18D, UP5K: 8 SB_MAC16) × achieved "
     "Fmax ÷ the multiplies a sample needs (forward and weight gradient for every weight, bias "
     "included, plus the input gradient for every weight after stage 1: "
@@ -549,6 +552,20 @@ def _peer_cell(rec: dict[str, Any] | None) -> str:
     return cell
 
 
+def _dsp_cell(rec: dict[str, Any]) -> str:
+    """``used/available`` DSP blocks of the design on the board: the build's utilisation
+    (nextpnr) when there is one, else ``needed/available (plan)`` from the plan's fit rows
+    (``compiler.fit.fit_rows``: what the fitted plan needs, more than available for a plan that
+    does not fit); ``–/N`` (the board's N) when the record has neither."""
+    used = (rec.get("utilization") or {}).get("multipliers")
+    if used:
+        return f"{used['used']:,}/{used['available']:,}"
+    fit = (rec.get("fit") or {}).get("multipliers")
+    if fit:
+        return f"{fit['needed']:,}/{fit['available']:,} (plan)"
+    return f"–/{_f(rec.get('dsp_blocks'))}"
+
+
 def board_table(res: dict[str, Any]) -> str:
     """Per model and board: the board's figures of issue 17 item 8 (README, results.md)."""
     rows = []
@@ -560,7 +577,7 @@ def board_table(res: dict[str, Any]) -> str:
                     b,
                     _board_cell(rec, short=True),
                     _f(rec.get("rtl_cycles_per_sample"), 1),
-                    _f(rec.get("dsp_blocks")),
+                    _dsp_cell(rec),
                     _f(rec.get("multiplies_per_sample")),
                     _f(rec.get("ceiling_samples_per_s")),
                     _f(rec.get("projected_samples_per_s")),
@@ -576,7 +593,7 @@ def board_table(res: dict[str, Any]) -> str:
         "board",
         "Fmax",
         "RTL cycles/sample",
-        "DSP blocks",
+        "DSP blocks used/available",
         "multiplies/sample",
         "ceiling samples/s",
         "projected samples/s",

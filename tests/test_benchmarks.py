@@ -423,6 +423,40 @@ def test_peer_and_board_tables() -> None:
     assert "icebreaker: not built" in bench.verdict(res)
 
 
+def test_board_table_dsp_column_is_the_designs_use_of_the_board() -> None:
+    """The "DSP blocks used/available" column: the build's nextpnr utilisation (139 of the
+    ULX3S's 156), else the plan's fit rows marked *(plan)* (a plan that does not fit: more
+    needed than available), never the board's total alone (it printed 156 for every model)."""
+    res = _fake_results()
+    boards = res["models"][0]["boards"]
+    boards["ulx3s-85f"]["utilization"]["multipliers"] = {"used": 139, "available": 156}
+    table = bench.board_table(res)
+    head = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert head[4] == "DSP blocks used/available" and "DSP blocks" not in head[5:]
+
+    def cells(board: str) -> list[str]:
+        row = next(ln for ln in table.splitlines() if f"| {board} " in ln)
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    assert cells("ulx3s-85f")[4] == "139/156"
+    assert cells("icebreaker")[4] == "16/8 (plan)"
+    assert bench._dsp_cell({"fit": {"multipliers": {"needed": 133, "available": 156}}}) == (
+        "133/156 (plan)"
+    )
+    assert bench._dsp_cell({"dsp_blocks": 156}) == "–/156"  # neither: the board's total only
+    # the ceiling keeps the board's whole DSP count
+    assert cells("ulx3s-85f")[6] == "1,514,563"
+    assert "DSP blocks used/available: the design's" in bench.render_markdown(res)
+
+
+def test_readme_benchmark_table_heads_the_dsp_column_as_used_of_available() -> None:
+    """README's benchmark block (rendered by run.py) has the new heading and per-model cells."""
+    readme = (BENCH.parent / "README.md").read_text()
+    block = readme.split(bench.README_START, 1)[1].split(bench.README_END, 1)[0]
+    assert "| DSP blocks used/available |" in block and "| DSP blocks |" not in block
+    assert "| 139/156 " in block  # mlp-digits on the ULX3S, from its build
+
+
 def test_the_fastest_cpu_peer_must_learn() -> None:
     """torch_b128 at 90,000 samples/s with 0.10 accuracy is shown but not the CPU's best; the
     best is the fastest peer within LEARN_MARGIN of torch_b1's accuracy."""

@@ -637,3 +637,94 @@ def test_readme_conv_table_gives_mlp_digits_current_memory_and_multipliers():
         f"{fig['stash_bits']:,}",
         str(fig["multipliers"]),
     ]
+
+
+# --- the third user trial: command summaries, the MODEL names, --formats ---
+
+
+def test_command_summaries_say_what_each_command_does_in_full():
+    """``pipetrain --help`` lists each command by its docstring's first sentence: train's says
+    it trains (compiling is a step), and none is cut short (``...``) at 80 columns."""
+    res = run("--help")
+    assert res.exit_code == 0, res.output
+    listing = res.output.split("Commands:", 1)[1]
+    lines = {ln.split()[0]: " ".join(ln.split()[1:]) for ln in listing.splitlines() if ln.strip()}
+    assert lines == {
+        "build": "Build MODEL's bitstream for --board with Yosys/nextpnr.",
+        "compile": "Compile MODEL into a plan, report and Verilog (no training).",
+        "deploy": "Load BITSTREAM onto --board with openFPGALoader or iceprog.",
+        "experiment": "Compare test accuracy of sgd, pb and mitigations by depth.",
+        "list-boards": "List supported boards and their resource budgets.",
+        "sim": "Simulate MODEL's RTL and check it against the golden model.",
+        "train": "Train MODEL on --target and report its test accuracy.",
+    }
+    text = " ".join(run("train", "--help").output.split())
+    assert "Train MODEL on --target and report its test accuracy. MODEL: a built-in" in text
+    assert "MODEL is compiled into a plan first, as `pipetrain compile` does" in text
+
+
+@pytest.mark.parametrize("command", ["train", "compile", "build", "sim"])
+def test_model_help_lists_the_builtin_models_and_mlp(command):
+    """Every command that takes MODEL lists the built-in names, from ``BUILTIN_MODELS`` (so the
+    list cannot go stale), and the data-sized ``mlp`` (each compiles through
+    ``compile_design``, which builds it), right after its summary."""
+    from pipetrain.compiler.models import BUILTIN_MODELS
+    from pipetrain.host.cli.options import model_text
+
+    text = " ".join(run(command, "--help").output.split())
+    names = ", ".join(BUILTIN_MODELS)
+    assert f"MODEL: a built-in network ({names}); mlp, a ReLU MLP sized from the data" in text
+    assert "or a FILE.py that defines `model`" in text
+    own = {
+        "train": model_text("mlp-digits"),  # train's default MODEL
+        "build": model_text(also="No MODEL with --loopback."),
+    }.get(command, model_text())
+    assert " ".join(own.split()) in text
+    assert ("[default: mlp-digits]" in text) == (command == "train")
+
+
+def test_model_text_follows_builtin_models(monkeypatch):
+    """The MODEL paragraph is generated: a new built-in appears in it."""
+    from pipetrain.compiler import models
+    from pipetrain.host.cli import options
+
+    monkeypatch.setitem(models.BUILTIN_MODELS, "mlp-new", lambda: None)
+    assert "cnn1d-digits, mlp-new); mlp," in options.model_text()
+
+
+@pytest.mark.parametrize("command", ["train", "compile", "build"])
+def test_formats_help_says_when_to_pick_each(command):
+    """``--formats``: one sentence per choice that tells static (no data: the fixed formats,
+    widened for the initial weights) from default (the fixed formats exactly)."""
+    text = " ".join(run(command, "--help").output.split())
+    for sentence in (
+        "auto: formats calibrated by a training run on --data (float reference, then golden "
+        "passes), for when you have the model's training data (compile/build without --data, "
+        "for a model digits does not fit: static).",
+        "static: for a model without data, the fixed formats (x/y Q5.10, d Q1.14, w/u Q3.20) "
+        "with w/u given more integer bits where the initial weights need them.",
+        "default: the fixed formats exactly, never widened (larger initial weights clamp), the "
+        "same for every model and seed, e.g. to compare plans.",
+    ):
+        assert sentence in text
+
+
+def test_static_and_default_formats_differ_as_the_help_says():
+    """What the help says: ``static`` widens w/u of a stage whose initial weights exceed the
+    fixed Q3.20 (here stage 1's weights scaled to 20) and says the formats are uncalibrated;
+    ``default`` keeps Q3.20 there."""
+    import torch
+    from pipetrain.compiler.models import build_mlp
+    from pipetrain.host.flow import compile_design
+
+    def stage1(formats):
+        torch.manual_seed(0)
+        m = build_mlp([8, 4, 2])
+        with torch.no_grad():
+            m[0].weight.mul_(0).add_(20.0)
+        plan = compile_design(m, formats=formats, writers=()).plan
+        return plan.stages[0].formats
+
+    st, df = stage1("static"), stage1("default")
+    assert str(df.w) == "Q3.20" and str(df.x) == str(st.x) == "Q5.10"
+    assert st.w.frac < df.w.frac and st.w.bits == df.w.bits == 24

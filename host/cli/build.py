@@ -32,6 +32,7 @@ from .options import (
     config_overrides,
     data_option,
     hidden_option,
+    model_help,
     onchip_data_option,
     plan_format_options,
     train_config_options,
@@ -45,6 +46,7 @@ _board_option = board_option("Target board (see `pipetrain list-boards`).", requ
 
 
 @cli.command("build")
+@model_help(also="No MODEL with --loopback.")
 @click.argument("model", required=False)
 @_board_option
 @click.option("--out", "out_dir", default=None, help="Build directory [build/<model>-<board>].")
@@ -78,13 +80,14 @@ def build_cmd(
     json_out: str | None,
     **options: Any,
 ) -> None:
-    """Build a bitstream of MODEL for a board with Yosys/nextpnr (YoWASP if not installed).
+    """Build MODEL's bitstream for --board with Yosys/nextpnr.
 
-    The plan is fitted to the board; the compile and training options are those of
-    `pipetrain train`, so `train --board` with the same options streams the same plan. --epochs
-    is not in the plan, but the auto formats are calibrated over it (or --calib-epochs; default:
-    the model file's epochs, else 4, train's default run): train the board with the same
-    --epochs, or another --epochs with --calib-epochs of the build."""
+    YoWASP runs them where they are not installed. The plan is fitted to the board; the compile
+    and training options are those of `pipetrain train`, so `train --board` with the same
+    options streams the same plan. --epochs is not in the plan, but the auto formats are
+    calibrated over it (or --calib-epochs; default: the model file's epochs, else 4, train's
+    default run): train the board with the same --epochs, or another --epochs with
+    --calib-epochs of the build."""
     from ...hdl.board import BoardTop, Loopback, network_core
 
     board = get_board(board_name)
@@ -188,7 +191,10 @@ def build_cmd(
 def deploy_cmd(
     bitstream: str, board_name: str, flash: bool, dry_run: bool, json_out: str | None
 ) -> None:
-    """Load BITSTREAM onto a board (openFPGALoader; iceprog for iCEBreaker when installed)."""
+    """Load BITSTREAM onto --board with openFPGALoader or iceprog.
+
+    ULX3S: openFPGALoader, into SRAM (lost at power-off) or with --flash into the SPI flash;
+    iCEBreaker: its SPI flash, with iceprog when installed, else openFPGALoader."""
     board = get_board(board_name)
     result = deploy_bitstream(board, bitstream, flash=flash, dry_run=dry_run)
     info(shlex.join(result["command"]), json_out)

@@ -44,6 +44,7 @@ from .options import (
     config_overrides,
     data_option,
     hidden_option,
+    model_help,
     onchip_data_option,
     parse_memory,
     plan_format_options,
@@ -54,6 +55,7 @@ __all__ = ["compile_cmd"]
 
 
 @cli.command("compile")
+@model_help()
 @click.argument("model")
 @click.option(
     "--out",
@@ -108,7 +110,10 @@ def compile_cmd(
     json_out: str | None,
     **options: Any,
 ) -> None:
-    """Compile MODEL (built-in name or .py file) into a plan and print the per-stage table."""
+    """Compile MODEL into a plan, report and Verilog (no training).
+
+    Writes plan.json, report.md and <name>.v to --out and prints the per-stage table (lanes,
+    formats, cycles, memories; fitted to --board when given)."""
     overrides = config_overrides(options)
     # the run's epochs (--epochs) or --calib-epochs; train and build pick them the same way
     calib_epochs = calibration_epochs(

@@ -174,7 +174,10 @@ def experiment(
     progress: bool,
     json_out: str | None,
 ) -> None:
-    """Compare sgd / pb / pb+sc / pb+lwp / pb+sc+lwp test accuracy across depths (float)."""
+    """Compare test accuracy of sgd, pb and mitigations by depth.
+
+    Methods sgd / pb / pb+sc / pb+lwp / pb+sc+lwp, each an MLP of every --depths trained by the
+    float reference trainer (no hardware), mean ± std over --seeds."""
     depth_list = _int_list(depths, "depths", 1)
     method_list = _methods(methods)
     lr_list = _float_list(lrs, "lrs")

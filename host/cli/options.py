@@ -3,7 +3,9 @@ and the parsers behind them."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +13,7 @@ import click
 
 from ...compiler.build import PlanError
 from ...compiler.config import LOSSES, ROUNDINGS, TrainConfig, strategy_overrides
-from ...compiler.models import load_model
+from ...compiler.models import BUILTIN_MODELS, DATA_MLP, load_model
 from ...compiler.schedule import LWP_FORMS, MITIGATIONS, RULES, SCHEDULES, STRATEGIES
 from ...compiler.targets import BOARDS
 from ...sim.harness import DEFAULT_SIMULATOR, SIMULATORS
@@ -19,6 +21,9 @@ from ..flow import DEFAULT_HIDDEN
 
 __all__ = [
     "DEFAULT_EPOCHS",
+    "FORMATS_HELP",
+    "model_text",
+    "model_help",
     "calibration_epochs",
     "file_epochs",
     "train_config_options",
@@ -37,6 +42,19 @@ __all__ = [
 #: mlp-digits reaches ≥ 0.95 test accuracy on digits for seeds 0–2 (golden model; 1 epoch gives
 #: 0.84–0.91).
 DEFAULT_EPOCHS = 4
+
+#: ``--formats`` help, one sentence per choice: when to pick it (the choices are
+#: :func:`~pipetrain.compiler.compile.compile_result`'s ``formats``; ``static`` is
+#: :func:`~pipetrain.compiler.formats.static_formats`, ``default`` ``FormatSpec.default``).
+FORMATS_HELP = (
+    "auto: formats calibrated by a training run on --data (float reference, then golden "
+    "passes), for when you have the model's training data (compile/build without --data, for "
+    "a model digits does not fit: static). static: for a model without data, the fixed "
+    "formats (x/y Q5.10, d Q1.14, w/u Q3.20) with w/u given more integer bits where the "
+    "initial weights need them. default: the fixed formats exactly, never widened (larger "
+    "initial weights clamp), the same for every model and seed, e.g. to compare plans."
+)
+
 
 #: (option, TrainConfig field, click type, help) for every training setting.
 _CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
@@ -74,6 +92,40 @@ def _config_default(field: str) -> str:
     if isinstance(text, tuple):
         text = ",".join(map(str, text)) or "none"
     return f"{text}, or the model file's config"
+
+
+def model_text(default: str | None = None, also: str = "") -> str:
+    """The MODEL paragraph of a command's ``--help``: the built-in names, read from
+    :data:`~pipetrain.compiler.models.BUILTIN_MODELS` (so the list cannot go stale), the
+    data-sized :data:`~pipetrain.compiler.models.DATA_MLP` (:func:`pipetrain.host.flow.data_mlp`,
+    which every command that compiles through :func:`~pipetrain.host.flow.compile_design`
+    accepts) and a model file (:func:`~pipetrain.compiler.models.load_model`); ``also``: a
+    sentence of the command's own; ``default``: the command's default MODEL, if it has one."""
+    text = (
+        f"MODEL: a built-in network ({', '.join(BUILTIN_MODELS)}); {DATA_MLP}, a ReLU MLP "
+        "sized from the data (its features → --hidden → its classes); or a FILE.py that "
+        "defines `model` (an nn.Module, or a function returning one) and may define `config` "
+        "(TrainConfig fields)."
+    ) + (f" {also}" if also else "")
+    return text if default is None else f"{text}  [default: {default}]"
+
+
+def model_help(default: str | None = None, also: str = "") -> Callable[[Callable], Callable]:
+    """A decorator, placed right below ``@cli.command``, that puts :func:`model_text` into the
+    command's help after its first paragraph (the one-line summary click lists stays first).
+    The paragraph is wrapped here, never at a hyphen (click's ``\\b``: not rewrapped), so no
+    model name is split across lines (``mlp-`` / ``digits-deep8``): 76 columns, 78 with
+    click's indent, as wide as click wraps the rest at 80."""
+
+    def add(func: Callable) -> Callable:
+        first, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
+        text = textwrap.fill(
+            model_text(default, also), 76, break_on_hyphens=False, break_long_words=False
+        )
+        func.__doc__ = "\n\n".join(p for p in (first, "\b\n" + text, rest) if p)
+        return func
+
+    return add
 
 
 def config_options(*fields: str) -> Callable[[Callable], Callable]:
@@ -114,9 +166,7 @@ def plan_format_options(func: Callable) -> Callable:
             type=click.Choice(["auto", "static", "default"]),
             default="auto",
             show_default=True,
-            help="auto: calibrate on --data with the float reference trainer (no --data and "
-            "a model digits does not fit: static); static: uncalibrated defaults, w widened for "
-            "the initial weights; default: the static defaults as they are.",
+            help=FORMATS_HELP,
         ),
         click.option(
             "--format",

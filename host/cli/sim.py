@@ -52,6 +52,7 @@ from .options import (
     config_options,
     config_overrides,
     hidden_option,
+    model_help,
     simulator_option,
 )
 
@@ -64,6 +65,7 @@ def _cells_line(cells: dict[str, int]) -> str:
 
 
 @cli.command("sim")
+@model_help()
 @click.argument("model")
 @click.option(
     "--samples",
@@ -137,10 +139,13 @@ def sim_command(
     json_out: str | None,
     **training: Any,
 ) -> None:
-    """Simulate MODEL's generated RTL (Verilator or Icarus) and compare it with the golden
-    model. The training options (--strategy --blocks --distance --rule --head-stages
-    --mitigation --lwp-form, with --schedule and --rounding) shape the plan as they do for
-    pipetrain train."""
+    """Simulate MODEL's RTL and check it against the golden model.
+
+    Streams --samples training samples through the generated RTL (Verilator or Icarus) and the
+    fixed-point golden model and compares every result, weight and counter bit for bit (exit
+    status 1 when they differ). The training options (--strategy --blocks --distance --rule
+    --head-stages --mitigation --lwp-form, with --schedule and --rounding) shape the plan as
+    they do for pipetrain train."""
     check_toolchain(simulator)  # a missing simulator is reported before anything is compiled
     wave_kind = None if waves is None else ("fst" if waves.endswith(".fst") else "vcd")
     check_waves(simulator, wave_kind)  # FST without lz4/zlib: named here, not in a make log

@@ -101,6 +101,7 @@ from .options import (
     config_overrides,
     file_epochs,
     hidden_option,
+    model_help,
     plan_format_options,
     simulator_option,
     train_config_options,
@@ -392,6 +393,7 @@ def resume_point(path: str, ck: Checkpoint, epochs: int) -> str:
 
 
 @cli.command("train")
+@model_help(DEFAULT_MODEL)
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option(
     "--target",
@@ -471,8 +473,11 @@ def train_cmd(
     json_out: str | None,
     **options: Any,
 ) -> None:
-    """Compile MODEL (built-in name, 'mlp', or .py file; default mlp-digits) and train it on
-    --target (default sim); report test accuracy."""
+    """Train MODEL on --target and report its test accuracy.
+
+    MODEL is compiled into a plan first, as `pipetrain compile` does (fitted to --board when
+    given), then trained for --epochs on the target: sim (the default: the RTL in Verilator),
+    golden (the fixed-point model), reference (float) or a board over serial:// or tcp://."""
     _check_target(target)
     overrides = config_overrides(options)
     epochs = overrides.pop("epochs", None)
