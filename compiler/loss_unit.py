@@ -55,14 +55,15 @@ def loss_cycles(
     register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + T``, with ``C`` classes,
     ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``,
     ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes),
-    + ``R + 1`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
-    and ``r`` through R registers and their product through one more before ``p``'s); MSE
+    + ``R + 2`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
+    and ``r`` through R registers and their product through one more before ``p``'s, and the
+    exp LUT's entries registered before their sum into E); MSE
     ``C + 3`` (one phase; P, k and the lanes unused). ``exp_frac`` does not change the count
     (kept for callers)."""
     if kind == "mse":
         return classes + 3
     T = max_tree_levels(z_lanes)
-    R = operand_registers + 1 if operand_registers else 0
+    R = operand_registers + 2 if operand_registers else 0
     return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5 + T + R
 
 

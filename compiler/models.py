@@ -96,7 +96,7 @@ BUILTIN_MODELS: dict[str, Callable[[], nn.Module]] = {
     # (Σ (D_s+1)·|x_s|) grow quadratically and local/interlocking learning bound them by the
     # window (docs/architecture.md §2.4)
     "mlp-digits-deep8": lambda: he_init(build_mlp([64] + [32] * 7 + [10])),
-    "cnn-digits": build_cnn_digits,  # convolution stages: golden and reference (not HDL yet)
+    "cnn-digits": build_cnn_digits,  # convolution stages (golden, reference and the RTL)
     "cnn1d-digits": build_cnn1d_digits,
 }
 

@@ -715,8 +715,10 @@ class LossUnit:
     operand_registers: R = 1 when the board registers its multipliers' operands
         (``Board.operand_registers`` ≥ 1: the ECP5): the cross-entropy out phase's ``e_j`` and
         ``r`` pass R registers and their product one more before ``p``'s rounding register
-        (on the ECP5 the MULT18X18D's own), R + 1 cycles more; ``None`` (omitted from the
-        JSON): product and rounding in ``p``'s register. Never a result (timing only).
+        (on the ECP5 the MULT18X18D's own), R + 1 cycles more, and the exp phase's LUT
+        entries are registered before their sum into E, one cycle more; ``None`` (omitted from
+        the JSON): product and rounding in ``p``'s register, the entries summed as read. Never
+        a result (timing only).
     """
 
     kind: Loss

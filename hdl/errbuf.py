@@ -21,6 +21,8 @@ Source: docs/architecture.md §3 (double-buffered error buffer), docs/numerics.m
 
 from __future__ import annotations
 
+from functools import partial
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -63,10 +65,11 @@ class ErrorBuffer(wiring.Component):
         by the activation's mask at S1 — instead of ``rhu(c·δ, k)`` in every lane from the S1
         δ (the compiler's ``errors_scaled_at_write``: ``relu``/``identity`` without
         ``addends``, where both give the same integers).
-    register_write: (``at_write``) register ``g`` before ``c·g``: the writer's value is not
-        a register output (an input gradient's ``sat(rhu(Σ))`` at S4); the ``sbuf`` write then
-        lands two cycles after ``g``'s instead of one (three on the ECP5, where ``c·g`` is a
-        MULT18X18D with its input register after ``g``'s fabric one).
+    register_write: (``at_write``) register ``g`` before both buffers: the writer's value is
+        not a register output (an input gradient's ``sat(rhu(Σ))`` at S4); the ``gbuf`` write
+        then lands one cycle after ``g`` arrives instead of with it, and the ``sbuf`` write
+        two instead of one (three on the ECP5, where ``c·g`` is a MULT18X18D with its input
+        register after ``g``'s fabric one).
     delta_out: build ``gbuf`` and give δ (False: with ``at_write``, when nothing reads δ —
         a stage without an input gradient whose every learning-rate product takes a scaled
         error, ``Stage.reads_delta``; ``delta`` is then 0).
@@ -91,7 +94,9 @@ class ErrorBuffer(wiring.Component):
     scaled0 … scaled{n−1}: ``Out(DeltaSignature(L, bits))`` (``scales``) ``rhu(c·δ, k)`` per
         lane at S2, of the update's δ (``total`` with ``addends``, else ``delta``).
 
-    The write of ``sbuf`` lands one cycle after its ``g`` (``c·g`` registered, then rounded),
+    The write of ``gbuf`` lands with its ``g``, one cycle after it with ``register_write`` and
+    ``at_write``;
+    the write of ``sbuf`` one cycle after its ``g`` (``c·g`` registered, then rounded),
     two with ``register_write`` (three on the ECP5): an input gradient's last value leaves at
     S4 of the second-to-last slot of a pass, at least 3 cycles before the pass ends (that
     slot + 1 + 2 + ``write_stage``), and the reading pass reads it at S0 of its first slot,
@@ -180,11 +185,18 @@ class ErrorBuffer(wiring.Component):
         waddr = wire(m, Mux(self.halves.write, G, 0) + gq, "waddr")
         # S0: read the slot's row group's word; S1: δ (and e) per lane; S2: registered
         raddr = wire(m, Mux(self.halves.read, G, 0) + slot_at(sp, 0).payload.group, "raddr")
-        grd = self._gbuf(m, waddr, gl, raddr) if self.delta_out else None
+        written = (wr.valid, waddr, gl, wr.payload)
+        if self.register_write and self.at_write:  # timing, *derived*: the writer's g is not
+            # a register output (an input gradient's sat(rhu(Σ)) at S4). -deep on the ULX3S had
+            # stage 3's gin rounding and clamp → stage 2's c·g → its register as the critical
+            # path (16.5 ns), then with c·g's own registers stage 3's gsum4 → rounding and
+            # clamp → stage 2's gbuf write data (LUT RAM), 11.6 ns at 86.5 MHz
+            # (docs/boards.md §4.2): both buffers take g from one register, so gbuf lands one
+            # cycle after g
+            written = self._registered(m, written, "w")
+        grd = self._gbuf(m, *written, raddr) if self.delta_out else None
         e_bits = sum(bits for _, _, bits in self.scales)
-        srd = (
-            self._scaled_at_write(m, platform, waddr, gl, raddr, e_bits) if self.at_write else None
-        )
+        srd = self._scaled_at_write(m, platform, written, raddr, e_bits) if self.at_write else None
         live_last = M - (G - 1) * L  # lanes ≥ this are padding in the last row group
         for lane in range(L):
             mb = self.act.stash_bits
@@ -207,20 +219,26 @@ class ErrorBuffer(wiring.Component):
                     m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
         return m
 
-    def _gbuf(self, m: Module, waddr, wlane, raddr):
-        """``gbuf``: each ``g`` written into lane ``wlane`` of word ``waddr`` as it arrives;
+    @staticmethod
+    def _registered(m: Module, values: tuple, tag: str) -> tuple[Signal, ...]:
+        """``values`` through one register each, named ``sbuf_<tag><n>``."""
+        regs = tuple(Signal.like(x, name=f"sbuf_{tag}{n}") for n, x in enumerate(values))
+        m.d.sync += [r.eq(x) for r, x in zip(regs, values, strict=True)]
+        return regs
+
+    def _gbuf(self, m: Module, valid, waddr, wlane, g, raddr):
+        """``gbuf``: each ``g`` (with ``valid``) written into lane ``wlane`` of word ``waddr``;
         read at S0 at ``raddr``. Returns the read port (data at S1)."""
         G, L, fd = self.pipeline.row_groups, self.L, self.fd
         m.submodules.gbuf = gm = Memory(shape=L * fd.bits, depth=2 * G, init=[])
         grd, gwr = gm.read_port(), gm.write_port(granularity=fd.bits)
-        wr = self.write
         m.d.comb += [
             gwr.addr.eq(waddr),
-            gwr.data.eq(Cat(*([wr.payload] * L))),
+            gwr.data.eq(Cat(*([g] * L))),
             grd.addr.eq(raddr),
         ]
         for lane in range(L):
-            m.d.comb += gwr.en[lane].eq(wr.valid & (wlane == lane))
+            m.d.comb += gwr.en[lane].eq(valid & (wlane == lane))
         return grd
 
     def _delta_lane(self, m: Module, lane: int, g, stashed, live) -> None:
@@ -263,23 +281,17 @@ class ErrorBuffer(wiring.Component):
             e2 = wire(m, rhu(p2, k)[:bits].as_signed(), f"e{n}_2_{lane}")
             m.d.comb += getattr(self, f"scaled{n}").delta[lane].eq(e2)
 
-    def _scaled_at_write(self, m: Module, platform, waddr, wlane, raddr, e_bits: int):
-        """``sbuf``: ``rhu(c·g, k)`` of each scale for every written ``g`` (registered first with
-        ``register_write``) — ``c·g`` registered (one multiplier per scale, no enable: a DSP
-        output register), rounded the cycle after and written with the address and lane of
-        its ``g`` (held with it); read at S0 at ``gbuf``'s address. Returns the read port
-        (data at S1)."""
+    def _scaled_at_write(self, m: Module, platform, written: tuple, raddr, e_bits: int):
+        """``sbuf``: ``rhu(c·g, k)`` of each scale for every ``written = (valid, addr, lane,
+        g)`` (already registered once with ``register_write``) — ``c·g`` registered (one
+        multiplier per scale, no enable: a DSP output register), rounded the cycle after and
+        written with the address and lane of its ``g`` (held with it); read at S0 at
+        ``gbuf``'s address. Returns the read port (data at S1)."""
         G, L = self.pipeline.row_groups, self.L
         m.submodules.sbuf = sm = Memory(shape=L * e_bits, depth=2 * G, init=[])
         srd, swr = sm.read_port(), sm.write_port(granularity=e_bits)
-        wr = self.write
-
-        def registered(values: tuple, tag: str) -> list[Signal]:
-            regs = [Signal.like(x, name=f"sbuf_{tag}{n}") for n, x in enumerate(values)]
-            m.d.sync += [r.eq(x) for r, x in zip(regs, values, strict=True)]
-            return regs
-
-        valid, addr, lane_w, g = wr.valid, waddr, wlane, wr.payload
+        registered = partial(self._registered, m)
+        valid, addr, lane_w, g = written
         # on the ECP5 c·g takes the MULT18X18D's input register after g's fabric one, and c·g's
         # register is the block's output register (hdl/dsp.py; one cycle more): the -deep
         # 16,8,8,4 critical path at 78.1 MHz was stage 2's fabric g register → 4.6 ns of
@@ -287,13 +299,10 @@ class ErrorBuffer(wiring.Component):
         # (docs/boards.md §4.2)
         consts = [Const(c) for c, _, _ in self.scales]
         dsp = self.register_write and all(in_dsp(platform, 1, g, c) for c in consts)
-        if self.register_write:  # timing, *derived*: -deep on the ULX3S had stage 3's gin
-            # rounding and clamp → stage 2's c·g → its register as the critical path (16.5 ns)
-            valid, addr, lane_w, g = registered((valid, addr, lane_w, g), "w")
-            if dsp:  # and g's fabric register before the block's: with the block's input
-                # register alone the path was stage 3's gsum4 → its rounding and clamp → 4.1 ns
-                # of routing → stage 2's MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz)
-                valid, addr, lane_w = registered((valid, addr, lane_w), "x")
+        if dsp:  # g's fabric register before the block's: with the block's input register
+            # alone the path was stage 3's gsum4 → its rounding and clamp → 4.1 ns of routing →
+            # stage 2's MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz)
+            valid, addr, lane_w = registered((valid, addr, lane_w), "x")
         valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
         es = []
         for n, (c, k, bits) in enumerate(self.scales):

@@ -58,7 +58,7 @@ def loss_unit_cycles(
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉`` (+ R + 1 with R = ``operand_registers``
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉`` (+ R + 2 with R = ``operand_registers``
     ≥ 1), MSE ``C + 3``."""
     return loss_cycles(
         kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers
@@ -233,22 +233,38 @@ class LossUnit(wiring.Component):
         v_exp, v_out = c.v1 & ~ph1, c.v1 & ph1
 
         # exp phase: P logits of ebuf word j1 (a slice of a zbuf word) at S1, t and the LUT
-        # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0)
+        # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0), summed into E
+        # and written to ebuf at S2 — at S3 with operand registers (X = 1: the entries
+        # registered first; timing, *derived*: the mlp-digits critical path at 80.6 MHz was
+        # the LUT block RAM's output, 5.8 ns, → the padding mux → the 5-lane sum → E, 12.4 ns;
+        # docs/boards.md §4.2)
         zs = c.zr.data.word_select(c.s1, P * fz.bits) if self.zl > P else c.zr.data
         live_from = C - (W - 1) * P  # lanes ≥ this are padding in the last ebuf word
         v2 = Signal()
         j2 = Signal.like(c.j0)
         m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
-        es = []
+        X = 1 if lp.operand_registers else 0
+        ves, jes, entries = v2, j2, []
         for lane, lr in enumerate(lrs):
             z1 = zs.word_select(lane, fz.bits).as_signed() if P > 1 else zs.as_signed()
             idx = rhu(c.zmax - z1, fz.frac - fl)
             m.d.comb += lr.addr.eq(Mux(idx > K - 1, K - 1, idx))
-            es.append(Mux(j2 == W - 1, 0, lr.data) if lane >= live_from else lr.data)
+            entries.append(lr.data)
+        if X:
+            ves, jes = Signal(name="v_e3"), Signal.like(j2, name="j_e3")
+            regs = [Signal.like(d, name=f"e_lut{lane}") for lane, d in enumerate(entries)]
+            m.d.sync += [
+                ves.eq(v2),
+                jes.eq(j2),
+                *(r.eq(d) for r, d in zip(regs, entries, strict=True)),
+            ]
+            entries = regs
+        es = [Mux(jes == W - 1, 0, d) if lane >= live_from else d for lane, d in enumerate(entries)]
         E = Signal(fe + 1 + max(1, C.bit_length()))
-        m.d.comb += [ew.en.eq(v2), ew.addr.eq(j2), ew.data.eq(Cat(*es))]
-        with m.If(v2):
-            m.d.sync += E.eq(Mux(j2 == 0, 0, E) + tree_sum(es))
+        m.d.comb += [ew.en.eq(ves), ew.addr.eq(jes), ew.data.eq(Cat(*es))]
+        with m.If(ves):
+            m.d.sync += E.eq(Mux(jes == 0, 0, E) + tree_sum(es))
+        exp_last = ~v2 & ves if X else v2  # the last entries summed into E this cycle
 
         # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
         div = _Divider(E, fe, fr, lp.div_bits)
@@ -285,7 +301,7 @@ class LossUnit(wiring.Component):
             with m.If(lab2):
                 m.d.sync += c.loss_v.eq(p2)
         busy = Cat(vo2, *vouts[1:]).any() if R else vo2  # a δ still in the out path
-        self._ce_phases(m, c, ph0, v2, div, busy)
+        self._ce_phases(m, c, ph0, exp_last, div, busy)
 
     def _running_max(self, m: Module, c: _Shared) -> None:
         """``zmax`` and ``arg`` as the logit words arrive: the word registered on arrival, its
@@ -326,7 +342,7 @@ class LossUnit(wiring.Component):
             m.d.sync += [c.zmax.eq(wv), c.arg.eq(wj)]
 
     def _ce_phases(
-        self, m: Module, c: _Shared, ph0: Signal, v2: Signal, div: _Divider, vo2: Signal
+        self, m: Module, c: _Shared, ph0: Signal, exp_last: Value, div: _Divider, vo2: Signal
     ) -> None:
         """The cross-entropy state machine: IDLE → (MAX: ``T`` cycles while the comparison
         tree drains, with a tree of registers) → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
@@ -363,7 +379,7 @@ class LossUnit(wiring.Component):
                 with m.If(c.j0 == W - 1):
                     m.next = "EXP_TAIL"
             with m.State("EXP_TAIL"):
-                with m.If(~c.v1 & v2):  # E is final from the next cycle
+                with m.If(~c.v1 & exp_last):  # E is final from the next cycle
                     self._restart(m, c)
                     m.d.sync += div.init()
                     m.next = "DIV"
