@@ -282,6 +282,23 @@ class InputGradient(wiring.Component):
         gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))
         col3 = s3.payload.col
+        first3 = s3.payload.group == 0
+        last3 = s3.payload.group == G - 1
+        live3 = s3.valid & sp.bwd & (col3 != N)  # a column's sum (not the bias slot's)
+        if P:  # timing, *derived*: S3+P's controls from their own registers, loaded from S2+P
+            # (S3+P is S2+P one cycle later), beside the accumulator: -deep on the ULX3S had
+            # stage 3's slot pipeline (its bwd flag and S3+P column, 8.9 ns of routing across
+            # the die) → the column compare → gacc's write enable (LUT RAM), 12.2 ns at
+            # 82.0 MHz (docs/boards.md §4.2)
+            first3, last3, live3 = (Signal(name=n) for n in ("gfirst3", "glast3", "glive3"))
+            col3 = Signal.like(s3.payload.col, name="gcol3")
+            c2, g2 = s2.payload.col, s2.payload.group
+            m.d.sync += [
+                col3.eq(c2),
+                first3.eq(g2 == 0),
+                last3.eq(g2 == G - 1),
+                live3.eq(s2.valid & sp.bwd & (c2 != N)),
+            ]
         if G > 1:
             # the partial sum of column i is read at S2 and arrives at S3, where it is added
             # (no pipeline copies); the write of the same column is a whole row later
@@ -289,8 +306,8 @@ class InputGradient(wiring.Component):
             ard, awr = am.read_port(), am.write_port()
             m.d.comb += [
                 ard.addr.eq(s2.payload.col),
-                gnew.eq(Mux(s3.payload.group == 0, 0, ard.data) + gsum),
-                awr.en.eq(s3.valid & sp.bwd & (col3 != N)),
+                gnew.eq(Mux(first3, 0, ard.data) + gsum),
+                awr.en.eq(live3),
                 awr.addr.eq(col3),
                 awr.data.eq(gnew),
             ]
@@ -299,7 +316,8 @@ class InputGradient(wiring.Component):
         # S3 → S4: the sum registered; S4: gin = sat(rhu(Σ)) (the rounding out of S3's adders)
         gin_en4 = Signal()
         gsum4 = Signal(signed(self.acc_bits))
-        m.d.sync += gin_en4.eq(s3.valid & sp.bwd & (s3.payload.group == G - 1) & (col3 != N))
+        gin_live = live3 & last3 if P else s3.valid & sp.bwd & last3 & (col3 != N)
+        m.d.sync += gin_en4.eq(gin_live)
         gsum_en = s3.valid
         if P:  # its own copy of S3+P's valid, registered from S2+P (as ForwardLanes' lanes)
             gsum_en = Signal(name="gv3")
