@@ -234,9 +234,11 @@ class LossUnit(wiring.Component):
 
         # exp phase: P logits of ebuf word j1 (a slice of a zbuf word) at S1, t and the LUT
         # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0), summed into E
-        # and written to ebuf at S2 — at S3 with operand registers (X = 1: the entries
-        # registered first; timing, *derived*: the mlp-digits critical path at 80.6 MHz was
-        # the LUT block RAM's output, 5.8 ns, → the padding mux → the 5-lane sum → E, 12.4 ns;
+        # and written to ebuf at S2 — at S3 with operand registers (X = 1; timing, *derived*):
+        # a ROM in block RAM has its entries registered after the block (the mlp-digits
+        # critical path at 80.6 MHz was the DP16KD's output, 5.8 ns, → the padding mux → the
+        # 5-lane sum → E, 12.4 ns), a ROM in logic its index registered before it (at 72.5 MHz:
+        # zbuf → zmax − z → rhu → the clamp → a 10-port ROM's 5 LUT levels, 13.8 ns;
         # docs/boards.md §4.2)
         zs = c.zr.data.word_select(c.s1, P * fz.bits) if self.zl > P else c.zr.data
         live_from = C - (W - 1) * P  # lanes ≥ this are padding in the last ebuf word
@@ -244,21 +246,26 @@ class LossUnit(wiring.Component):
         j2 = Signal.like(c.j0)
         m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
         X = 1 if lp.operand_registers else 0
+        rom_in_logic = any(mm.name == "lut" and mm.kind == "logic" for mm in lp.memories)
         ves, jes, entries = v2, j2, []
+        if X:
+            ves, jes = Signal(name="v_e3"), Signal.like(j2, name="j_e3")
+            m.d.sync += [ves.eq(v2), jes.eq(j2)]
         for lane, lr in enumerate(lrs):
             z1 = zs.word_select(lane, fz.bits).as_signed() if P > 1 else zs.as_signed()
             idx = rhu(c.zmax - z1, fz.frac - fl)
-            m.d.comb += lr.addr.eq(Mux(idx > K - 1, K - 1, idx))
-            entries.append(lr.data)
-        if X:
-            ves, jes = Signal(name="v_e3"), Signal.like(j2, name="j_e3")
-            regs = [Signal.like(d, name=f"e_lut{lane}") for lane, d in enumerate(entries)]
-            m.d.sync += [
-                ves.eq(v2),
-                jes.eq(j2),
-                *(r.eq(d) for r, d in zip(regs, entries, strict=True)),
-            ]
-            entries = regs
+            addr = Mux(idx > K - 1, K - 1, idx)
+            if X and rom_in_logic:
+                addr1 = Signal(range(K), name=f"e_idx{lane}")
+                m.d.sync += addr1.eq(addr)
+                addr = addr1
+            m.d.comb += lr.addr.eq(addr)
+            if X and not rom_in_logic:
+                e3 = Signal.like(lr.data, name=f"e_lut{lane}")
+                m.d.sync += e3.eq(lr.data)
+                entries.append(e3)
+            else:
+                entries.append(lr.data)
         es = [Mux(jes == W - 1, 0, d) if lane >= live_from else d for lane, d in enumerate(entries)]
         E = Signal(fe + 1 + max(1, C.bit_length()))
         m.d.comb += [ew.en.eq(ves), ew.addr.eq(jes), ew.data.eq(Cat(*es))]

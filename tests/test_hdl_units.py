@@ -325,6 +325,8 @@ def _cases(fmt: QFormat, C: int = 5):
         # more
         ("cross_entropy", None, (2, 3), (3, 2), 1),
         ("cross_entropy", QFormat(8, 8), (2, 2), (1, 1), 1),
+        # the exp ROM in logic (many read ports on the ECP5): its index registered instead
+        ("cross_entropy", None, (2, 5), (5, 2), "logic"),
         ("mse", None, (2, 2), (1, 1), 0),
         ("mse", QFormat(8, 9), (2, 2), (1, 1), 0),
     ],
@@ -333,13 +335,24 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
     """pred, loss output, every δ_j, the saturation counter and the cycle count equal the golden
     loss unit / the plan, on random, tied, extreme and saturating logits, for exp lanes P and
     divider bits k ``par`` (the plan's parallelism, which never changes a result) and ``regs``
-    operand registers (``LossUnit.operand_registers``, timing only)."""
+    operand registers (``LossUnit.operand_registers``, timing only; ``"logic"``: one, with the
+    exp ROM a logic memory, whose index is registered instead of its entries)."""
     plan, g = _loss_plan(loss, d_fmt, lanes)
     P, k = par
     lu = plan.loss
+    rom = "logic" if regs == "logic" else None
+    regs = 1 if rom else regs
     cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k, lanes[-1], regs)
+    mems = tuple(
+        dataclasses.replace(mm, kind=rom) if rom and mm.name == "lut" else mm for mm in lu.memories
+    )
     lu = dataclasses.replace(
-        lu, exp_lanes=P, div_bits=k, cycles=cycles_pk, operand_registers=regs or None
+        lu,
+        exp_lanes=P,
+        div_bits=k,
+        cycles=cycles_pk,
+        operand_registers=regs or None,
+        memories=mems,
     )
     plan = dataclasses.replace(plan, loss=lu)
     cases = _cases(plan.loss.z)
