@@ -75,6 +75,7 @@ __all__ = [
     "scaled_error_format",
     "errors_scaled_at_write",
     "stage_multipliers",
+    "with_error_beat",
     "OPERAND_BITS",
     "multiplier_blocks",
     "loss_operands",
@@ -83,6 +84,7 @@ __all__ = [
     "ICE40_BLOCK_RAM_CONFIGS",
     "ICE40_BLOCK_RAM_BITS",
     "loss_cycles",
+    "loss_writes_words",
     "tick_cycles",
     "sequential_cycles",
     "lfsr_seeds",
@@ -507,7 +509,7 @@ def stage_multipliers(stage: Stage, products: Sequence[Product] | None = None) -
     """``Stage.multipliers``: ``lanes`` × the per-lane products of ``products`` (default
     ``stage.products``) plus the stage's shared ones (``Product.per_stage``)."""
     ps = stage.products if products is None else products
-    return sum(1 if p.per_stage else stage.lanes for p in ps or ())
+    return sum(stage.product_count(p) for p in ps or ())
 
 
 def _update_constants(
@@ -792,11 +794,12 @@ def stage_products(
 
 def loss_operands(loss: LossUnit) -> tuple[tuple[int, int], ...]:
     """Multipliers of a loss unit (``hdl/loss.py``): cross-entropy ``e · r`` (exp value
-    fe + 1 bits × reciprocal fr + 1 bits); MSE ``diff²`` and the 2/C scale × diff."""
+    fe + 1 bits × reciprocal fr + 1 bits), ``out_lanes`` of them; MSE ``diff²`` and the 2/C
+    scale × diff."""
     if loss.kind == "mse":
         diff = loss.z.bits + 1
         return ((diff, diff),) + _const_mul(loss.mse_scale.value, diff)[0]
-    return ((loss.exp_frac + 1, loss.recip_frac + 1),)
+    return ((loss.exp_frac + 1, loss.recip_frac + 1),) * loss.errors_per_write
 
 
 def multiplier_blocks(
@@ -850,7 +853,7 @@ def hard_multipliers(
     if isinstance(plan_or_stage, Stage):
         st = plan_or_stage
         return sum(
-            (1 if p.per_stage else st.lanes) * blocks(((p.a_bits, p.b_bits),))
+            st.product_count(p) * blocks(((p.a_bits, p.b_bits),))
             for p in (st.products if st.products is not None else stage_products(st))
         )
     plan = plan_or_stage
@@ -1286,16 +1289,18 @@ def _loss_unit(
     family: RamFamily | None = None,
     slack: int | None = None,
     operand_registers: int = 0,
+    parallel_out: bool = False,
 ) -> LossUnit:
     """``key``: the logits' format key (``s<i>.y``), for the error message; ``z_lanes``: the
     lanes of the stage feeding it (logits per buffer word); ``slack``: the cycles the tick
     leaves the loss unit (the slowest pass minus the feeding stage's), which sets its
     parallelism (:func:`~pipetrain.compiler.loss_unit.loss_parallelism`; None: the smallest);
     ``operand_registers``: the board's (``LossUnit.operand_registers`` = 1 when ≥ 1, for a
-    cross-entropy loss)."""
+    cross-entropy loss); ``parallel_out``: the feeding stage's error buffer takes a word of
+    errors a write (:func:`loss_writes_words`), so ``out_lanes`` may exceed 1."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
     R = 1 if operand_registers and kind != "mse" else 0
-    P, k = loss_parallelism(kind, classes, z_lanes, fr, slack, R)
+    P, k, Q = loss_parallelism(kind, classes, z_lanes, fr, slack, R, parallel_out)
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
@@ -1321,7 +1326,7 @@ def _loss_unit(
         exp_lut=lut,
         recip_frac=fr,
         mse_scale=Const.of(2.0 / classes, SLOPE_FRAC),
-        cycles=loss_cycles(kind, classes, fe, fr, P, k, z_lanes=z_lanes, operand_registers=R),
+        cycles=loss_cycles(kind, classes, fe, fr, P, k, z_lanes, R, out_lanes=Q),
         z_lanes=z_lanes,
         z_words=z_words,
         z_word_bits=z_lanes * z.bits,
@@ -1329,7 +1334,27 @@ def _loss_unit(
         exp_lanes=P,
         div_bits=k,
         operand_registers=R or None,
+        out_lanes=Q if Q > 1 else None,
     )
+
+
+def loss_writes_words(strategy: str, feeder: Stage) -> bool:
+    """Whether the main loss unit may write its errors a word of ``out_lanes`` at a time into
+    ``feeder``'s error buffer (``Stage.error_beat``): a Linear stage under the ``global``
+    strategy, whose main stream is that loss's (a convolution stage's buffer and the
+    interlocking heads' streams take one error a write)."""
+    return strategy == "global" and feeder.conv is None
+
+
+def with_error_beat(stage: Stage, loss: LossUnit) -> Stage:
+    """``stage`` (the main loss unit's feeder) with ``error_beat`` = the loss unit's
+    ``out_lanes`` and its multipliers recounted (a per-stage scaled-error product counts once
+    per error of a write, ``Stage.product_count``)."""
+    beat = loss.out_lanes
+    if beat == stage.error_beat:
+        return stage
+    stage = replace(stage, error_beat=beat)
+    return replace(stage, multipliers=stage_multipliers(stage))
 
 
 def build_plan(
@@ -1590,9 +1615,13 @@ def build_plan(
     def loss_after(st: Stage, z: QFormat, d: QFormat) -> LossUnit:
         slack = longest - pass_cycles(st)
         key = f"s{st.index}.y"
-        return _loss_unit(ir.loss, classes, z, d, key, st.lanes, family, slack, operand_registers)
+        words = st is last and loss_writes_words(config.strategy, st)
+        return _loss_unit(
+            ir.loss, classes, z, d, key, st.lanes, family, slack, operand_registers, words
+        )
 
     loss = loss_after(last, fs.logits, fs.d[-1])
+    stages[S - 1] = last = with_error_beat(last, loss)
     # the last stage of each head (the hidden ones have ReLU) feeds that head's loss unit
     head_losses = tuple(
         loss_after(st, st.formats.y, st.formats.d)

@@ -170,7 +170,10 @@ def lane_multipliers(
     exist), split by ``Product.per_stage`` (the scaled error formed once at the error buffer's
     write). Neither count depends on the lane count, so ``lanes × per lane + per stage`` is
     each stage's ``Stage.multipliers`` at any lanes (the ``max_multipliers`` search,
-    :func:`choose_lanes`)."""
+    :func:`choose_lanes`) — but for a loss unit's out lanes, which the plan adds after the
+    lanes where one error a cycle would set the tick (``LossUnit.out_lanes`` Q: Q − 1 more
+    scaled-error multipliers in the feeding stage, ``Stage.error_beat``, and Q − 1 more
+    ``e·r`` in the loss unit; compiler/loss_unit.py), which this count does not see."""
     ones = tuple(1 for _ in stage_slots(ir, config))
     plan = build_plan(ir, config, formats, ones, **options)
     out = []

@@ -8,11 +8,17 @@ every setting):
   into E); P divides the logit buffer's ``z_lanes``, so the P logits of a cycle are one slice of
   one buffer word;
 * ``div_bits`` k — quotient bits of the reciprocal ``r = ⌊2^(fe+fr) / E⌋`` per cycle (k chained
-  compare-subtract steps of a restoring divider).
+  compare-subtract steps of a restoring divider);
+* ``out_lanes`` Q — errors ``δ_j`` formed per cycle in the out phase (Q products ``e_j·r`` and
+  one write of Q values into the feeding stage's error buffer, whose scaled error ``lr·g`` then
+  takes Q multipliers too); Q divides P, so the Q exp values of a cycle are one slice of one
+  ``ebuf`` word.
 
 :func:`loss_parallelism` picks the smallest pair whose cycles fit the slack the tick leaves the
 loss unit (the slowest pass minus the pass of the stage feeding it), so the loss unit does not
-set the tick where the pipeline allows it (docs/architecture.md §3.3). Source: *derived* from
+set the tick where the pipeline allows it (docs/architecture.md §3.3); ``Q`` > 1 only where no
+``(P, k)`` fits with one error a cycle, because each out lane costs two hard multipliers (DSP
+blocks, the board's scarcest resource) where P and k cost logic. Source: *derived* from
 the lockstep tick (``build.tick_cycles``) with FINN's "fewest resources that meet the slowest
 stage" heuristic, as for the stages' lanes (``compiler/lanes.py``).
 """
@@ -45,15 +51,17 @@ def loss_cycles(
     div_bits: int = 1,
     z_lanes: int = 1,
     operand_registers: int = 0,
+    out_lanes: int = 1,
 ) -> int:
     """Cycles of the loss unit from its start pulse to ``done`` (``hdl/loss.py``, derived from
     its phases; the maximum and argmax are taken as the logits arrive): cross-entropy
     ``T`` cycles until the running maximum is final (the comparison tree's
     :func:`max_tree_levels` registers; the last logit word arrives no later than the start) +
     ``⌈C/P⌉`` exp issue cycles + 2 (LUT read, sum into E) + ``⌈(fr+1)/k⌉`` divider cycles +
-    ``C`` out issue cycles (the first during the last divider cycle) + 3 (``p`` register, δ
-    register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + T``, with ``C`` classes,
-    ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``fr`` = ``recip_frac``,
+    ``⌈C/Q⌉`` out issue cycles (the first during the last divider cycle) + 3 (``p`` register, δ
+    register, last δ) + 1 start cycle = ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + T``, with ``C``
+    classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``Q`` = ``out_lanes``,
+    ``fr`` = ``recip_frac``,
     ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes),
     + ``R + 2`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
     and ``r`` through R registers and their product through one more before ``p``'s, and the
@@ -64,7 +72,8 @@ def loss_cycles(
         return classes + 3
     T = max_tree_levels(z_lanes)
     R = operand_registers + 2 if operand_registers else 0
-    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + classes + 5 + T + R
+    out = -(-classes // out_lanes)
+    return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + out + 5 + T + R
 
 
 def loss_parallelism(
@@ -74,28 +83,45 @@ def loss_parallelism(
     recip_frac: int,
     slack: int | None,
     operand_registers: int = 0,
-) -> tuple[int, int]:
-    """``(exp_lanes, div_bits)`` of a loss unit: the cheapest pair (cost P + k: one exp lane or
-    one divider step each adds one compare/subtract datapath, derived) whose
-    :func:`loss_cycles` ≤ ``slack`` cycles; ties go to fewer cycles. When none fits, the
-    fastest pair (the loss unit then sets the tick, and the report says so). ``slack`` None, or
-    an MSE loss: ``(1, 1)``. P runs over the divisors of ``z_lanes``, k over
-    1..:data:`DIV_BITS_MAX`."""
+    parallel_out: bool = False,
+) -> tuple[int, int, int]:
+    """``(exp_lanes, div_bits, out_lanes)`` of a loss unit: the cheapest pair ``(P, k)`` (cost
+    P + k: one exp lane or one divider step each adds one compare/subtract datapath, derived)
+    whose :func:`loss_cycles` with one error a cycle (Q = 1) ≤ ``slack`` cycles; ties go to
+    fewer cycles. When none fits and ``parallel_out`` allows Q > 1 (the feeding stage's error
+    buffer takes a word of Q errors a write: a Linear stage's main stream), the cheapest
+    triple (cost P + k + Q) that fits; when none fits at all, the fastest pair with Q = 1 (the
+    loss unit then sets the tick, and the report says so: out lanes are bought only where they
+    take the loss unit off the tick — a board short of DSP blocks would otherwise lose the
+    lanes they cost elsewhere, e.g. mlp-digits 32,5 on the ULX3S without m·u's low piece in
+    logic fits its 156 blocks exactly). ``slack`` None, or an MSE loss: ``(1, 1, 1)``. P
+    runs over the divisors of ``z_lanes``, k over 1..:data:`DIV_BITS_MAX`, Q over the
+    divisors of P."""
     if kind == "mse" or slack is None:
-        return 1, 1
-    pairs = [
-        (p, k)
+        return 1, 1, 1
+    triples = [
+        (p, k, q)
         for p in range(1, z_lanes + 1)
         if z_lanes % p == 0
         for k in range(1, DIV_BITS_MAX + 1)
+        for q in (range(1, p + 1) if parallel_out else (1,))
+        if p % q == 0
     ]
 
-    def cycles(pk: tuple[int, int]) -> int:
+    def cycles(pkq: tuple[int, int, int]) -> int:
+        p, k, q = pkq
         return loss_cycles(
-            kind, classes, 0, recip_frac, *pk, z_lanes=z_lanes, operand_registers=operand_registers
+            kind, classes, 0, recip_frac, p, k, z_lanes, operand_registers, out_lanes=q
         )
 
-    fits = [pk for pk in pairs if cycles(pk) <= slack]
+    def cost(pkq: tuple[int, int, int]) -> tuple:
+        return (sum(pkq), cycles(pkq), pkq)
+
+    serial = [t for t in triples if t[2] == 1]
+    fits = [t for t in serial if cycles(t) <= slack]
     if fits:
-        return min(fits, key=lambda pk: (pk[0] + pk[1], cycles(pk), pk))
-    return min(pairs, key=lambda pk: (cycles(pk), pk[0] + pk[1], pk))
+        return min(fits, key=cost)
+    fits = [t for t in triples if cycles(t) <= slack]
+    if fits:
+        return min(fits, key=cost)
+    return min(serial, key=lambda t: (cycles(t), sum(t), t))

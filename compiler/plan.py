@@ -532,6 +532,10 @@ class Stage:
     products: every multiplier of one lane as built (:class:`Product`: name, operand widths,
         18 × 18 blocks), in ``build.stage_products`` order; None in plans from before (then
         absent from the JSON).
+    error_beat: B, errors per write of the error buffer of the stage's main stream when a
+        loss unit writes B at once (``LossUnit.out_lanes`` of the loss it feeds): the buffer
+        then forms its scaled errors ``lr·g`` with B multipliers (a ``Product.per_stage``
+        product counts B times); None (omitted from the JSON): one error a write.
     streams: local / interlocking learning: the stage's backward streams as ``[loss t, delay
         D_{s,t}]`` pairs in ``grad_losses`` order — the error of L_t reaches the stage D_{s,t}
         updates after its forward of the same sample (``schedule.StageRole.streams``,
@@ -604,9 +608,16 @@ class Stage:
     weight_operand: QFormat | None = None
     products: tuple[Product, ...] | None = None
     operand_registers: int | None = None
+    error_beat: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)
+
+    def product_count(self, product: Product) -> int:
+        """Multipliers ``product`` takes in this stage: ``lanes``, or for a
+        ``Product.per_stage`` one (the scaled error at the error buffer's write) one per error
+        of a write (``error_beat``, 1 when None)."""
+        return (self.error_beat or 1) if product.per_stage else self.lanes
 
     @property
     def scaled_at_write(self) -> bool:
@@ -719,6 +730,11 @@ class LossUnit:
         entries are registered before their sum into E, one cycle more; ``None`` (omitted from
         the JSON): product and rounding in ``p``'s register, the entries summed as read. Never
         a result (timing only).
+    out_lanes: Q, errors δ_j the cross-entropy out phase forms per cycle: Q products
+        ``e_j·r`` and one write of a word of Q errors into the feeding stage's error buffer
+        (its ``Stage.error_beat``); divides ``exp_lanes``. Chosen only where one error a cycle
+        leaves the loss unit on the tick (``compiler/loss_unit.py``); ``None`` (omitted from
+        the JSON): one. Never a result.
     """
 
     kind: Loss
@@ -738,9 +754,16 @@ class LossUnit:
     exp_lanes: int = 1
     div_bits: int = 1
     operand_registers: int | None = None
+    out_lanes: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, kind=Loss)
+
+    @property
+    def errors_per_write(self) -> int:
+        """Q: the errors of one write into the feeding stage's error buffer (``out_lanes``,
+        1 when None)."""
+        return self.out_lanes or 1
 
 
 @dataclass(frozen=True)

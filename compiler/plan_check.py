@@ -51,6 +51,7 @@ from .build import (
     forward_weight_bits,
     input_gradient_macs,
     lfsr_seeds,
+    loss_writes_words,
     p_sum_bits,
     pass_cycles,
     sequential_cycles,
@@ -129,6 +130,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Stage", "write_stage"): (0, None),
     ("Stage", "pass_cycles"): (1, None),
     ("Stage", "operand_registers"): (1, 2),
+    ("Stage", "error_beat"): (2, None),
     ("Stage", "attach"): (0, None),
     ("Stage", "slot_cycles"): (1, 2),
     ("LossUnit", "classes"): (1, None),
@@ -143,6 +145,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("LossUnit", "exp_lanes"): (1, None),
     ("LossUnit", "div_bits"): (1, DIV_BITS_MAX),
     ("LossUnit", "operand_registers"): (1, 1),
+    ("LossUnit", "out_lanes"): (2, None),
     ("Plan", "version"): (PLAN_VERSION, PLAN_VERSION),
     ("Plan", "in_features"): (1, None),
     ("Plan", "distance"): (0, None),
@@ -554,7 +557,8 @@ def _check_loss(plan: Plan, path: str, lu: Any, feeder: Any) -> None:
     key = f"s{feeder.index}.y"
     slack = max(s.pass_cycles for s in plan.stages) - feeder.pass_cycles
     regs = lu.operand_registers or 0  # the board's choice, checked for range above
-    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family, slack, regs)
+    words = lu is plan.loss and loss_writes_words(plan.strategy, feeder)
+    want = _loss_unit(lu.kind, lu.classes, lu.z, lu.d, key, lu.z_lanes, family, slack, regs, words)
     _same_fields(path, lu, want, "what build derives from kind, classes, formats, lanes, tick")
 
 
@@ -593,6 +597,9 @@ def _check_plan(plan: Plan) -> None:
         _check_stage(plan, i, cfg)
     last = plan.stages[S - 1]
     _check_loss(plan, "loss", plan.loss, last)
+    for i, st in enumerate(plan.stages):  # the main loss unit's feeder takes its error words
+        beat = plan.loss.out_lanes if st is last else None
+        _same(f"stages[{i}].error_beat", st.error_beat, beat, "the main loss unit's out_lanes")
     heads = [s for s in plan.stages[S:] if s.activation == "identity"]
     _same("head_losses", len(plan.head_losses), len(heads), "one per head's last stage: count")
     for k, (lu, st) in enumerate(zip(plan.head_losses, heads, strict=True)):

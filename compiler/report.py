@@ -337,7 +337,7 @@ def _dsp_counts(plan: Plan, width: int, min_product_bits: int) -> dict[int, int]
     for st in plan.stages:
         for p in st.products or ():
             k = multiplier_blocks(p.a_bits, p.b_bits, width, 2, min_product_bits)
-            out[k] = out.get(k, 0) + (1 if p.per_stage else st.lanes)
+            out[k] = out.get(k, 0) + st.product_count(p)
     for lu in (plan.loss, *plan.head_losses):
         for a, b in loss_operands(lu):
             k = multiplier_blocks(a, b, width, 2, min_product_bits)
@@ -453,14 +453,15 @@ def multiplier_table(plan: Plan) -> str:
         (st.index, p.name, f"{p.a_bits} × {p.b_bits}", p.blocks, n, p.blocks * n)
         for st in plan.stages
         for p in st.products or ()
-        for n in [1 if p.per_stage else st.lanes]
+        for n in [st.product_count(p)]
     ]
     for name, lu in [("loss", plan.loss)] + [
         (f"L{k}", lu) for k, lu in enumerate(plan.head_losses, start=1)
     ]:
-        for a, b in loss_operands(lu):
-            blocks = multiplier_blocks(a, b)
-            rows.append((name, "loss unit", f"{a} × {b}", blocks, 1, blocks))
+        ops = loss_operands(lu)
+        for a, b in dict.fromkeys(ops):  # the out phase's Q products e·r: one row, Q lanes
+            blocks, n = multiplier_blocks(a, b), ops.count((a, b))
+            rows.append((name, "loss unit", f"{a} × {b}", blocks, n, blocks * n))
     rows.append(("total", "", "", "", "", sum(r[5] for r in rows)))
     headers = ("stage", "multiplier", "operand bits", "DSP blocks/lane", "lanes", "DSP blocks")
     return markdown_table(headers, rows, left=("multiplier",))
@@ -892,16 +893,17 @@ def render_report(
         for name, lu in [(f"L{len(plan.head_losses) + 1} (main)", plan.loss)]
         + [(f"L{k} (head {k})", lu) for k, lu in enumerate(plan.head_losses, start=1)]
     ]
-    headers = ("loss", "kind", "classes", "logits", "error", "P", "k", "cycles")
+    headers = ("loss", "kind", "classes", "logits", "error", "P", "k", "Q", "cycles")
     lines += [
         "## Loss units",
         "",
         markdown_table(headers, lu_rows),
         "",
         "P: logits through the exp LUT per cycle (`exp_lanes`), k: quotient bits of the "
-        "reciprocal per cycle (`div_bits`) — the cross-entropy unit's parallelism, chosen to fit "
-        "the slack the tick leaves it; they change its cycles and size, never a result "
-        "(compiler/loss_unit.py; MSE has neither: –).",
+        "reciprocal per cycle (`div_bits`), Q: errors formed and written per cycle "
+        "(`out_lanes`, only where one a cycle would set the tick: each costs two DSP blocks) — "
+        "the cross-entropy unit's parallelism, chosen to fit the slack the tick leaves it; they "
+        "change its cycles and size, never a result (compiler/loss_unit.py; MSE has none: –).",
         "",
     ]
     if notes:
@@ -911,12 +913,12 @@ def render_report(
     return "\n".join(lines)
 
 
-def _loss_parallelism(lu: LossUnit) -> tuple[Any, Any]:
-    """``(P, k)`` of a cross-entropy loss unit (``exp_lanes``, ``div_bits``); ``("–", "–")`` for
-    MSE, which has one phase and uses neither."""
+def _loss_parallelism(lu: LossUnit) -> tuple[Any, Any, Any]:
+    """``(P, k, Q)`` of a cross-entropy loss unit (``exp_lanes``, ``div_bits``, ``out_lanes``);
+    ``("–", "–", "–")`` for MSE, which has one phase and uses none."""
     if str(lu.kind) == "mse":
-        return "–", "–"
-    return lu.exp_lanes, lu.div_bits
+        return "–", "–", "–"
+    return lu.exp_lanes, lu.div_bits, lu.errors_per_write
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:

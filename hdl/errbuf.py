@@ -3,10 +3,13 @@
 ``gbuf`` holds two halves of ``row_groups`` words of ``L`` values (``d`` format). The next
 stage's input gradient (or the loss unit's δ) arrives serially, one value a beat: the ``k``-th
 beat since the half was last filled is ``g_k``, stored in lane ``k mod L`` of word ``k div L`` of
-the half the tick controller names; ``M`` beats fill it. The pass reads the other half, the
-word of the slot's row group at S0. At S1 each lane forms ``δ = f′(z)·g`` from the stashed mask
-bit (``tanh``/``sigmoid``: the stashed output y; docs/numerics.md §5) — 0 in padding lanes of
-the last row group and in passes without a backward item — registered at S2.
+the half the tick controller names; ``M`` beats fill it. A loss unit with ``out_lanes`` = B
+writes B values a beat (``Stage.error_beat``; B divides L): beat ``b`` holds ``g_{b·B}`` …
+``g_{b·B+B−1}``, lanes ``b·B mod L`` … of word ``b·B div L``; ``⌈M/B⌉`` beats fill the half.
+The pass reads the other half, the word of the slot's row group at S0. At S1 each lane forms
+``δ = f′(z)·g`` from the stashed mask bit (``tanh``/``sigmoid``: the stashed output y;
+docs/numerics.md §5) — 0 in padding lanes of the last row group and in passes without a
+backward item — registered at S2.
 
 Under the interlocking ``sum`` rule (docs/numerics.md §5.6) the main update stream's buffer adds
 the δ of the stage's earlier update streams at S1 (``addend<k>``: from a
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -38,6 +41,7 @@ from .streams import (
     MaskReadSignature,
     SlotPipelineSignature,
     ValidSignature,
+    error_layout,
     slot_at,
 )
 
@@ -65,6 +69,9 @@ class ErrorBuffer(wiring.Component):
         by the activation's mask at S1 — instead of ``rhu(c·δ, k)`` in every lane from the S1
         δ (the compiler's ``errors_scaled_at_write``: ``relu``/``identity`` without
         ``addends``, where both give the same integers).
+    beat: B, values a write (``Stage.error_beat``; divides L): ``write`` carries
+        ``error_layout(d.bits, B)``, and the scaled errors at the write take B multipliers
+        per scale.
     register_write: (``at_write``) register ``g`` before both buffers: the writer's value is
         not a register output (an input gradient's ``sat(rhu(Σ))`` at S4); the ``gbuf`` write
         then lands one cycle after ``g`` arrives instead of with it, and the ``sbuf`` write
@@ -76,8 +83,8 @@ class ErrorBuffer(wiring.Component):
 
     Members
     -------
-    write: ``In(ValidSignature(signed(d.bits)))`` serial error, one value a beat (cannot
-        stall).
+    write: ``In(ValidSignature(error_layout(d.bits, B)))`` serial error, B values a beat
+        (one: ``signed(d.bits)``; cannot stall).
     halves: ``In(ErrorHalvesSignature())`` half written / read this tick.
     slots: ``In(pipeline.subset(S0, S1; bwd))``.
     mask: ``In(MaskReadSignature(L·stash_bits))`` the stashed ``z > 0`` bits at S1
@@ -105,8 +112,8 @@ class ErrorBuffer(wiring.Component):
     ``TICK_OVERHEAD`` cycles before the tick. The read never sees a half-written word
     (*derived*; the RTL-vs-golden tests cover both schedules, one row group included).
 
-    Raises ValueError unless ``(G−1)·L < M ≤ G·L``, or for ``at_write`` with ``addends`` or
-    an activation whose derivative is not a mask.
+    Raises ValueError unless ``(G−1)·L < M ≤ G·L`` and B divides L, or for ``at_write`` with
+    ``addends`` or an activation whose derivative is not a mask.
     """
 
     def __init__(
@@ -123,10 +130,14 @@ class ErrorBuffer(wiring.Component):
         at_write: bool = False,
         delta_out: bool = True,
         register_write: bool = False,
+        beat: int = 1,
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
             raise ValueError(f"{out_features} rows do not fill {G} row groups of {lanes} lanes")
+        if beat < 1 or lanes % beat:
+            raise ValueError(f"a write of {beat} errors does not divide {lanes} lanes")
+        self.beat = beat
         if at_write and (addends or activation.name not in ("relu", "identity")):
             raise ValueError(
                 f"scaled errors at the write need a mask derivative (relu, identity) and no "
@@ -148,7 +159,7 @@ class ErrorBuffer(wiring.Component):
         )
         self.addends, self.with_early, self.scales = addends, early, tuple(scales)
         members = {
-            "write": In(ValidSignature(signed(d_format.bits))),
+            "write": In(ValidSignature(error_layout(d_format.bits, beat))),
             "halves": In(ErrorHalvesSignature()),
             "slots": In(pipeline.subset(stages=(0, 1), flags=("bwd",))),
             "mask": In(MaskReadSignature(lanes * activation.stash_bits)),
@@ -170,22 +181,25 @@ class ErrorBuffer(wiring.Component):
         G, L, M = self.pipeline.row_groups, self.L, self.M
         sp = self.slots
         s1 = slot_at(sp, 1)
-        # serial write: word gq, lane gl of the half being filled
+        # serial write: word gq, lane gl of the half being filled (lanes gl·B … with B values
+        # a beat: gl counts blocks of B lanes)
+        B = self.beat
         gq = Signal(range(max(G, 2)))
-        gl = Signal(range(max(L, 2)))
-        last_lane = (M - 1) % L
+        gl = Signal(range(max(L // B, 2)))
+        last_lane = (M - 1) % L // B
         wr = self.write
         with m.If(wr.valid):
             with m.If((gq == G - 1) & (gl == last_lane)):
                 m.d.sync += [gq.eq(0), gl.eq(0)]
-            with m.Elif(gl == L - 1):
+            with m.Elif(gl == L // B - 1):
                 m.d.sync += [gq.eq(gq + 1), gl.eq(0)]
             with m.Else():
                 m.d.sync += gl.eq(gl + 1)
         waddr = wire(m, Mux(self.halves.write, G, 0) + gq, "waddr")
         # S0: read the slot's row group's word; S1: δ (and e) per lane; S2: registered
         raddr = wire(m, Mux(self.halves.read, G, 0) + slot_at(sp, 0).payload.group, "raddr")
-        written = (wr.valid, waddr, gl, wr.payload)
+        g_in = wr.payload if B == 1 else Value.cast(wr.payload)  # B values, d.bits each
+        written = (wr.valid, waddr, gl, g_in)
         if self.register_write and self.at_write:  # timing, *derived*: the writer's g is not
             # a register output (an input gradient's sat(rhu(Σ)) at S4). -deep on the ULX3S had
             # stage 3's gin rounding and clamp → stage 2's c·g → its register as the critical
@@ -226,19 +240,25 @@ class ErrorBuffer(wiring.Component):
         m.d.sync += [r.eq(x) for r, x in zip(regs, values, strict=True)]
         return regs
 
+    def _values(self, g) -> list:
+        """The B values of a write (``g`` itself for one)."""
+        B, bits = self.beat, self.fd.bits
+        return [g] if B == 1 else [g.word_select(t, bits).as_signed() for t in range(B)]
+
     def _gbuf(self, m: Module, valid, waddr, wlane, g, raddr):
-        """``gbuf``: each ``g`` (with ``valid``) written into lane ``wlane`` of word ``waddr``;
-        read at S0 at ``raddr``. Returns the read port (data at S1)."""
-        G, L, fd = self.pipeline.row_groups, self.L, self.fd
+        """``gbuf``: each write's ``g`` (with ``valid``; B values) written into lane block
+        ``wlane`` (lanes ``wlane·B`` …) of word ``waddr``; read at S0 at ``raddr``. Returns the
+        read port (data at S1)."""
+        G, L, fd, B = self.pipeline.row_groups, self.L, self.fd, self.beat
         m.submodules.gbuf = gm = Memory(shape=L * fd.bits, depth=2 * G, init=[])
         grd, gwr = gm.read_port(), gm.write_port(granularity=fd.bits)
         m.d.comb += [
             gwr.addr.eq(waddr),
-            gwr.data.eq(Cat(*([g] * L))),
+            gwr.data.eq(Cat(*(self._values(g) * (L // B)))),
             grd.addr.eq(raddr),
         ]
         for lane in range(L):
-            m.d.comb += gwr.en[lane].eq(valid & (wlane == lane))
+            m.d.comb += gwr.en[lane].eq(valid & (wlane == lane // B))
         return grd
 
     def _delta_lane(self, m: Module, lane: int, g, stashed, live) -> None:
@@ -304,24 +324,27 @@ class ErrorBuffer(wiring.Component):
             # stage 2's MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz)
             valid, addr, lane_w = registered((valid, addr, lane_w), "x")
         valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
-        es = []
-        for n, (c, k, bits) in enumerate(self.scales):
-            raw = g * c
-            p1 = Signal(raw.shape(), name=f"e{n}_p1")
-            if dsp:
-                registered_product(
-                    m, platform, g, consts[n], registers=1, out=p1, names=(f"sbuf_w{n}", "")
-                )
-            else:
-                m.d.sync += p1.eq(raw)
-            es.append(rhu(p1, k)[:bits])
+        B = self.beat
+        words = []  # per value of the write: its scaled errors, one multiplier each
+        for t, gv in enumerate(self._values(g)):
+            es = []
+            for n, (c, k, bits) in enumerate(self.scales):
+                raw = gv * c
+                p1 = Signal(raw.shape(), name=f"e{n}_p1" + (f"_{t}" if B > 1 else ""))
+                if dsp:
+                    names = (f"sbuf_w{n}" + (f"_{t}" if B > 1 else ""), "")
+                    registered_product(m, platform, gv, consts[n], registers=1, out=p1, names=names)
+                else:
+                    m.d.sync += p1.eq(raw)
+                es.append(rhu(p1, k)[:bits])
+            words.append(Cat(*es))
         m.d.comb += [
             swr.addr.eq(addr1),
-            swr.data.eq(Cat(*([Cat(*es)] * L))),
+            swr.data.eq(Cat(*(words * (L // B)))),
             srd.addr.eq(raddr),
         ]
         for lane in range(L):
-            m.d.comb += swr.en[lane].eq(valid1 & (lane1 == lane))
+            m.d.comb += swr.en[lane].eq(valid1 & (lane1 == lane // B))
         return srd
 
 

@@ -11,10 +11,11 @@ Cross-entropy takes the maximum as the logits arrive and then runs three phases:
 2. **divide**: ``r = ⌊2^(fe+fr) / E⌋`` by long division, ``k`` = ``div_bits`` quotient bits a
    cycle (``E ≥ 2^fe`` so the quotient has ``fr + 1`` bits);
 3. **out**: ``p_j = rhu(e_j·r, fe)``, ``δ_j = sat(rhu(p_j, fr − d.frac) − [j = y]·2^d.frac, d)``
-   streamed to stage S's error buffer, one a cycle; ``p_y`` is the loss output.
+   streamed to stage S's error buffer, ``Q`` = ``out_lanes`` a cycle (one write of ``Q``
+   errors); ``p_y`` is the loss output.
 
-``P`` and ``k`` are the plan's (:mod:`pipetrain.compiler.loss_unit` picks the smallest pair
-that keeps the loss unit off the tick); every setting computes the same integers.
+``P``, ``k`` and ``Q`` are the plan's (:mod:`pipetrain.compiler.loss_unit` picks the smallest
+setting that keeps the loss unit off the tick); every setting computes the same integers.
 
 MSE is one phase: ``δ_j = sat(rhu((z_j − t_j)·scale, fy + scale.frac − d.frac), d)``, argmax and
 ``Σ (z_j − t_j)^2`` (``2·fy`` fraction bits, saturated to 32 bits at the port).
@@ -40,7 +41,7 @@ from ..compiler.loss_unit import loss_cycles, max_tree_levels
 from ..compiler.plan import LossUnit as LossPlan
 from .arith import const_mul, delayed, rhu, sat, tree_sum
 from .dsp import registered_product
-from .streams import LossControlSignature, ValidSignature, word_layout
+from .streams import LossControlSignature, ValidSignature, error_layout, word_layout
 
 __all__ = ["LossUnit", "loss_unit_cycles"]
 
@@ -55,13 +56,14 @@ def loss_unit_cycles(
     div_bits: int = 1,
     z_lanes: int = 1,
     operand_registers: int = 0,
+    out_lanes: int = 1,
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + C + 5 + ⌈log2 z_lanes⌉`` (+ R + 2 with R = ``operand_registers``
-    ≥ 1), MSE ``C + 3``."""
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + ⌈log2 z_lanes⌉`` (+ R + 2 with R =
+    ``operand_registers`` ≥ 1; Q = ``out_lanes``), MSE ``C + 3``."""
     return loss_cycles(
-        kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers
+        kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers, out_lanes
     )
 
 
@@ -88,8 +90,9 @@ class LossUnit(wiring.Component):
     ctl: ``In(LossControlSignature())``: ``start`` pulse runs on the buffered logits with
         ``label`` and ``train`` (δ clamps are counted only for training samples; both held
         until ``done``); ``done`` is low from the start pulse until the last output.
-    delta: ``Out(ValidSignature(signed(loss.d.bits)))`` serial error ``δ_j``, ``j = 0..C−1``
-        (cannot stall).
+    delta: ``Out(ValidSignature(error_layout(loss.d.bits, Q)))`` the errors ``δ_j``,
+        ``j = 0..C−1``, in order, ``Q`` = ``loss.out_lanes`` a beat (element ``t`` of beat
+        ``b`` is ``δ_{b·Q+t}``; rows past C in the last beat are 0; cannot stall).
     pred: ``Out(16)`` argmax of the logits (valid from ``done`` to the next start).
     loss: ``Out(32)`` ``p_y`` (CE, frac ``recip_frac``) or ``Σ(z−t)²`` (MSE, saturated).
     saturations: ``Out(32)`` δ clamps (saturating counter).
@@ -99,13 +102,19 @@ class LossUnit(wiring.Component):
         if loss.kind not in ("cross_entropy", "mse"):
             raise NotImplementedError(f"loss {loss.kind!r} has no hardware loss unit")
         self.lp, self.zl = loss, loss.z_lanes
+        self.Q = Q = loss.errors_per_write
+        if Q > 1 and (loss.kind != "cross_entropy" or loss.exp_lanes % Q):
+            raise ValueError(
+                f"out_lanes {Q} needs a cross-entropy loss whose exp_lanes it divides "
+                f"({loss.kind}, exp_lanes {loss.exp_lanes})"
+            )
         self.shift_add = shift_add
         self.words = loss.z_words
         super().__init__(
             {
                 "z_in": In(ValidSignature(word_layout(self.words, loss.z_word_bits))),
                 "ctl": In(LossControlSignature()),
-                "delta": Out(ValidSignature(signed(loss.d.bits))),
+                "delta": Out(ValidSignature(error_layout(loss.d.bits, Q))),
                 "pred": Out(16),
                 "loss": Out(32),
                 "saturations": Out(32),
@@ -141,16 +150,20 @@ class LossUnit(wiring.Component):
         c.z1 = (zr.data.word_select(s1, fz.bits) if Lz > 1 else zr.data).as_signed()
         c.zmax = Signal(signed(fz.bits))
         c.arg = Signal(16)
+        if self.Q > 1:  # out phase: the first row of the beat being issued
+            c.rb0 = Signal(range(C + self.Q))
 
         # outputs: δ stream, pred, loss value, saturation counter
         cnt = Signal(32)
         c.dl_en = Signal()
-        c.dl_d = Signal(signed(fd.bits))
-        c.dl_s = Signal()
+        c.dl_d = Signal(error_layout(fd.bits, self.Q))
+        c.dl_s = Signal(self.Q)  # per error of the beat: clamped
         m.d.comb += [self.delta.valid.eq(c.dl_en), self.delta.payload.eq(c.dl_d)]
         c.loss_v = Signal(32)
         m.d.comb += [self.pred.eq(c.arg), self.loss.eq(c.loss_v)]
         nxt = cnt + (c.dl_en & c.dl_s & self.ctl.train)
+        if self.Q > 1:  # every clamped error of the beat counts
+            nxt = cnt + sum(c.dl_en & c.dl_s[t] & self.ctl.train for t in range(self.Q))
         m.d.sync += cnt.eq(Mux(nxt > SAT_MAX, SAT_MAX, nxt))
         m.d.comb += self.saturations.eq(cnt)
         m.d.sync += c.dl_en.eq(0)
@@ -176,6 +189,8 @@ class LossUnit(wiring.Component):
     @staticmethod
     def _restart(m: Module, c: _Shared) -> None:
         m.d.sync += [c.j0.eq(0), c.q0.eq(0), c.s0.eq(0)]
+        if hasattr(c, "rb0"):
+            m.d.sync += c.rb0.eq(0)
 
     def _mse(self, m: Module, c: _Shared) -> None:
         """One phase: δ_j, argmax and Σ (z_j − t_j)² as the logits arrive."""
@@ -279,34 +294,48 @@ class LossUnit(wiring.Component):
         # out phase: e_j from the e memory at S1, p_j = rhu(e_j·r) registered at S2, δ_j at S2
         # (registered at S3: the product and its rounding apart from δ's rounding and clamp;
         # *derived*, timing only)
-        e1 = er.data.word_select(c.s1, fe + 1) if P > 1 else er.data
-        p2 = Signal(fr + 2)  # p ≤ 2^fr (+ one rounding bit of headroom)
-        lab2, vo2 = Signal(), Signal()
+        Q = self.Q  # errors a cycle: Q lanes of the out path, one beat of Q errors
+        e_q = er.data.word_select(c.s1, Q * (fe + 1)) if P > Q else er.data
         # with operand registers (R = LossUnit.operand_registers) e_j and r pass R registers and
         # their product one more before p's rounding register (on the ECP5 the MULT18X18D's
         # own: the mlp-digits critical path at 74.6 MHz was the word select → this multiply
         # unregistered → p's rounding adder, 13.4 ns; docs/boards.md §4.2), R + 1 cycles
         R = lp.operand_registers or 0
-        if R:
-            prod = Signal(unsigned(e1.shape().width + div.r.shape().width), name="p_prod")
-            registered_product(
-                m, platform, e1, div.r, registers=R, out=prod, names=("e_op", "r_op")
-            )
-            m.d.sync += p2.eq(rhu(prod, fe))
-        else:
-            m.d.sync += p2.eq(rhu(e1 * div.r, fe))
-        lab1 = delayed(m, c.j1 == label, "lab_op", R + 1 if R else 0)
         vouts = [v_out]  # v_out through the product's registers: one per cycle of the out path
         for k in range(R + 1 if R else 0):
             vouts.append(Signal(name=f"vo_op{k}"))
             m.d.sync += vouts[-1].eq(vouts[-2])
-        m.d.sync += [lab2.eq(lab1), vo2.eq(vouts[-1])]
-        dv, dc = sat(rhu(p2, fr - fd.frac) - Mux(lab2, 1 << fd.frac, 0), fd)
+        vo2 = Signal()
+        m.d.sync += vo2.eq(vouts[-1])
+        if Q > 1:  # the beat's first row, beside j1 (the beat) for the label compare
+            rb1 = Signal.like(c.rb0, name="rb1")
+            m.d.sync += rb1.eq(c.rb0)
+        outs = []
+        for t in range(Q):
+            sfx = f"_{t}" if Q > 1 else ""
+            e1 = e_q.word_select(t, fe + 1) if Q > 1 else e_q
+            p2 = Signal(fr + 2, name=f"p2{sfx}")  # p ≤ 2^fr (+ one rounding bit of headroom)
+            if R:
+                prod = Signal(unsigned(e1.shape().width + div.r.shape().width), name=f"p_prod{sfx}")
+                names = (f"e_op{sfx}", f"r_op{sfx}")
+                registered_product(m, platform, e1, div.r, registers=R, out=prod, names=names)
+                m.d.sync += p2.eq(rhu(prod, fe))
+            else:
+                m.d.sync += p2.eq(rhu(e1 * div.r, fe))
+            hit = c.j1 == label if Q == 1 else rb1 + t == label
+            lab1 = delayed(m, hit, f"lab_op{sfx}", R + 1 if R else 0)
+            lab2 = Signal(name=f"lab2{sfx}")
+            m.d.sync += lab2.eq(lab1)
+            dv, dc = sat(rhu(p2, fr - fd.frac) - Mux(lab2, 1 << fd.frac, 0), fd)
+            outs.append((p2, lab2, dv, dc))
         m.d.comb += er.addr.eq(c.q0)
         with m.If(vo2):
-            m.d.sync += [c.dl_en.eq(1), c.dl_d.eq(dv), c.dl_s.eq(dc)]
-            with m.If(lab2):
-                m.d.sync += c.loss_v.eq(p2)
+            m.d.sync += c.dl_en.eq(1)
+            for t, (p2, lab2, dv, dc) in enumerate(outs):
+                d_t, s_t = (c.dl_d, c.dl_s) if Q == 1 else (c.dl_d[t], c.dl_s[t])
+                m.d.sync += [d_t.eq(dv), s_t.eq(dc)]
+                with m.If(lab2):
+                    m.d.sync += c.loss_v.eq(p2)
         busy = Cat(vo2, *vouts[1:]).any() if R else vo2  # a δ still in the out path
         self._ce_phases(m, c, ph0, exp_last, div, busy)
 
@@ -353,16 +382,19 @@ class LossUnit(wiring.Component):
     ) -> None:
         """The cross-entropy state machine: IDLE → (MAX: ``T`` cycles while the comparison
         tree drains, with a tree of registers) → EXP → EXP_TAIL → DIV → OUT → OUT_TAIL →
-        IDLE; the first out read issues in the last divider cycle (its S1 sees the final r)."""
-        C, P = self.lp.classes, self.lp.exp_lanes
+        IDLE; the first out read issues in the last divider cycle (its S1 sees the final r);
+        OUT issues ⌈C/Q⌉ beats of Q rows."""
+        C, P, Q = self.lp.classes, self.lp.exp_lanes, self.Q
         W = -(-C // P)
         T = max_tree_levels(self.zl)
         wait = Signal(range(max(T, 2)))
 
-        def issue_out(first: bool) -> None:
+        def issue_out(first: bool) -> None:  # beat j0: rows j0·Q …, slice s0 of ebuf word q0
             m.d.comb += [c.issue.eq(1), ph0.eq(1)]
-            self._advance(m, c, P)
-            with m.If(c.j0 == C - 1):
+            self._advance(m, c, P // Q)
+            if Q > 1:
+                m.d.sync += c.rb0.eq(c.rb0 + Q)
+            with m.If(c.j0 == -(-C // Q) - 1):
                 m.next = "OUT_TAIL"
             if first:
                 with m.Else():

@@ -59,6 +59,7 @@ from .streams import (
     ValidSignature,
     WeightAccessSignature,
     connect_pipeline,
+    error_layout,
     word_layout,
 )
 from .update import LFSRConfig, UpdateUnit, scaled_error_ports, scaled_errors
@@ -132,8 +133,9 @@ class StageUnit(wiring.Component):
         flags, stash bases and error-buffer halves from the tick controller; ``done`` back.
     x_in: ``In(ValidSignature(word_layout(x_words, x_word_bits)))`` stash write, at
         ``ctl.stash.write + word`` (cannot stall).
-    g_in: ``In(ValidSignature(signed(d.bits)))`` serial error ``g_k``, ``k = 0..M−1``, into half
-        ``ctl.error.write`` (cannot stall).
+    g_in: ``In(ValidSignature(error_layout(d.bits, B)))`` serial error ``g_k``, ``k = 0..M−1``,
+        B = ``Stage.error_beat`` (1 when None) a beat, into half ``ctl.error.write`` (cannot
+        stall).
     y: ``Out(ValidSignature(word_layout(row_groups, y_word_bits)))`` forward output: the ``L``
         activations of row group ``word``.
     gin: ``Out(ValidSignature(signed(gin.bits)))`` serial input gradient ``i = 0..N−1`` of
@@ -166,7 +168,7 @@ class StageUnit(wiring.Component):
         sig = {
             "ctl": In(PassControlSignature(P * st.x_words, P * st.row_groups, len(self.extra))),
             "x_in": In(ValidSignature(word_layout(st.x_words, st.x_word_bits))),
-            "g_in": In(ValidSignature(signed(f.d.bits))),
+            "g_in": In(ValidSignature(error_layout(f.d.bits, st.error_beat or 1))),
             "y": Out(ValidSignature(word_layout(st.row_groups, st.y_word_bits))),
             "access": In(WeightAccessSignature(st.lanes, st.cycles_per_tick)),
             "saturations": Out(32),
@@ -227,6 +229,7 @@ class StageUnit(wiring.Component):
                 at_write=st.scaled_at_write,
                 delta_out=st.reads_delta,
                 register_write=bool(stage_graph(plan).senders(st.index - 1, self.main)),
+                beat=st.error_beat or 1,
             ),
             "update": UpdateUnit(
                 pipe,

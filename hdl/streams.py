@@ -35,6 +35,7 @@ from amaranth.lib.wiring import In, Out
 from ..compiler.plan import Plan
 
 __all__ = [
+    "error_layout",
     "network_signature",
     "ValidSignature",
     "index_shape",
@@ -120,6 +121,16 @@ def word_layout(words: int, data_bits: int) -> data.StructLayout:
     stage's output and the loss unit's logit buffer.
     """
     return data.StructLayout({"word": index_shape(words), "data": unsigned(data_bits)})
+
+
+def error_layout(d_bits: int, beat: int = 1) -> ShapeLike:
+    """The payload of an error write into a stage's error buffer: one error ``signed(d_bits)``
+    a beat (an input gradient's ``gin_i``, a loss unit with ``out_lanes`` = 1), or ``beat`` of
+    them (``data.ArrayLayout``; element ``t`` is the error of the beat's ``t``-th row: a loss
+    unit's ``out_lanes``, ``Stage.error_beat``)."""
+    if beat == 1:
+        return signed(d_bits)
+    return data.ArrayLayout(signed(d_bits), beat)
 
 
 def mask_layout(row_groups: int, lanes: int) -> data.StructLayout:

@@ -607,3 +607,45 @@ def test_auto_formats_for_a_custom_module():
     assert set(fs.ranges) == {1, 2} and fs.ranges[1]["x"] == 1.0
     with pytest.raises(PlanError, match=r"shape \(5, 3\) but the network takes \(samples, 64\)"):
         auto_formats(model, TrainConfig(), torch.zeros(5, 3), torch.zeros(5), ir=ir)
+
+
+def test_loss_out_lanes_only_where_one_error_a_cycle_sets_the_tick():
+    """``loss_parallelism``: Q > 1 out lanes (two DSP blocks each) only when no ``(P, k)`` with
+    one error a cycle fits the slack — C = 10 logits in one word of 10, fr = 16, R = 1:
+    (10, 2) serial takes ⌈10/10⌉ + ⌈17/2⌉ + 10 + 5 + 4 + 3 = 32 cycles; at slack 25 the
+    cheapest fitting triple is (5, 2, 5): 2 + 9 + 2 + 12 = 25 ((10, 2, 10), 23, costs more);
+    with nothing fitting, the fastest serial pair (out lanes only where they take the loss off
+    the tick); a feeder that takes one error a write never gets Q > 1. The plan's round trip
+    rejects a feeder whose ``error_beat`` disagrees with ``out_lanes``."""
+    import dataclasses
+
+    from pipetrain.compiler.ir import LayerIR, NetworkIR
+    from pipetrain.compiler.loss_unit import loss_cycles, loss_parallelism
+
+    def lp(slack: int, words: bool = True) -> tuple[int, int, int]:
+        return loss_parallelism("cross_entropy", 10, 10, 16, slack, 1, words)
+
+    assert lp(32) == (10, 2, 1)
+    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1) == 32
+    assert lp(25) == (5, 2, 5)
+    assert loss_cycles("cross_entropy", 10, 15, 16, 5, 2, 10, 1, out_lanes=5) == 25
+    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1, out_lanes=10) == 23
+    assert lp(23) == (10, 2, 10)
+    assert lp(22) == lp(25, words=False) == lp(10, words=False) == (10, 2, 1)
+    ir = NetworkIR("q", 10, (LayerIR("0", 10, 6, "relu"), LayerIR("2", 6, 10)), "cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = build_plan(ir, TrainConfig(), FormatSpec.default(2), [2, 10])
+    assert plan.loss.out_lanes == 5 and plan.stages[1].error_beat == 5
+    # stage 2's scaled error lr·g at the write: five multipliers, one per error of a write
+    shared = [p for p in plan.stages[1].products if p.per_stage]
+    assert len(shared) == 1 and plan.stages[1].product_count(shared[0]) == 5
+    assert Plan.from_json(plan.to_json()) == plan
+    from pipetrain.compiler.build import stage_multipliers
+
+    one = dataclasses.replace(plan.stages[1], error_beat=None)  # disagrees with out_lanes
+    one = dataclasses.replace(one, multipliers=stage_multipliers(one))
+    mults = plan.stages[0].multipliers + one.multipliers
+    bad = dataclasses.replace(plan, stages=(plan.stages[0], one), multipliers=mults)
+    with pytest.raises(PlanError, match="error_beat"):
+        Plan.from_json(bad.to_json())

@@ -51,24 +51,30 @@ def _derivative(act: str, positive: bool, g: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "act,M,L,at_write,delta_out,reg",
+    "act,M,L,at_write,delta_out,reg,B",
     [
-        ("relu", 5, 2, False, True, False),
-        ("leaky_relu", 7, 3, False, True, False),
-        ("identity", 4, 4, False, True, False),
-        ("leaky_relu", 3, 1, False, True, False),
+        ("relu", 5, 2, False, True, False, 1),
+        ("leaky_relu", 7, 3, False, True, False, 1),
+        ("identity", 4, 4, False, True, False, 1),
+        ("leaky_relu", 3, 1, False, True, False, 1),
         # the scaled errors rhu(c·g, k) formed at the write (sbuf), gated by the mask at S1
-        ("relu", 5, 2, True, True, False),
-        ("identity", 4, 4, True, True, True),
-        ("relu", 3, 3, True, False, False),  # one row group (read at once), no gbuf: δ is 0
-        ("relu", 7, 3, True, False, True),  # g registered before c·g
+        ("relu", 5, 2, True, True, False, 1),
+        ("identity", 4, 4, True, True, True, 1),
+        ("relu", 3, 3, True, False, False, 1),  # one row group (read at once), no gbuf: δ is 0
+        ("relu", 7, 3, True, False, True, 1),  # g registered before c·g
+        # B errors a write (a loss unit's out_lanes): 2 + 2 | 2 (the last a padding row), and
+        # one row group of 6 in two writes of 3, scaled at the write (B multipliers a scale)
+        ("relu", 5, 4, True, True, False, 2),
+        ("identity", 6, 6, True, True, False, 3),
+        ("leaky_relu", 5, 4, False, True, False, 4),
     ],
 )
 def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
-    act, M, L, at_write, delta_out, reg
+    act, M, L, at_write, delta_out, reg, B
 ):
     """δ and the scaled errors of every slot, with the next sample's errors written during the
-    pass; the buffer's contract: a half is read from two cycles after its last error's write,
+    pass (``B`` a write; random values in the padding rows of the last write must not show);
+    the buffer's contract: a half is read from two cycles after its last error's write,
     three with ``register_write`` (the scaled errors' write lands one cycle after ``g``'s, two
     with ``register_write``)."""
     G = -(-M // L)
@@ -78,15 +84,24 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
     activation = Activation(act, SLOPE if act == "leaky_relu" else None, 2, SHIFT_ADD)
     dut = ErrorBuffer(
         pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES,
-        at_write=at_write, delta_out=delta_out, register_write=reg,
+        at_write=at_write, delta_out=delta_out, register_write=reg, beat=B,
     )  # fmt: skip
-    errors = [[rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(M)] for _ in range(4)]
+    beats = -(-M // B)  # writes a sample: M errors, padding rows up to a multiple of B
+    errors = [
+        [rng.randrange(FD.min_int, FD.max_int + 1) for _ in range(beats * B)] for _ in range(4)
+    ]
     results = []
+
+    def payloads(sample: list[int]) -> list:
+        """The sample's writes: one error, or a list of B (the write's array elements)."""
+        if B == 1:
+            return sample[:M]
+        return [sample[b * B : b * B + B] for b in range(beats)]
 
     async def bench(ctx):
         # fill half 0 with sample 0 (gaps between beats)
         ctx.set(dut.halves.write, 0)
-        for g in errors[0]:
+        for g in payloads(errors[0]):
             while rng.random() < 0.5:
                 await ctx.tick()
             ctx.set(dut.write.valid, 1)
@@ -100,7 +115,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
             rd, bwd = t % 2, t != 1
             ctx.set(dut.halves.read, rd)
             ctx.set(dut.halves.write, 1 - rd)
-            todo = list(errors[t + 1])
+            todo = payloads(errors[t + 1])
             masks = {}
             seen = []
 

@@ -252,7 +252,7 @@ def _run_loss(plan, cases):
     Lz = plan.stages[-1].lanes
     assert plan.loss.z_lanes == Lz  # the plan's logit-buffer geometry
     dut = LossUnit(plan.loss, plan.shift_add)
-    zb = plan.loss.z.bits
+    zb, Q = plan.loss.z.bits, plan.loss.errors_per_write
     out = []
 
     async def bench(ctx):
@@ -278,7 +278,8 @@ def _run_loss(plan, cases):
             deltas, cycles = [], 1
             while not ctx.get(dut.ctl.done):
                 if ctx.get(dut.delta.valid):
-                    deltas.append(ctx.get(dut.delta.payload))
+                    beat = ctx.get(dut.delta.payload)
+                    deltas += [beat[t] for t in range(Q)] if Q > 1 else [beat]
                 await ctx.tick()
                 cycles += 1
             out.append(
@@ -327,22 +328,28 @@ def _cases(fmt: QFormat, C: int = 5):
         ("cross_entropy", QFormat(8, 8), (2, 2), (1, 1), 1),
         # the exp ROM in logic (many read ports on the ECP5): its index registered instead
         ("cross_entropy", None, (2, 5), (5, 2), "logic"),
+        # Q = out_lanes errors a cycle (one beat of Q): all 5 at once, and 2 + 2 + 1 (a
+        # padding row in the last beat) out of 2-lane ebuf words of 3 logit words
+        ("cross_entropy", None, (2, 5), (5, 2, 5), 1),
+        ("cross_entropy", QFormat(8, 8), (2, 2), (2, 1, 2), 0),
+        ("cross_entropy", None, (2, 5), (5, 1, 5), "logic"),
         ("mse", None, (2, 2), (1, 1), 0),
         ("mse", QFormat(8, 9), (2, 2), (1, 1), 0),
     ],
 )
 def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
     """pred, loss output, every δ_j, the saturation counter and the cycle count equal the golden
-    loss unit / the plan, on random, tied, extreme and saturating logits, for exp lanes P and
-    divider bits k ``par`` (the plan's parallelism, which never changes a result) and ``regs``
+    loss unit / the plan, on random, tied, extreme and saturating logits, for exp lanes P,
+    divider bits k and out lanes Q ``par`` (the plan's parallelism, which never changes a
+    result; Q = 1 when left out) and ``regs``
     operand registers (``LossUnit.operand_registers``, timing only; ``"logic"``: one, with the
     exp ROM a logic memory, whose index is registered instead of its entries)."""
     plan, g = _loss_plan(loss, d_fmt, lanes)
-    P, k = par
+    P, k, Q = (*par, 1)[:3]
     lu = plan.loss
     rom = "logic" if regs == "logic" else None
     regs = 1 if rom else regs
-    cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k, lanes[-1], regs)
+    cycles_pk = loss_unit_cycles(loss, 5, lu.recip_frac, P, k, lanes[-1], regs, Q)
     mems = tuple(
         dataclasses.replace(mm, kind=rom) if rom and mm.name == "lut" else mm for mm in lu.memories
     )
@@ -353,6 +360,7 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
         cycles=cycles_pk,
         operand_registers=regs or None,
         memories=mems,
+        out_lanes=Q if Q > 1 else None,
     )
     plan = dataclasses.replace(plan, loss=lu)
     cases = _cases(plan.loss.z)
@@ -362,12 +370,13 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
             torch.tensor(z, dtype=torch.int64), torch.tensor(label), want_delta=train
         )
         assert (pred, lossv) == (int(p), int(lr)), (z, label)
-        if train:
-            assert deltas == dl.tolist(), (z, label)
+        if train:  # rows past C in the last beat are 0
+            assert deltas == dl.tolist() + [0] * (-5 % Q), (z, label)
         assert sats == g.stage_saturations[-1]
         assert cycles == cycles_pk
-    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + 5 + 5 + ⌈log2 lanes⌉ (+ R + 2)
-        tree = {2: 1, 3: 2, 5: 3}[lanes[-1]]
-        assert cycles_pk == -(-5 // P) + -(-17 // k) + 10 + tree + (regs + 2 if regs else 0)
+    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + ⌈5/Q⌉ + 5 + ⌈log2 lanes⌉
+        tree = {2: 1, 3: 2, 5: 3}[lanes[-1]]  # (+ R + 2)
+        want = -(-5 // P) + -(-17 // k) + -(-5 // Q) + 5 + tree + (regs + 2 if regs else 0)
+        assert cycles_pk == want
     if d_fmt is not None:
         assert g.stage_saturations[-1] > 0  # the saturating formats did clamp

@@ -37,7 +37,11 @@ def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
     lr·δ was per lane). The fit's DSP blocks: one per product — m·u of the 24-bit velocity too:
     its top 18 bits take the block, m × the low 6 bits is a select-add in logic
     (``Plan.logic_low_bits`` = 8 on the ECP5; it took two before) — and the loss unit's e·r:
-    16·3 + 1 + 4·4 + 1 + 1 = 67 (105 before both)."""
+    16·3 + 1 + 4·4 + 1 + 1 = 67 (105 before both). Stage 2's pass (108 cycles) and the
+    fastest one-error-a-cycle loss unit (P = 4, k = 2: 32) exceed stage 1's 139 by one, so the
+    loss unit takes P = 2, k = 2 and Q = 2 out lanes (29 cycles, cost 6 < 8): stage 2's lr·g and
+    the loss unit's e·r twice,
+    69 blocks, and the tick is stage 1's pass + 2 = 141 (142 serial)."""
     from pipetrain.host.flow import compile_design
 
     res = compile_design(
@@ -53,13 +57,15 @@ def test_mlp_digits_16_4_on_the_ulx3s_counts_its_products():
         ["lr_delta"],
         ["lr_delta"],
     ]
-    assert [s.multipliers for s in plan.stages] == [49, 17]
-    assert plan.multipliers == 66
+    assert [s.multipliers for s in plan.stages] == [49, 18]
+    assert plan.multipliers == 67
+    assert (plan.loss.exp_lanes, plan.loss.div_bits, plan.loss.out_lanes) == (2, 2, 2)
+    assert plan.loss.cycles == 29 and plan.tick_cycles == 139 + 2
     assert plan.logic_low_bits == 8 and plan.operand_bits == 18
     mom = [p for s in plan.stages for p in s.products if p.name == "momentum"]
     assert [(p.a_bits, p.b_bits, p.blocks) for p in mom] == [(18, 18, 1)] * 2
     assert all(s.formats.u.bits == 24 for s in plan.stages)  # so the low piece is 6 bits
-    assert res.fit["multipliers"] == {"needed": 67, "available": 156}
+    assert res.fit["multipliers"] == {"needed": 69, "available": 156}
 
 
 CASES = {

@@ -301,19 +301,21 @@ def test_multipliers_line_says_which_dsp_blocks_they_take(ice):
 
 
 def test_loss_table_gives_p_and_k(tmp_path):
-    """Item 12: the loss units' parallelism (``exp_lanes`` P, ``div_bits`` k) in report.md —
-    the ULX3S's 32,10 plan's unit takes P = 5 logits a cycle to fit the tick's slack."""
+    """Item 12: the loss units' parallelism (``exp_lanes`` P, ``div_bits`` k, ``out_lanes`` Q)
+    in report.md —
+    the ULX3S's 32,10 plan's unit takes P = 10 logits a cycle to fit the tick's slack (its exp
+    LUT entries registered before their sum: one cycle more than with P = 5, 522a79d)."""
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
               "--out", str(tmp_path), "--json", "-")  # fmt: skip
     assert res.exit_code == 0, res.output
     text = (tmp_path / "report.md").read_text()
-    assert "| loss      | kind          | classes | logits | error | P | k | cycles |" in text
+    assert "| loss      | kind          | classes | logits | error |  P | k | Q | cycles |" in text
     from pipetrain.compiler.plan import Plan
 
     lu = Plan.from_json((tmp_path / "plan.json").read_text()).loss
     row = _table(text, "| loss      | kind")[0]
-    assert row[5:] == [str(lu.exp_lanes), str(lu.div_bits), str(lu.cycles)]
-    assert lu.exp_lanes == 5
+    assert row[5:] == [str(lu.exp_lanes), str(lu.div_bits), "1", str(lu.cycles)]
+    assert lu.exp_lanes == 10 and lu.out_lanes is None  # one error a cycle fits the slack
     assert "P: logits through the exp LUT per cycle (`exp_lanes`), k: quotient bits" in text
 
 

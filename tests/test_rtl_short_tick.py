@@ -39,3 +39,50 @@ def test_mlp_digits_at_138_multipliers_runs_at_the_slowest_pass():
     rc, S = rtl.result_cycles, len(plan.stages)
     steady = [b - a for a, b in zip(rc[1 : n - 2 * S], rc[2:], strict=False)]
     assert len(steady) >= n - 2 * S - 1 and set(steady) == {plan.ideal_cycles_per_sample}
+
+
+@pytest.mark.parametrize("operand_registers", [0, 2])
+def test_loss_unit_writing_error_words_is_bit_exact(operand_registers):
+    """10 → 6 → 10 at lanes 2, 10: stage 1's pass leaves the loss unit 26 cycles after stage
+    2's; one error a cycle takes at least ⌈10/10⌉ + ⌈17/2⌉ + 10 + 5 + ⌈log2 10⌉ = 29 (32 with
+    the ECP5's operand registers), so the plan gives the loss unit Q = 5 out lanes (P = 5,
+    k = 2: 22 cycles, 25) — five products ``e_j·r`` and one write of five errors into stage 2's
+    error buffer, two writes a sample, whose scaled error lr·g then takes five multipliers —
+    and the tick is stage 1's pass again (compiler/loss_unit.py). Verilator: bit-exact with the
+    golden model (results, weights, velocities, counters) over a stream of samples, results
+    exactly one tick apart; ``operand_registers`` = 2 is the ECP5 boards' pipeline (the
+    MULT18X18D's registers in fabric form here)."""
+    import warnings
+
+    import torch
+    from pipetrain.compiler.build import FormatSpec, build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.ir import LayerIR, NetworkIR
+    from torch import nn
+
+    ir = NetworkIR("q", 10, (LayerIR("0", 10, 6, "relu"), LayerIR("2", 6, 10)), "cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated formats
+        plan = build_plan(
+            ir, TrainConfig(), FormatSpec.default(2), [2, 10], operand_registers=operand_registers
+        )
+    lu, (s1, s2) = plan.loss, plan.stages
+    R = 3 if operand_registers else 0  # the loss unit's R + 2 with R = 1
+    assert (lu.exp_lanes, lu.div_bits, lu.out_lanes, lu.cycles) == (5, 2, 5, 22 + R)
+    assert s2.error_beat == 5 and s1.error_beat is None
+    assert pass_cycles(s1) - pass_cycles(s2) == 26  # the slack; serial (10, 2): 29 + R
+    assert plan.tick_cycles == pass_cycles(s1) + 2  # the loss unit is off the tick
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(10, 6), nn.ReLU(), nn.Linear(6, 10))
+    n = 20
+    gen = torch.Generator().manual_seed(5)
+    fx = s1.formats.x
+    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (n, 10), generator=gen)
+    y = torch.randint(0, 10, (n,), generator=gen).tolist()
+    design = build_network(plan)
+    rep = check_network(plan, model, x, y, design=design)
+    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
+    rtl = run_network(design, x, y, init=GoldenModel(plan, model).memories())
+    rc, S = rtl.result_cycles, len(plan.stages)
+    steady = [b - a for a, b in zip(rc[1 : n - 2 * S], rc[2:], strict=False)]
+    assert set(steady) == {plan.ideal_cycles_per_sample}
