@@ -17,7 +17,7 @@ import pytest
 from amaranth import Const
 from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
-from pipetrain.hdl.saturation import GROUP, SaturationCounter
+from pipetrain.hdl.saturation import GROUP, SUMS, SaturationCounter, counter_lag
 from pipetrain.hdl.streams import sample_layout, wacc_cmd_layout
 from pipetrain.hdl.top import ResultQueue, SampleWriter
 from pipetrain.hdl.wacc import AccessGeometry, WeightAccess
@@ -209,11 +209,11 @@ def test_weight_access_addresses_and_answers(ecp5):
     assert answers == exp_ans
 
 
-@pytest.mark.parametrize("n", [5, GROUP, GROUP + 1, 97])
+@pytest.mark.parametrize("n", [5, GROUP, GROUP + 1, GROUP * SUMS, GROUP * SUMS + 1, 96, 97])
 def test_saturation_counter_counts_every_flag(n):
     """Every raised flag is counted, with the lag the docstring gives: one cycle for up to
-    GROUP flags, two when the group popcounts are registered (97: stage 1 of mlp-digits 32,10
-    has 96 flags)."""
+    GROUP flags, two when the group popcounts are registered, three when more than SUMS of
+    them are summed into registers first (96: stage 1 of mlp-digits 32,10)."""
     dut = SaturationCounter(n)
     rng = random.Random(1)
     pattern = [rng.getrandbits(n) for _ in range(300)]
@@ -231,7 +231,8 @@ def test_saturation_counter_counts_every_flag(n):
     sim.run()
     # the flags are registered: after the tick that presents pattern[i], the count holds the
     # flags of pattern[0 .. i−1] (up to GROUP flags), of pattern[0 .. i−2] (more)
-    lag = 1 if n <= GROUP else 2
+    lag = 1 if n <= GROUP else 2 if n <= GROUP * SUMS else 3
+    assert counter_lag(n) == lag
     total, exp = 0, []
     for i in range(len(pattern)):
         exp.append(total)
