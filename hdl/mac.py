@@ -74,8 +74,9 @@ class ForwardLanes(wiring.Component):
     activation: the stage's :class:`~pipetrain.hdl.activation.Activation`.
     operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): ŵ and ``x`` registered P
         times more per lane before the multiplier; the product, the accumulation and the
-        output then come P stages later (S3+P, S4+P). With P ≥ 1 each lane registers its own
-        "first column" and "valid" of S3+P from S2+P (module docstring).
+        output then come P stages later (S3+P, S4+P), and the outputs are registered once more
+        (S5+P). With P ≥ 1 each lane registers its own "first column" and "valid" of S3+P from
+        S2+P (module docstring).
 
     Members
     -------
@@ -83,8 +84,8 @@ class ForwardLanes(wiring.Component):
     operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
-        ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4+P of the group's bias slot in
-        forward passes (cannot stall).
+        ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4 of the group's bias slot in
+        forward passes, S5+P with operand registers (P ≥ 1; cannot stall).
     mask_write: ``Out(ValidSignature(mask_layout(row_groups, L·stash_bits)))`` the ``z > 0``
         bits (``tanh``/``sigmoid``: the ``L`` outputs, y.bits each), with ``y``.
     saturated: ``Out(L)`` per lane: ``z`` clamped (one cycle, with ``y``; padding lanes 0).
@@ -186,15 +187,22 @@ class ForwardLanes(wiring.Component):
             flags.append(fire4 & zc)
             acts.append(self.act.forward(z4)[: fy.bits])
             masks.append(z4 > 0)
-        m.d.comb += [
-            self.y.valid.eq(fire4),
-            self.y.payload.word.eq(s4.payload.group),
-            self.y.payload.data.eq(Cat(*acts)),
-            self.mask_write.valid.eq(fire4),
-            self.mask_write.payload.group.eq(s4.payload.group),
-            self.mask_write.payload.bits.eq(Cat(*masks)),
-            self.saturated.eq(Cat(*flags)),
+        outputs = [
+            (self.y.valid, fire4),
+            (self.y.payload.word, s4.payload.group),
+            (self.y.payload.data, Cat(*acts)),
+            (self.mask_write.valid, fire4),
+            (self.mask_write.payload.group, s4.payload.group),
+            (self.mask_write.payload.bits, Cat(*masks)),
+            (self.saturated, Cat(*flags)),
         ]
+        # With operand registers the outputs are registered once more (S5+P, no enable: the
+        # values of S4+P one cycle later): the rounding's carry chain, the clamp and the
+        # activation feed a register instead of the next stage's stash write data, the
+        # mlp-digits 32,10 critical path on the ULX3S at 86.2 MHz (docs/boards.md §4.2).
+        # S5+P ≤ the write-back stage 4+2P, so the pass is not longer (derived).
+        domain = m.d.sync if P else m.d.comb
+        domain += [port.eq(value) for port, value in outputs]
         return m
 
 

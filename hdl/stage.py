@@ -355,8 +355,8 @@ class StageUnit(wiring.Component):
         st = self.stage
         for n, name in enumerate(scaled_error_ports(st)):  # e = rhu(c·δ, k) of §5.3, S2
             connect(m, getattr(errbuf, f"scaled{n}"), getattr(update, name))
-        connect(m, fwd.y, flipped(self.y))  # S4
-        connect(m, fwd.mask_write, stash.mask_write)  # S4
+        connect(m, fwd.y, flipped(self.y))  # S4 (S5+P with operand registers)
+        connect(m, fwd.mask_write, stash.mask_write)  # with y
         for g in grads:
             connect(m, g.gin, flipped(self.gin))  # S4
         connect(m, update.write_back, store.write_back)  # write stage

@@ -82,6 +82,9 @@ def test_forward_lanes_equal_the_reference(case, s):
     )
     rng = random.Random(s * 17 + len(case))
     log = []
+    P = st.operand_registers or 0
+    out_stage = 5 + P if P else 4
+    assert out_stage <= st.write_stage  # inside the pass: it is not longer
 
     async def bench(ctx):
         for fwd in (True, False, True, True):
@@ -101,6 +104,9 @@ def test_forward_lanes_equal_the_reference(case, s):
                 assert ctx.get(y.valid) == ctx.get(mw.valid)
                 if ctx.get(y.valid):
                     assert ctx.get(mw.payload.group) == ctx.get(y.payload.word)
+                    # y leaves at S4 of the group's bias slot, S5+P with operand registers
+                    at = pipe_[out_stage]
+                    assert at is not None and at[1:] == (N, ctx.get(y.payload.word)), at
                     outs.append(
                         (ctx.get(y.payload.word), ctx.get(y.payload.data), ctx.get(mw.payload.bits))
                     )
