@@ -290,7 +290,13 @@ def compile_result(
                 operand_bits=at.operand_bits, ram_family=at.ram_family,
                 logic_low_bits=at.logic_low_bits,
             )  # fmt: skip
-            chosen = choose_lanes(ir, config, max_multipliers=max_multipliers, per_lane=per_lane)
+            chosen = choose_lanes(
+                ir,
+                config,
+                max_multipliers=max_multipliers,
+                per_lane=per_lane,
+                count=lambda lanes: at.replace(lanes=lanes).build().multipliers,
+            )
             request = request.replace(lanes=tuple(chosen))
         fit = None
         if board is None:

@@ -173,7 +173,8 @@ def lane_multipliers(
     :func:`choose_lanes`) — but for a loss unit's out lanes, which the plan adds after the
     lanes where one error a cycle would set the tick (``LossUnit.out_lanes`` Q: Q − 1 more
     scaled-error multipliers in the feeding stage, ``Stage.error_beat``, and Q − 1 more
-    ``e·r`` in the loss unit; compiler/loss_unit.py), which this count does not see."""
+    ``e·r`` in the loss unit; compiler/loss_unit.py), which this count does not see: it is a
+    lower bound, and :func:`choose_lanes` checks a candidate's plan with its ``count``."""
     ones = tuple(1 for _ in stage_slots(ir, config))
     plan = build_plan(ir, config, formats, ones, **options)
     out = []
@@ -221,12 +222,16 @@ def choose_lanes(
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
     per_lane: Sequence[tuple[int, int]] | None = None,
+    count: Callable[[tuple[int, ...]], int] | None = None,
 ) -> tuple[int, ...]:
     """Return the lanes of every stage (main stages, then auxiliary heads).
 
     ``per_lane``: the ``(per lane, per stage)`` multipliers of each stage for
     ``max_multipliers`` (:func:`lane_multipliers` of the plan's formats and options; None:
-    those of the default formats).
+    those of the default formats). ``count``: the stages' multipliers of the plan at a lane
+    choice (``Plan.multipliers``), where a loss unit's out lanes add scaled-error multipliers
+    that ``per_lane`` does not see; the search then takes a choice only when its plan is within
+    ``max_multipliers`` (``per_lane`` stays the cheap bound first: out lanes only add).
 
     See the module docstring for the policies. Raises :class:`PlanError` when more than one
     policy is given, a list has the wrong length, a lane count exceeds a stage's rows (naming
@@ -289,7 +294,9 @@ def choose_lanes(
             if T < floor:
                 continue
             choice = lanes_for_target(ir, config, T)
-            if _multipliers(per_lane, choice) <= max_multipliers:
+            if _multipliers(per_lane, choice) > max_multipliers:
+                continue
+            if count is None or count(tuple(choice)) <= max_multipliers:
                 return choice
         smallest = _multipliers(per_lane, [1] * len(slots))
         raise PlanError(

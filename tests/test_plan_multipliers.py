@@ -121,6 +121,25 @@ def test_max_multipliers_counts_the_products():
     assert slower == (16, 3) and build_plan(ir, cfg, lanes=slower).multipliers == 62
 
 
+def test_max_multipliers_counts_the_loss_units_out_lanes_on_the_board():
+    """On the ULX3S, mlp-digits 16,4 has 66 multipliers by its products per lane, but its
+    loss unit needs Q = 2 out lanes there (one error a cycle would set the tick), which adds a
+    scaled-error multiplier in stage 2: 67 in all. ``--max-multipliers 66`` must not give it
+    (it did: the search counted products per lane only); it takes the next tick, 16,3 (62)."""
+    from pipetrain.host.flow import compile_design
+
+    res = compile_design(
+        "mlp-digits", board="ulx3s-85f", max_multipliers=66, formats="default", writers=()
+    )
+    plan = res.plan
+    assert [s.lanes for s in plan.stages] == [16, 3] and plan.multipliers == 62
+    at_67 = compile_design(
+        "mlp-digits", board="ulx3s-85f", max_multipliers=67, formats="default", writers=()
+    ).plan
+    assert [s.lanes for s in at_67.stages] == [16, 4] and at_67.multipliers == 67
+    assert at_67.loss.out_lanes == 2 and at_67.stages[1].error_beat == 2
+
+
 @pytest.mark.parametrize(
     ("edit", "named", "rule"),
     [
