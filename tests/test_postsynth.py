@@ -265,7 +265,9 @@ def test_icebreaker_mlp_digits_fits_after_synthesis() -> None:
     [
         ("ice40", "icebreaker", "1,1", {"SB_MAC16": 6, "SB_SPRAM256KA": 4}),
         # the lanes of the measured run (--lanes auto now picks 16,4 on the ULX3S: 149 blocks)
-        ("ecp5", "ulx3s-85f", "4,1", {"MULT18X18D": 38, "DP16KD": 21}),
+        # 19 MULT18X18D: the plan's fit at 4,1 (one block per multiply with its 18-bit
+        # operands; 38 before them, two per 24-bit weight product)
+        ("ecp5", "ulx3s-85f", "4,1", {"MULT18X18D": 19, "DP16KD": 21}),
     ],
 )
 def test_mlp_digits_post_synth_bit_exact_with_board_plan(
@@ -274,8 +276,9 @@ def test_mlp_digits_post_synth_bit_exact_with_board_plan(
     """``pipetrain sim mlp-digits --post-synth FAMILY --board BOARD --samples 20``: the board's
     fitted plan, synthesised with the board's bitstream synthesis, in Verilator with the vendor
     cell models, bit-exact with the golden model; the netlist has the board build's hard
-    blocks (docs/boards.md §4: 6 SB_MAC16 and 4 SPRAMs; 38 MULT18X18D and 21 of
-    the build's 24 DP16KD, the rest being the link engine's)."""
+    blocks (docs/boards.md §4: 6 SB_MAC16 and 4 SPRAMs; 19 MULT18X18D — the plan's DSP
+    blocks, one a multiply — and 21 of the build's 24 DP16KD, the rest being the link
+    engine's)."""
     import json
 
     from click.testing import CliRunner
