@@ -618,23 +618,37 @@ def _const_mul(
     return ((odd_width, operand_bits - low_bits),), width + operand_bits
 
 
-def _split_candidates(stage: Stage) -> tuple[tuple[str, int, int], ...]:
+def momentum_logic(stage: Stage, momentum_in_logic: bool | None) -> bool:
+    """Whether ``stage`` forms ``m·u`` in logic (``Plan.momentum_in_logic``: Linear stages,
+    a momentum that is a multiplier at all: not 0 or 1)."""
+    return bool(momentum_in_logic) and stage.conv is None and stage.update.momentum.value > 1
+
+
+def _split_candidates(
+    stage: Stage, momentum_in_logic: bool | None = None
+) -> tuple[tuple[str, int, int], ...]:
     """``(product name, constant, operand bits)`` of the constant products of ``stage`` whose
     variable operand may have a low piece formed in logic (``hdl/update.py``,
-    ``Plan.logic_low_bits``): LWP's H × u (or × (w − w_prev), w.bits + 1), momentum × u,
-    ``lr_wd`` × w and with Spike Compensation ``sc_a`` × u′ and ``sc_lr_wd_b`` × w."""
+    ``Plan.logic_low_bits``): LWP's H × u (or × (w − w_prev), w.bits + 1), momentum × u
+    (unless wholly in logic, :func:`momentum_logic`), ``lr_wd`` × w and with Spike
+    Compensation ``sc_a`` × u′ and ``sc_lr_wd_b`` × w."""
     f, up = stage.formats, stage.update
     out = []
     if up.lwp_horizon:
         out.append(("lwp", up.lwp_horizon, f.w.bits + 1 if up.lwp_form == "w" else f.u.bits))
-    out += [("momentum", up.momentum.value, f.u.bits), ("lr_wd", up.lr_wd.value, f.w.bits)]
+    if not momentum_logic(stage, momentum_in_logic):
+        out.append(("momentum", up.momentum.value, f.u.bits))
+    out.append(("lr_wd", up.lr_wd.value, f.w.bits))
     if up.sc:
         out += [("sc_a", up.sc_a.value, f.u.bits), ("sc_lr_wd_b", up.sc_lr_wd_b.value, f.w.bits)]
     return tuple(out)
 
 
 def logic_pieces(
-    stage: Stage, operand_bits: int | None, logic_low_bits: int | None
+    stage: Stage,
+    operand_bits: int | None,
+    logic_low_bits: int | None,
+    momentum_in_logic: bool | None = None,
 ) -> tuple[tuple[str, int, int], ...]:
     """``(product name, low bits, constant bits)`` of every constant product of ONE lane of
     ``stage`` whose low piece is formed in logic (``Plan.logic_low_bits``,
@@ -642,7 +656,7 @@ def logic_pieces(
     constant (``constant bits`` wide, signed) — the logic-cell estimate counts its adders
     (``fit.logic_cells``)."""
     out = []
-    for name, value, bits in _split_candidates(stage):
+    for name, value, bits in _split_candidates(stage, momentum_in_logic):
         lo = low_piece_bits(value, bits, operand_bits, logic_low_bits, SHIFT_ADD_MAX_TERMS)
         if lo:
             width = value.bit_length() + 1 if value >= 0 else (-value - 1).bit_length() + 1
@@ -687,6 +701,7 @@ def stage_products(
     block_bits: int = 18,
     operand_bits: int | None = None,
     logic_low_bits: int | None = None,
+    momentum_in_logic: bool | None = None,
 ) -> tuple[Product, ...]:
     """Every multiplier that ``hdl/stage.py`` (``hdl/conv_stage.py``) instantiates for ONE lane
     of ``stage``, with its operand widths (bits, signed) and ``block_bits`` × ``block_bits``
@@ -716,7 +731,9 @@ def stage_products(
       term; constants of few signed digits are shifts and adders (:func:`shift_add`,
       ``hdl.arith.const_mul``: 0 blocks, not listed). ``lwp``, ``momentum``, ``lr_wd``,
       ``sc_a`` and ``sc_lr_wd_b`` with a low piece in logic: constant × the operand's top
-      ``operand_bits`` bits (e.g. momentum 18 × 18, one block, for a 24-bit u).
+      ``operand_bits`` bits (e.g. momentum 18 × 18, one block, for a 24-bit u); no
+      ``momentum`` with ``momentum_in_logic`` (``Plan.momentum_in_logic``: shifts and adders,
+      :func:`momentum_logic`).
     """
     f, up = stage.formats, stage.update
     out: list[Product] = []
@@ -724,7 +741,7 @@ def stage_products(
     def add(name: str, a: int, b: int) -> None:
         out.append(Product(name, a, b, multiplier_blocks(a, b, block_bits)))
 
-    split = {n for n, _, _ in logic_pieces(stage, operand_bits, logic_low_bits)}
+    split = {n for n, _, _ in logic_pieces(stage, operand_bits, logic_low_bits, momentum_in_logic)}
 
     def const(name: str, value: int, bits: int) -> int:
         low = 0
@@ -761,7 +778,8 @@ def stage_products(
         add("deriv_g", f.d.bits, f.y.frac + 2)
     if conv is not None:  # the weight gradient δ·x summed over the positions (hdl/conv_mac.py)
         add("wgrad", f.d.bits, xb)
-    const("momentum", up.momentum.value, f.u.bits)
+    if not momentum_logic(stage, momentum_in_logic):
+        const("momentum", up.momentum.value, f.u.bits)
 
     def lr_product(prefix: str, c: Const, e: QFormat | None) -> None:
         if not c.value:
@@ -1370,6 +1388,7 @@ def build_plan(
     operand_bits: int | None = OPERAND_BITS,
     logic_low_bits: int | None = LOGIC_LOW_BITS,
     operand_registers: int = 0,
+    momentum_in_logic: bool = False,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
@@ -1382,6 +1401,8 @@ def build_plan(
     ``operand_registers``: 0, 1 or 2, the multipliers' operand registers of every Linear stage
     (``Stage.operand_registers``; the board's, ``Board.operand_registers``: 1 on the ECP5;
     0 is recorded as None, absent from the JSON, so plans without them keep their hash).
+    ``momentum_in_logic``: every Linear stage forms ``m·u`` with shifts and adders
+    (``Plan.momentum_in_logic``; False is recorded as None, absent from the JSON).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1604,7 +1625,7 @@ def build_plan(
                 operand_registers=opr or None,
             )
         )
-        products = stage_products(stages[-1], 18, operand_bits, logic_low_bits)
+        products = stage_products(stages[-1], 18, operand_bits, logic_low_bits, momentum_in_logic)
         mults = stage_multipliers(stages[-1], products)
         stages[-1] = replace(stages[-1], products=products, multipliers=mults)
     classes = layers[-1].out_features
@@ -1688,4 +1709,5 @@ def build_plan(
         shift_add_max_terms=SHIFT_ADD_MAX_TERMS,
         operand_bits=operand_bits,
         logic_low_bits=logic_low_bits or None,  # never: absent, as in plans from before
+        momentum_in_logic=momentum_in_logic or None,
     )

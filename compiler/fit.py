@@ -57,6 +57,7 @@ from .build import (
     logic_pieces,
     loss_operands,
     memory_blocks,
+    momentum_logic,
     place_memory,
     spram_blocks,
     stage_cycles,
@@ -66,7 +67,7 @@ from .config import TrainConfig
 from .formats import apply_overrides, parse_format_overrides
 from .ir import NetworkIR
 from .lanes import lanes_for_target
-from .plan import Plan
+from .plan import Plan, csd
 from .targets import Board, BoardError
 
 __all__ = [
@@ -327,7 +328,11 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
                 flops += mem.banks * mem.words * mem.width
             elif mem.kind == "bram" and mem.config_depth:
                 mux += mem.banks * mem.width * (-(-mem.words // mem.config_depth) - 1)
-        pieces = sum((lo - 1) * (cb + lo) for _, lo, cb in logic_pieces(st, ob, lb))
+        ml = getattr(plan, "momentum_in_logic", None)
+        pieces = sum((lo - 1) * (cb + lo) for _, lo, cb in logic_pieces(st, ob, lb, ml))
+        if momentum_logic(st, ml):  # m·u's CSD adder tree: (digits − 1) adders of u + span
+            mom = st.update.momentum.value
+            pieces += (len(csd(mom)) - 1) * (st.formats.u.bits + mom.bit_length())
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)

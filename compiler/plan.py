@@ -830,6 +830,14 @@ class Plan:
         (``build.RAM_FAMILIES``): ``bram18`` (18 Kib dual-port blocks and 16 × 4 LUT RAM:
         ECP5 DP16KD / TRELLIS_DPR16X4, Xilinx RAMB18) or ``ice40`` (4 Kib EBR, no LUT RAM,
         SPRAM for single-port stages).
+    momentum_in_logic: True when every Linear stage forms ``m·u`` in logic — shifts and adders
+        over the canonical signed digits of the momentum, whatever their number, its adder
+        tree spread over the lane's operand registers (``hdl.arith.pipelined_const_mul``) —
+        instead of a multiplier: one DSP block a lane fewer, about (digits − 1) × (u.bits +
+        digit span) adder bits a lane more (``fit.logic_cells``), the same integers (no
+        ``momentum`` product in ``Stage.products``). Chosen by the board fit where the DSP
+        blocks bind the lanes (``compiler/fit.py``); None (omitted from the JSON): the
+        constant rules (``shift_add_max_terms``, ``logic_low_bits``). *Derived*.
     """
 
     version: int
@@ -866,6 +874,7 @@ class Plan:
     shift_add_max_terms: int = 3
     operand_bits: int | None = None
     logic_low_bits: int | None = None
+    momentum_in_logic: bool | None = None
 
     def shift_add(self, value: int) -> bool:
         """Whether ``value`` is multiplied with shifts and adders (at most

@@ -459,7 +459,9 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     _same(f"{p}.acc_fwd_bits", st.acc_fwd_bits, acc_fwd, "ŵ operand + x.bits + ⌈log2(N+1)⌉ + 1")
     _same(f"{p}.acc_bwd_bits", st.acc_bwd_bits, acc_bwd, "w operand + d.bits + ⌈log2 M⌉ + 1")
     if st.products is not None:
-        want = stage_products(st, 18, plan.operand_bits, plan.logic_low_bits)
+        want = stage_products(
+            st, 18, plan.operand_bits, plan.logic_low_bits, plan.momentum_in_logic
+        )
         rule = "build.stage_products of operand_bits and logic_low_bits"
         _same(f"{p}.products", st.products, want, rule)
     opr = st.operand_registers or 0

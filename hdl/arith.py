@@ -207,6 +207,39 @@ def delayed(m: Module, value: Value, name: str, registers: int) -> Value:
     return value
 
 
+def pipelined_const_mul(m: Module, value: int, v: Value, registers: int, name: str) -> Value:
+    """``value · v`` exactly for a constant ``value`` ≠ 0, in logic, never a multiplier: the
+    canonical signed digits of ``value`` (:func:`pipetrain.compiler.plan.csd`) as shifted
+    ``±v`` terms summed by a balanced adder tree (:func:`tree_sum`'s pairing) of
+    ``levels`` = ⌈log2 digits⌉ adder levels, with ``registers`` register levels without an
+    enable (named ``name_r<k>_<term>``) after levels ⌈(k+1)·levels / (registers+1)⌉: the
+    value is ``value`` × the ``v`` of ``registers`` cycles before, and no path between
+    registers has more than ⌈levels / (registers+1)⌉ adders (the last of them after the last
+    register, for the caller's own register). Raises ValueError for ``value`` = 0. The plan's
+    ``momentum_in_logic`` (``m·u`` of a lockstep lane, in the cycles its operand registers
+    leave). Source: *derived* (timing: momentum 0.9 at 18 significant bits is 9 digits, 4
+    adder levels of ~30-bit carry chains, too long for one 90 MHz cycle on the ECP5)."""
+    if value == 0:
+        raise ValueError("pipelined_const_mul of 0: no terms")
+    v = Value.cast(v)
+    terms = [(v << shift) if sign > 0 else -(v << shift) for shift, sign in csd(value)]
+    levels = max(0, len(terms) - 1).bit_length()
+    after = [-(-(k + 1) * levels // (registers + 1)) for k in range(registers)]
+    reg = 0
+    for level in range(levels + 1):
+        while reg < registers and after[reg] == level:  # register the terms after `level`
+            regs = []
+            for n, t in enumerate(terms):
+                r = Signal(t.shape(), name=f"{name}_r{reg}_{n}")
+                m.d.sync += r.eq(t)
+                regs.append(r)
+            terms, reg = regs, reg + 1
+        if level < levels:
+            pairs = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)]
+            terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
+    return terms[0]
+
+
 def tree_sum(values: list) -> Value:
     """Σ ``values`` as a balanced adder tree (⌈log2 n⌉ levels; integers, so the order is free):
     the input gradient's sum across lanes, the loss unit's exp lanes into E, the saturation

@@ -44,6 +44,7 @@ from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ..compiler.build import momentum_logic
 from ..compiler.plan import Plan, Stage
 from ..compiler.schedule import early_update_streams, main_stream, tick_streams
 from .activation import activation_of
@@ -246,6 +247,7 @@ class StageUnit(wiring.Component):
                 weight_operand=st.weight_operand,
                 low_piece=plan.low_piece,
                 operand_registers=opr,
+                momentum_in_logic=momentum_logic(st, plan.momentum_in_logic),
             ),
             "fwd": ForwardLanes(
                 pipe,

@@ -61,6 +61,7 @@ from .arith import (
     const_mul,
     const_operand,
     delayed,
+    pipelined_const_mul,
     rhu,
     round_upd,
     sat,
@@ -146,6 +147,10 @@ class UpdateUnit(wiring.Component):
     operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): the S2 products' operands
         (δ, ``x``, the scaled errors, ``u``, ``w``, the select-adds) registered P times more
         per lane before the multipliers; U, u′, w′ (and SC's V) then come P stages later.
+    momentum_in_logic: ``m·u`` formed in logic, shifts and adders over the canonical signed
+        digits of ``m`` whatever their number, its adder tree spread over the P operand
+        registers (:func:`~.arith.pipelined_const_mul`; ``Plan.momentum_in_logic``): no DSP
+        block, the same integer.
 
     Members
     -------
@@ -188,8 +193,10 @@ class UpdateUnit(wiring.Component):
         weight_operand: QFormat | None = None,
         low_piece: Callable[[int, int], int] | None = None,
         operand_registers: int = 0,
+        momentum_in_logic: bool = False,
     ) -> None:
         P = operand_registers
+        self.momentum_in_logic = momentum_in_logic
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc) + P:
             raise ValueError(
                 f"update stage {update_stage} (write stage {pipeline.depth}) does not match the "
@@ -279,6 +286,9 @@ class UpdateUnit(wiring.Component):
         its register (*derived*, timing: at 32,10 on the ULX3S the DSP blocks sit across the
         die from the lane's adders, and the path u2 → DSP → the adder with the select-add →
         the term register was 18.3 ns with 11.7 ns of routing)."""
+        if name == "mom" and self.momentum_in_logic and value not in (0, 1):
+            # shifts and adders over the P operand-register cycles, into the term register
+            return [(pipelined_const_mul(m, value, x2, self.P, f"{name}l_{lane}"), frac)]
         bits = x2.shape().width
         lo = self.low_piece(value, bits)
         c = const_operand(value)

@@ -16,6 +16,8 @@ import zlib
 import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
+from pipetrain.compiler.build import momentum_logic
+from pipetrain.compiler.plan import csd
 from pipetrain.hdl.streams import SlotPipelineSignature
 from pipetrain.hdl.update import LFSRConfig, UpdateUnit, scaled_error_ports, scaled_errors
 from pipetrain.sim import fixed
@@ -97,6 +99,10 @@ CASES = [
     (dict(operand_registers=2), 1),
     (dict(mitigation="sc+lwp", lwp_form="w", max_terms=1, operand_registers=2), 0),
     (dict(mitigation="sc", rounding="nearest_even", operand_registers=2), 2),
+    # m·u in shifts and adders (the 9-digit momentum), its tree over 0, 1 and 2 operand registers
+    (dict(momentum_in_logic=True), 0),
+    (dict(momentum_in_logic=True, operand_registers=1), 1),
+    (dict(momentum_in_logic=True, mitigation="sc", operand_registers=2), 2),
 ]
 
 
@@ -111,7 +117,10 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         plan = dataclasses.replace(plan, shift_add_max_terms=case["max_terms"])
     st = plan.stages[s]
     f, up = st.formats, st.update
-    if case.get("const_bits", 18) == 18:  # the low pieces this case exercises
+    if case.get("momentum_in_logic"):  # no momentum multiplier: 9 signed digits in logic
+        assert len(csd(up.momentum.value)) == 9 and plan.momentum_in_logic
+        assert "momentum" not in [p.name for p in st.products]
+    elif case.get("const_bits", 18) == 18:  # the low pieces this case exercises
         assert plan.low_piece(up.momentum.value, f.u.bits) == f.u.bits - 18 == 6
         assert not up.sc or plan.low_piece(up.sc_a.value, f.u.bits) == 6
     if "max_terms" in case:
@@ -137,6 +146,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         weight_operand=st.weight_operand,
         low_piece=plan.low_piece,
         operand_registers=st.operand_registers or 0,
+        momentum_in_logic=momentum_logic(st, plan.momentum_in_logic),
     )
     scaled = list(zip(scaled_error_ports(st), scaled_errors(st), strict=True))
     w_form = up.lwp_horizon > 0 and up.lwp_form == "w"
