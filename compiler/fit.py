@@ -145,6 +145,7 @@ class PlanRequest:
     logic_low_bits: int | None = LOGIC_LOW_BITS
     operand_registers: int = 0
     lanes_option: str | None = None
+    momentum_in_logic: bool = False
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -165,6 +166,7 @@ class PlanRequest:
             self.operand_bits,
             self.logic_low_bits,
             self.operand_registers,
+            self.momentum_in_logic,
         )
 
 
@@ -579,11 +581,57 @@ def plan_with_lanes(
     return plan, attempt
 
 
+#: The most of a board's logic cells (the estimate, :func:`logic_cells`) a plan with m·u in
+#: logic (``Plan.momentum_in_logic``) may take: its adders are not yet calibrated by a build,
+#: and the ECP5 builds route with most of their critical path in routing already at 59 %
+#: (mlp-digits 32,10: 49,538 of 83,640 LUT4, 8.7 of 11.6 ns routing, docs/boards.md §4.2).
+#: *Derived*; a plan with m·u in its DSP blocks fits up to every cell, as before.
+MOMENTUM_LOGIC_FILL = 0.75
+
+
+def _has_momentum_product(plan: Plan) -> bool:
+    """A stage of ``plan`` multiplies ``m·u`` in a DSP block (``Stage.products``)."""
+    return any(p.name == "momentum" for st in plan.stages for p in st.products or ())
+
+
+def _fitting(
+    req: PlanRequest, board: Board, lanes: tuple[int, ...], resolved: Shell | None, shell
+) -> tuple[Plan, PlanRequest, Shell, FitError | None]:
+    """The plan of ``req`` with ``lanes`` that fits ``board``: with m·u in its DSP blocks, or
+    else — where those blocks are what does not fit — m·u in logic
+    (``Plan.momentum_in_logic``: one block a lane fewer, the same integers; *derived*: the
+    blocks bind a board's lanes, its LUT4s rarely do) when its logic cells stay within
+    :data:`MOMENTUM_LOGIC_FILL` of the board's. Returns the plan, its request, the shell
+    and the fit error (None when it fits; the DSP form's error when neither does)."""
+    plan, attempt = plan_with_lanes(req, board, lanes)
+    if resolved is None:
+        resolved = _shell_of(shell, plan)  # the same for every lane count
+    try:
+        check_fit(plan, board, resolved)
+        return plan, attempt, resolved, None
+    except FitError as exc:
+        first = exc
+    if req.momentum_in_logic or not _has_momentum_product(plan):
+        return plan, attempt, resolved, first
+    if plan_totals(plan, board, resolved)["hard_multipliers"] <= board.multipliers:
+        return plan, attempt, resolved, first  # the blocks fit: something else does not
+    logic, at = plan_with_lanes(req.replace(momentum_in_logic=True), board, lanes)
+    try:
+        check_fit(logic, board, resolved)
+    except FitError:
+        return plan, attempt, resolved, first
+    if plan_totals(logic, board, resolved)["logic_cells"] > MOMENTUM_LOGIC_FILL * board.luts:
+        return plan, attempt, resolved, first
+    return logic, at, resolved, None
+
+
 def _search(
     req: PlanRequest, board: Board, shell: ShellSource
 ) -> tuple[tuple[Plan, PlanRequest] | None, FitError | None]:
     """Walk the lane candidates fastest first (step 3); return the best fitting (plan,
-    request), or None and the last candidate's FitError (one lane per stage)."""
+    request), or None and the last candidate's FitError (one lane per stage). At the same
+    cycles a plan with m·u in its DSP blocks wins over one with m·u in logic
+    (:func:`_fitting`), then fewer blocks, logic cells, block RAMs."""
     best: tuple[tuple[int, ...], Plan, PlanRequest] | None = None
     err: FitError | None = None
     resolved: Shell | None = None
@@ -591,18 +639,15 @@ def _search(
         if best is not None and slowest > best[0][0]:
             break  # the tick is at least the slowest pass: no later candidate is faster
         for lanes in _with_faster_feeder(req, base):
-            plan, attempt = plan_with_lanes(req, board, lanes)
-            if resolved is None:
-                resolved = _shell_of(shell, plan)  # the same for every lane count
-            try:
-                check_fit(plan, board, resolved)
-            except FitError as exc:
+            plan, attempt, resolved, exc = _fitting(req, board, lanes, resolved, shell)
+            if exc is not None:
                 if lanes == base:
                     err = exc
                 continue
             t = plan_totals(plan, board, resolved)
             key = (
                 plan.ideal_cycles_per_sample,
+                int(bool(plan.momentum_in_logic)),
                 t["hard_multipliers"],
                 t["logic_cells"],
                 t["bram_blocks"],
@@ -686,12 +731,9 @@ def fit_plan(
     """
     req = board_request(request, board)
     if req.lanes_given:
-        plan, attempt = plan_with_lanes(req, board, req.lanes)
-        try:
-            check_fit(plan, board, _shell_of(shell, plan))
+        plan, attempt, _, given = _fitting(req, board, req.lanes, None, shell)
+        if given is None:
             return plan, attempt
-        except FitError as exc:
-            given = exc
         found, _ = _search(req, board, shell)
         head = str(given).split(". Use fewer lanes")[0]
         if found is None:

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from pipetrain.compiler.build import OPERAND_BITS
 from pipetrain.compiler.fit import (
     LOGIC_MODELS,
+    MOMENTUM_LOGIC_FILL,
     FitError,
     PlanRequest,
     board_lanes,
@@ -116,10 +117,13 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # logic: Plan.logic_low_bits); block RAM, SPRAM and DSPs on the iCEBreaker, where one
         # lane per stage with SPRAM weights is the only plan that fits
         ("mlp-digits", "ulx3s-85f", [32, 10], 76),  # one lane per row: nothing faster
-        # the fewest-lanes design 16,8,8,3 ticks 175: its last stage's pass (4 row groups, 141)
-        # + the loss unit (32); a lane more there (3 row groups) ticks 143 (fit._search)
-        ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], 143),
-        ("mlp-digits-wide", "ulx3s-85f", [19, 16, 2], 527),
+        # -deep: with m·u in its DSP blocks 16,8,8,4 (143 cycles) was the fastest fit; with
+        # m·u in logic (Plan.momentum_in_logic, one block a lane fewer) 16,11,11,4 fits
+        # (117 blocks, 58,604 LUT4 ≤ 75 %) and ticks 141 — stage 1's two row groups; the
+        # last stage's 4 lanes keep the loss unit off the tick (fit._search)
+        ("mlp-digits-deep", "ulx3s-85f", [16, 11, 11, 4], 141),
+        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 19,22,2 (466) with m·u in logic
+        ("mlp-digits-wide", "ulx3s-85f", [19, 22, 2], 466),
         ("mlp-digits", "icebreaker", [1, 1], 4167),
     ],
 )
@@ -144,6 +148,15 @@ def test_lanes_auto_is_the_fastest_plan_that_fits(model, board, lanes, cycles) -
         with pytest.raises(FitError) as e:
             check_fit(p, b, board_shell)
         assert any(r["needed"] > r["available"] for r in e.value.rows.values())
+        if not any(q.name == "momentum" for st in p.stages for q in st.products):
+            continue  # m·u is a shift-add already (the iCE40's 5-bit constants)
+        # nor with m·u in logic: it does not fit, or takes more than MOMENTUM_LOGIC_FILL
+        lp, _ = plan_with_lanes(req.replace(momentum_in_logic=True), b, cand)
+        try:
+            check_fit(lp, b, board_shell)
+        except FitError:
+            continue
+        assert plan_totals(lp, b, board_shell)["logic_cells"] > MOMENTUM_LOGIC_FILL * b.luts
 
 
 def test_board_lanes_pass_takes_the_board_as_input() -> None:
@@ -158,14 +171,17 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
     # 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once at the error buffer's write
     # and m·u's low 6 bits in logic (logic_low_bits 8): one block per product — 32 lanes × 3
     # (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's 1 = 139 of 156: one lane per
-    # row (76 cycles/sample); with m·u in two blocks 32,10 needs 181 and 32,5 (156 blocks,
-    # 102 cycles) is the fastest fit
+    # row (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — then m·u goes into
+    # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) and 32,10 fits again (before it,
+    # 32,5 at 156 blocks, 102 cycles, was the fastest fit)
     assert result.fit["multipliers"] == {"needed": 139, "available": 156}
     two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
     assert check_fit(result.plan, b)["multipliers"]["needed"] == 139
     with pytest.raises(FitError, match="181 DSP blocks needed"):
         check_fit(two, b)
-    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 5)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 10)
+    logic = req.replace(lanes=(32, 10), logic_low_bits=0, momentum_in_logic=True).build()
+    assert check_fit(logic, b)["multipliers"]["needed"] == 97
 
 
 def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -> None:
@@ -176,7 +192,8 @@ def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -
     assert "DSP blocks needed, 156 available" in msg
     assert "with the lanes asked for (16,16,16,10)" in msg
     assert "221 DSP blocks needed" in msg  # 16·3 + 1 + 2·(16·4 + 1) + 10·4 + 1 + 1
-    assert "--lanes 16,8,8,4 fits (143 cycles/sample)" in msg and "--lanes auto" in msg
+    # the fastest fit: m·u in logic (Plan.momentum_in_logic); 16,8,8,4 (143) with it in blocks
+    assert "--lanes 16,11,11,4 fits (141 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156
     # explicit lanes that fit win over auto
     small = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [2, 1]})
@@ -200,7 +217,7 @@ def test_cli_lanes_auto_and_explicit_lanes_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, [*deep, "--lanes", "16,16,16,10", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2
     assert res.output.startswith("Error: mlp-digits-deep does not fit ulx3s-85f")
-    assert "--lanes 16,8,8,4 fits" in res.output and "Traceback" not in res.output
+    assert "--lanes 16,11,11,4 fits" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
 
 
