@@ -666,7 +666,9 @@ def _low_bits_used(plan: Plan) -> str:
         {
             lo
             for st in plan.stages
-            for _, lo, _ in logic_pieces(st, plan.operand_bits, plan.logic_low_bits)
+            for _, lo, _ in logic_pieces(
+                st, plan.operand_bits, plan.logic_low_bits, plan.momentum_in_logic
+            )
         }
     )
     if not used:
@@ -693,7 +695,9 @@ def _operand_lines(plan: Plan) -> list[str]:
                 parts.append(
                     f"the scaled error {name} as {fe} (`lr_delta`, {where}; then `lr_x` = e·x)"
                 )
-        for name, lo, _ in logic_pieces(st, plan.operand_bits, plan.logic_low_bits):
+        for name, lo, _ in logic_pieces(
+            st, plan.operand_bits, plan.logic_low_bits, plan.momentum_in_logic
+        ):
             parts.append(
                 f"`{name}` takes the top {plan.operand_bits} bits of its variable operand, the "
                 f"constant × the low {lo} bits is a select-add in logic ({lo} of the up to "
@@ -868,6 +872,12 @@ def render_report(
                 if lb
                 else _unsplit_text(plan)
             )
+            if plan.momentum_in_logic:
+                wide += (
+                    "; here m·u takes no block at all: `momentum_in_logic`, shifts and adders "
+                    "over the momentum's signed digits (the board fit chose it: the DSP blocks "
+                    "bound the lanes; docs/architecture.md §3)"
+                )
             if board is not None and board.multiplier_width != 18:
                 w = board.multiplier_width
                 row = (fit or {}).get("multipliers")
