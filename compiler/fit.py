@@ -587,6 +587,14 @@ def plan_with_lanes(
 #: (mlp-digits 32,10: 49,538 of 83,640 LUT4, 8.7 of 11.6 ns routing, docs/boards.md §4.2).
 #: *Derived*; a plan with m·u in its DSP blocks fits up to every cell, as before.
 MOMENTUM_LOGIC_FILL = 0.75
+#: The fewest cycles a plan with m·u in logic must save against the fastest fit with m·u in
+#: its DSP blocks to be chosen (a fraction of that tick): its extra lanes make a bigger
+#: design that routes slower — mlp-digits-deep 16,11,11,4 with m·u in logic (141 cycles,
+#: 51,801 LUT4) reached 81.4 MHz at a 90 MHz constraint (42162ff; its critical path the
+#: weight access's state → the tick controller → stage 1's stash-write enable, 10.1 ns of
+#: routing across the die) where 16,8,8,4 (143 cycles) had reached 92.3: 1.4 % fewer cycles
+#: for 12 % less clock. *Derived* from that build; -wide's 527 → 466 (12 %) passes.
+MOMENTUM_LOGIC_GAIN = 0.10
 
 
 def _has_momentum_product(plan: Plan) -> bool:
@@ -629,14 +637,15 @@ def _search(
     req: PlanRequest, board: Board, shell: ShellSource
 ) -> tuple[tuple[Plan, PlanRequest] | None, FitError | None]:
     """Walk the lane candidates fastest first (step 3); return the best fitting (plan,
-    request), or None and the last candidate's FitError (one lane per stage). At the same
-    cycles a plan with m·u in its DSP blocks wins over one with m·u in logic
-    (:func:`_fitting`), then fewer blocks, logic cells, block RAMs."""
-    best: tuple[tuple[int, ...], Plan, PlanRequest] | None = None
+    request), or None and the last candidate's FitError (one lane per stage): the fewest
+    cycles, then fewer blocks, logic cells, block RAMs — of the plans with m·u in their DSP
+    blocks, unless one with m·u in logic (:func:`_fitting`) ticks at most
+    1 − :data:`MOMENTUM_LOGIC_GAIN` of their best."""
+    bests: dict[bool, tuple[tuple[int, ...], Plan, PlanRequest]] = {}
     err: FitError | None = None
     resolved: Shell | None = None
     for slowest, base in lane_candidates(req.ir, req.config):
-        if best is not None and slowest > best[0][0]:
+        if False in bests and slowest > bests[False][0][0]:
             break  # the tick is at least the slowest pass: no later candidate is faster
         for lanes in _with_faster_feeder(req, base):
             plan, attempt, resolved, exc = _fitting(req, board, lanes, resolved, shell)
@@ -647,15 +656,21 @@ def _search(
             t = plan_totals(plan, board, resolved)
             key = (
                 plan.ideal_cycles_per_sample,
-                int(bool(plan.momentum_in_logic)),
                 t["hard_multipliers"],
                 t["logic_cells"],
                 t["bram_blocks"],
             )
-            if best is None or key < best[0]:
-                best = (key, plan, attempt)
+            form = bool(plan.momentum_in_logic)
+            if form not in bests or key < bests[form][0]:
+                bests[form] = (key, plan, attempt)
             if plan.tick_cycles <= max(st.pass_cycles for st in plan.stages) + TICK_OVERHEAD:
                 break  # the tick is the slowest pass: more feeder lanes add nothing
+    best = bests.get(False)
+    logic = bests.get(True)
+    if logic is not None and (
+        best is None or logic[0][0] <= (1 - MOMENTUM_LOGIC_GAIN) * best[0][0]
+    ):
+        best = logic
     return ((best[1], best[2]) if best else None), err
 
 
