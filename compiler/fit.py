@@ -332,9 +332,10 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
                 mux += mem.banks * mem.width * (-(-mem.words // mem.config_depth) - 1)
         ml = getattr(plan, "momentum_in_logic", None)
         pieces = sum((lo - 1) * (cb + lo) for _, lo, cb in logic_pieces(st, ob, lb, ml))
-        if momentum_logic(st, ml):  # m·u's CSD adder tree: (digits − 1) adders of u + span
-            mom = st.update.momentum.value
-            pieces += (len(csd(mom)) - 1) * (st.formats.u.bits + mom.bit_length())
+        if momentum_logic(st, ml):  # m·u's CSD adder tree: (digits − 1) adders of u's width
+            # (the low bits of each shifted term pass through; fitted to -deep 16,11,11,4:
+            # 51,801 LUT4 built, 52,556 estimated, docs/boards.md §3)
+            pieces += (len(csd(st.update.momentum.value)) - 1) * st.formats.u.bits
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)
@@ -582,8 +583,9 @@ def plan_with_lanes(
 
 
 #: The most of a board's logic cells (the estimate, :func:`logic_cells`) a plan with m·u in
-#: logic (``Plan.momentum_in_logic``) may take: its adders are not yet calibrated by a build,
-#: and the ECP5 builds route with most of their critical path in routing already at 59 %
+#: logic (``Plan.momentum_in_logic``) may take: its adders' estimate rests on one build
+#: (-deep 16,11,11,4), and the ECP5 builds route with most of their critical path in routing
+#: already at 59 %
 #: (mlp-digits 32,10: 49,538 of 83,640 LUT4, 8.7 of 11.6 ns routing, docs/boards.md §4.2).
 #: *Derived*; a plan with m·u in its DSP blocks fits up to every cell, as before.
 MOMENTUM_LOGIC_FILL = 0.75
