@@ -123,7 +123,7 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # blocks, 58,604 LUT4) at 141 cycles: 1.4 % fewer, below MOMENTUM_LOGIC_GAIN (built,
         # it reached 81.4 MHz where 16,8,8,4 had 92.3)
         ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], 143),
-        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398, 24 % fewer; 61,239
+        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398, 24 % fewer; 60,839
         # LUT4 estimated, ≤ 75 %) with m·u in logic
         ("mlp-digits-wide", "ulx3s-85f", [26, 22, 2], 398),
         ("mlp-digits", "icebreaker", [1, 1], 4167),
