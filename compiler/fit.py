@@ -597,7 +597,7 @@ MOMENTUM_LOGIC_FILL = 0.75
 #: 51,801 LUT4) reached 81.4 MHz at a 90 MHz constraint (42162ff; its critical path the
 #: weight access's state → the tick controller → stage 1's stash-write enable, 10.1 ns of
 #: routing across the die) where 16,8,8,4 (143 cycles) had reached 92.3: 1.4 % fewer cycles
-#: for 12 % less clock. *Derived* from that build; -wide's 527 → 466 (12 %) passes.
+#: for 12 % less clock. *Derived* from that build; -wide's 527 → 398 (24 %) passes.
 MOMENTUM_LOGIC_GAIN = 0.10
 
 
