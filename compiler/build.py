@@ -324,6 +324,33 @@ def place_memory(
     )  # fmt: skip
 
 
+def _check_col_lanes(where: str, sl: _Slot, k: int, spram: bool) -> None:
+    """Raise :class:`PlanError` unless ``k`` column lanes (``Stage.col_lanes``) can share the
+    columns of stage ``sl``: k in 1..N + 1, and for k > 1 a Linear stage the host writes
+    (its stash words hold one value each) without an input gradient, auxiliary-head role,
+    pass-through stream or single-port memories (what hdl/stage.py builds with them)."""
+    if k == 1:
+        return
+    if not 1 <= k <= sl.in_features + 1:
+        raise PlanError(f"{where}: {k} column lanes must be in 1..N + 1 = {sl.in_features + 1}")
+    problems = []
+    if sl.conv is not None:
+        problems.append("a convolution")
+    if sl.attach != 0:
+        problems.append("its input comes from another stage (column lanes need the host's)")
+    if sl.gin_losses:
+        problems.append("it has an input gradient")
+    if sl.head_pos >= 0 or len(sl.losses) != 1 or tuple(sl.grad_losses) != tuple(sl.losses):
+        problems.append("an auxiliary head, a pass-through or a second update stream")
+    if spram:
+        problems.append("single-port weight memories")
+    if problems:
+        raise PlanError(
+            f"{where}: {k} column lanes are built only for a Linear stage the host writes "
+            f"(stage 1), not with {'; '.join(problems)}; use 1 column lane there"
+        )
+
+
 def _check_single_port(where: str, lanes: int, words: int, f: StageFormats, lwp_w: bool) -> None:
     """Raise :class:`PlanError` unless a stage's weights can live in SPRAMs (one lane, at most
     16 K words; ⌈bits/16⌉ SPRAMs side by side per memory)."""
@@ -391,15 +418,20 @@ class FormatSpec:
 
 
 def stage_cycles(
-    in_features: int, out_features: int, lanes: int, conv: ConvGeometry | None = None
+    in_features: int,
+    out_features: int,
+    lanes: int,
+    conv: ConvGeometry | None = None,
+    col_lanes: int = 1,
 ) -> tuple[int, int]:
-    """Return (row_groups, cycles) of the fused pass: ⌈M/L⌉ groups × (N+1) columns; for a
+    """Return (row_groups, cycles) of the fused pass: ⌈M/L⌉ groups × ⌈(N+1)/k⌉ slots (``k`` =
+    ``col_lanes``, ``Stage.col_lanes``: k physical lanes share a row's columns); for a
     convolution stage (``conv``) :func:`~pipetrain.compiler.conv.conv_cycles` (lanes over the
     output channels)."""
     if conv is not None:
         return conv_cycles(conv, lanes)
     groups = -(-out_features // lanes)
-    return groups, groups * (in_features + 1)
+    return groups, groups * -(-(in_features + 1) // col_lanes)
 
 
 def update_stage(sc: bool, operand_registers: int = 0) -> int:
@@ -1019,9 +1051,13 @@ def _stage_memories(
     lwp_w: bool,
     spram: bool,
     family: RamFamily,
+    col_lanes: int = 1,
 ) -> tuple[MemorySpec, ...]:
     """Every memory of a stage but ``gacc`` (which needs the accumulator width), in
-    ``Stage.memories`` order (hdl/stage.py builds exactly these)."""
+    ``Stage.memories`` order (hdl/stage.py builds exactly these). With ``col_lanes`` k > 1
+    (``Stage.col_lanes``) the weight memories have L·k banks and the stash k banks of the
+    whole entry geometry (bank b holds the words ``w ≡ b (mod k)`` at ``base + w div k``:
+    the tick controller's entry bases serve every bank, no division; *derived*)."""
     wk = "spram" if spram else None
     # the error buffer (Stage.reads_delta, Stage.scaled_at_write): g (gbuf), its scaled errors
     e_bits = sum(e.bits for _, _, e, _ in upd.scaled_errors(f.d))  # sbuf: per lane
@@ -1032,8 +1068,9 @@ def _stage_memories(
 
     def lane_mem(name: str, bits: int, kind: str | None) -> MemorySpec:
         return place_memory(
-            name, L, words, bits, per_lane=True, entries=groups, family=family, kind=kind
-        )
+            name, L * col_lanes, words, bits, per_lane=True, entries=groups, family=family,
+            kind=kind,
+        )  # fmt: skip
 
     P = geo.stash_entries
     return (
@@ -1041,8 +1078,15 @@ def _stage_memories(
         lane_mem("u", f.u.bits, wk),
         *((lane_mem("w_prev", f.w.bits, None),) if lwp_w else ()),
         place_memory(
-            "xstash", 1, P * geo.x_words, geo.x_word_bits, read_ports=2, entries=P, family=family
-        ),
+            "xstash",
+            col_lanes,
+            P * geo.x_words,
+            geo.x_word_bits,
+            read_ports=2,
+            entries=P,
+            per_lane=col_lanes > 1,
+            family=family,
+        ),  # fmt: skip
         place_memory(
             "mask", 1, P * groups, L * _mask_bits(sl.activation, f), entries=P, family=family
         ),
@@ -1389,6 +1433,7 @@ def build_plan(
     logic_low_bits: int | None = LOGIC_LOW_BITS,
     operand_registers: int = 0,
     momentum_in_logic: bool = False,
+    col_lanes: Sequence[int] | None = None,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
@@ -1403,6 +1448,10 @@ def build_plan(
     0 is recorded as None, absent from the JSON, so plans without them keep their hash).
     ``momentum_in_logic``: every Linear stage forms ``m·u`` with shifts and adders
     (``Plan.momentum_in_logic``; False is recorded as None, absent from the JSON).
+    ``col_lanes``: k per stage (``Stage.col_lanes``, default 1 each; 1 is recorded as None):
+    k physical lanes share each row's columns, ⌈(N+1)/k⌉ slots a row group — only on a
+    Linear stage the host writes (stage 1: no input gradient, no auxiliary head, no
+    single-port memories).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1451,6 +1500,10 @@ def build_plan(
         for sl in slots[S:]:
             fit = fewest_lanes(sl.in_features, sl.out_features, main_max)
             lanes.append(fit if fit is not None else sl.out_features)
+    cols = list(col_lanes) if col_lanes is not None else []
+    if len(cols) > len(slots):
+        raise PlanError(f"column lanes for {len(cols)} stages but the network has {len(slots)}")
+    cols += [1] * (len(slots) - len(cols))
     if ram_family not in RAM_FAMILIES:
         raise PlanError(f"RAM family {ram_family!r} is unknown; known: {', '.join(RAM_FAMILIES)}")
     family = RAM_FAMILIES[ram_family]
@@ -1458,14 +1511,15 @@ def build_plan(
     ticks = tick_streams(slots)  # the tick model's stream delays, whatever the schedule
     convs_of: dict[int, ConvGeometry | None] = {}  # stage index → its convolution (or None)
     stages = []
-    for sl, L in zip(slots, lanes, strict=True):
+    for sl, L, k in zip(slots, lanes, cols, strict=True):
         where = f"stage {sl.index} ({sl.name})"
         if not 1 <= L <= sl.rows:
             raise PlanError(
                 f"{where}: lanes={L} must be in 1..{sl.rows} "
                 f"(one lane per output row at most; the stage has {sl.rows} rows)"
             )
-        groups, cycles = stage_cycles(sl.in_features, sl.out_features, L, sl.conv)
+        _check_col_lanes(where, sl, k, sl.index in single_port)
+        groups, cycles = stage_cycles(sl.in_features, sl.out_features, L, sl.conv, k)
         idle = groups * L - sl.rows
         if idle / (groups * L) > IDLE_WARN_FRACTION:
             same = fewest_lanes(sl.in_features, sl.out_features, cycles, sl.conv)
@@ -1492,7 +1546,7 @@ def build_plan(
         N, M = sl.in_features, sl.out_features
         stash_depth = sl.delay + 1
         lwp_w = bool(upd.lwp_horizon and upd.lwp_form == "w")
-        words = groups * ((N if sl.conv is None else sl.conv.taps) + 1)
+        words = cycles if sl.conv is None else groups * (sl.conv.taps + 1)
         spram = sl.index in single_port
         if spram:
             _check_single_port(where, L, words, f, lwp_w)
@@ -1501,7 +1555,7 @@ def build_plan(
         writer = convs_of.get(sl.attach)  # a convolution writer: its channel-word layout
         geo = replace(geo, x_words=stash_words(N, x_lanes, writer))
         convs_of[sl.index] = sl.conv
-        memories = _stage_memories(sl, geo, f, upd, L, groups, words, lwp_w, spram, family)
+        memories = _stage_memories(sl, geo, f, upd, L, groups, words, lwp_w, spram, family, k)
         lanes_of[sl.index] = L
         what_bits = geo.what_bits
         w_op = weight_operand(f.w, what_bits, operand_bits)
@@ -1597,7 +1651,7 @@ def build_plan(
                 multipliers=0,  # lanes × len(products), set below
                 formats=f,
                 update=upd,
-                lfsr_seeds=lfsr_seeds(config.seed, sl.index, L),
+                lfsr_seeds=lfsr_seeds(config.seed, sl.index, L * k),
                 acc_fwd_bits=acc_fwd,
                 acc_bwd_bits=acc_bwd,
                 x_lanes=geo.x_lanes,
@@ -1623,6 +1677,7 @@ def build_plan(
                 streams=sl.streams if config.strategy != "global" else None,
                 weight_operand=w_op,
                 operand_registers=opr or None,
+                col_lanes=k if k > 1 else None,
             )
         )
         products = stage_products(stages[-1], 18, operand_bits, logic_low_bits, momentum_in_logic)

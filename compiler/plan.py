@@ -536,6 +536,18 @@ class Stage:
         loss unit writes B at once (``LossUnit.out_lanes`` of the loss it feeds): the buffer
         then forms its scaled errors ``lr·g`` with B multipliers (a ``Product.per_stage``
         product counts B times); None (omitted from the JSON): one error a write.
+    col_lanes: k, column lanes (input-dimension folding): each row's columns are shared by
+        k physical lanes, ``mac_lanes`` = L·k in all. Physical lane ``p = s·L + l`` owns row
+        ``g·L + l`` and the columns ``i ≡ s (mod k)``; slot ``t`` of row group ``g`` covers
+        columns ``t·k … t·k + k − 1`` (``group_slots`` C = ⌈(N + 1)/k⌉ slots a group, the
+        bias column N in the last, columns above N are padding with ``x = 0``), so
+        ``cycles_per_tick`` = row_groups·C; weight (j, i) lives in lane
+        ``(i mod k)·L + j mod L`` at address ``(j div L)·C + i div k``; the ``w``/``u`` banks
+        are L·k, the ``xstash`` k banks (host word ``w`` in bank ``w mod k``, address
+        ``w div k``), the LFSR seeds L·k; the forward sums a row's k products before its
+        accumulator (docs/architecture.md §3.9). Linear stages the host writes (stage 1,
+        no input gradient) only. None (omitted from the JSON): one column lane, as plans
+        from before.
     streams: local / interlocking learning: the stage's backward streams as ``[loss t, delay
         D_{s,t}]`` pairs in ``grad_losses`` order — the error of L_t reaches the stage D_{s,t}
         updates after its forward of the same sample (``schedule.StageRole.streams``,
@@ -609,15 +621,33 @@ class Stage:
     products: tuple[Product, ...] | None = None
     operand_registers: int | None = None
     error_beat: int | None = None
+    col_lanes: int | None = None
 
     def __post_init__(self) -> None:
         _coerce(self, activation=Activation)
 
+    @property
+    def column_lanes(self) -> int:
+        """k, the column lanes of each row (``col_lanes``; 1 when None)."""
+        return self.col_lanes or 1
+
+    @property
+    def mac_lanes(self) -> int:
+        """The stage's physical lanes, ``lanes · column_lanes`` (L·k): each its own weight
+        banks, LFSR and multipliers."""
+        return self.lanes * self.column_lanes
+
+    @property
+    def group_slots(self) -> int:
+        """C, the slots of one row group: ``⌈(N + 1) / k⌉`` (N + 1 with one column lane; a
+        convolution's T + 1)."""
+        return -(-(self.cols + 1) // self.column_lanes)
+
     def product_count(self, product: Product) -> int:
-        """Multipliers ``product`` takes in this stage: ``lanes``, or for a
+        """Multipliers ``product`` takes in this stage: ``mac_lanes``, or for a
         ``Product.per_stage`` one (the scaled error at the error buffer's write) one per error
         of a write (``error_beat``, 1 when None)."""
-        return (self.error_beat or 1) if product.per_stage else self.lanes
+        return (self.error_beat or 1) if product.per_stage else self.mac_lanes
 
     @property
     def scaled_at_write(self) -> bool:

@@ -131,6 +131,7 @@ INT_RANGES: dict[tuple[str, str], tuple[int, int | None]] = {
     ("Stage", "pass_cycles"): (1, None),
     ("Stage", "operand_registers"): (1, 2),
     ("Stage", "error_beat"): (2, None),
+    ("Stage", "col_lanes"): (2, None),
     ("Stage", "attach"): (0, None),
     ("Stage", "slot_cycles"): (1, 2),
     ("LossUnit", "classes"): (1, None),
@@ -417,7 +418,10 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
     if L > st.rows:
         raise _err(f"{p}.lanes", L, f"must be in 1..the stage's rows ({st.rows})")
     _same(f"{p}.row_groups", st.row_groups, _ceil(st.rows, L), "⌈rows / lanes⌉")
-    cycles = stage_cycles(N, M, L, st.conv)[1]
+    k = st.column_lanes
+    if k < 1 or k > N + 1 or (k > 1 and (st.conv is not None or st.attach or st.input_gradient)):
+        raise _err(f"{p}.col_lanes", st.col_lanes, "k in 2..N + 1, on stage 1 only (or null)")
+    cycles = stage_cycles(N, M, L, st.conv, k)[1]
     _same(f"{p}.cycles_per_tick", st.cycles_per_tick, cycles, "build.stage_cycles")
     _same(f"{p}.stash_depth", st.stash_depth, st.delay + 1, "delay + 1")
     _same(f"{p}.stash_entries", st.stash_entries, st.stash_depth + 1, "stash_depth + 1")
@@ -432,11 +436,11 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
         raise _err(f"{p}.formats.gin", None, "must be a format: the stage has an input gradient")
     gin_bits = f.gin.bits if st.input_gradient and f.gin is not None else 0
     _same(f"{p}.gin_bits", st.gin_bits, gin_bits, "gin.bits with an input gradient, else 0")
-    _same(f"{p}.lfsr_seeds", len(st.lfsr_seeds), L, "one seed per lane: its length")
+    _same(f"{p}.lfsr_seeds", len(st.lfsr_seeds), L * k, "one seed per lane (L·k): its length")
     # the arithmetic's constants and widths: what the compiler derives from the formats, the
     # delay and the training settings (golden model and HDL both read them, so a changed one
     # would be a different design than the one these settings describe)
-    seeds = lfsr_seeds(cfg.seed, st.index, L)
+    seeds = lfsr_seeds(cfg.seed, st.index, L * k)
     _same(f"{p}.lfsr_seeds", st.lfsr_seeds, seeds, "build.lfsr_seeds of train.seed")
     slope = Const.of(st.negative_slope.real, SLOPE_FRAC)
     _same_fields(f"{p}.negative_slope", st.negative_slope, slope, "Const.of(real, 16)")
@@ -499,9 +503,9 @@ def _check_stage(plan: Plan, i: int, cfg: TrainConfig) -> None:
         if k is None:
             raise _err(f"{p}.memories", [m.name for m in st.memories], f"must hold {name!r}")
         m = st.memories[k]
-        _same(f"{p}.memories[{k}].banks", m.banks, L, "one bank per lane")
-        words = st.row_groups * (st.cols + 1)
-        _same(f"{p}.memories[{k}].words", m.words, words, "row_groups·(columns + 1)")
+        _same(f"{p}.memories[{k}].banks", m.banks, st.mac_lanes, "one bank per lane (L·k)")
+        words = st.row_groups * st.group_slots
+        _same(f"{p}.memories[{k}].words", m.words, words, "row_groups·⌈(columns + 1)/k⌉")
         _same(f"{p}.memories[{k}].width", m.width, fmt.bits, f"{name}.bits")
         _same(f"{p}.{total}", getattr(st, total), m.bits, f"the bits of memory {name!r}")
     # what feeds the stage: the input (attach 0), the previous main stage, or a head's source

@@ -31,8 +31,14 @@ fanned out to every lane's accumulator was the mlp-digits 32,10 critical path on
 (S3+P's ``col`` → the decode → 4.5 + 2.8 ns of routing to the 32 lanes' ``facc``, 72.7 MHz at
 a 90 MHz constraint). *Derived*, timing only: the same values in every cycle.
 
-Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes), docs/numerics.md
-§2, §5 (the arithmetic); the pipeline is *derived*.
+With k column lanes (``Stage.col_lanes``) row ``l``'s products come from the k physical lanes
+``s·L + l`` (ŵ of lane ``s·L + l``, operand ``x[s]``) and are summed (a balanced adder tree)
+before the row's accumulator: with P = 2 in one more register stage (every later forward
+stage one later, the outputs at S6+P ≤ the write-back stage 4+2P, so the pass is not longer;
+*derived*, timing only), else in the accumulator's cycle.
+
+Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes, §3.9 column
+lanes), docs/numerics.md §2, §5 (the arithmetic); the pipeline is *derived*.
 """
 
 from __future__ import annotations
@@ -77,12 +83,16 @@ class ForwardLanes(wiring.Component):
         output then come P stages later (S3+P, S4+P), and the outputs are registered once more
         (S5+P). With P ≥ 1 each lane registers its own "first column" and "valid" of S3+P from
         S2+P (module docstring).
+    columns: k, column lanes (``Stage.column_lanes``): L·k weights and k ``x`` operands a
+        slot, each row's k products summed before its accumulator (one register stage more
+        with P = 2: the accumulation at S4+P, the outputs at S6+P).
 
     Members
     -------
-    slots: ``In(pipeline.subset(S3+P, S4+P; fwd))``, with S2+P too when P ≥ 1.
-    operands: ``In(StashOperandsSignature(x_operand_bits))`` the forward ``x`` at S2.
-    weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ŵ at S2.
+    slots: ``In(pipeline.subset(S3+P, S4+P; fwd))``, with S2+P too when P ≥ 1 (each one
+        later with k > 1 and P = 2).
+    operands: ``In(StashOperandsSignature(x_operand_bits, k))`` the forward ``x`` at S2.
+    weights: ``In(LaneWeightsSignature(L·k, what_bits, w.bits))`` ŵ at S2.
     y: ``Out(ValidSignature(word_layout(row_groups, L·y.bits)))`` the activations of row group
         ``word`` (lane ``l`` in bits ``l·y.bits …``), valid at S4 of the group's bias slot in
         forward passes, S5+P with operand registers (P ≥ 1; cannot stall).
@@ -105,18 +115,22 @@ class ForwardLanes(wiring.Component):
         x_operand_bits: int,
         activation: Activation,
         operand_registers: int = 0,
+        columns: int = 1,
     ) -> None:
         self.pipeline, self.L, self.live_last, self.acc_bits = pipeline, lanes, live_last, acc_bits
         self.fw, self.fx, self.fy = w_format, x_format, y_format
         self.what_bits, self.act = what_bits, activation
         self.P = P = operand_registers
+        self.k = columns
+        #: the stages after the products: one later when the k-sum has its own register
+        self.A = A = P + (1 if columns > 1 and P >= 2 else 0)
         G = pipeline.row_groups
-        stages = (2 + P, 3 + P, 4 + P) if P else (3, 4)  # S2+P: the lanes' control copies
+        stages = (2 + A, 3 + A, 4 + A) if P else (3, 4)  # S2+A: the lanes' control copies
         super().__init__(
             {
                 "slots": In(pipeline.subset(stages=stages, flags=("fwd",))),
-                "operands": In(StashOperandsSignature(x_operand_bits)),
-                "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
+                "operands": In(StashOperandsSignature(x_operand_bits, columns)),
+                "weights": In(LaneWeightsSignature(lanes * columns, what_bits, w_format.bits)),
                 "y": Out(ValidSignature(word_layout(G, lanes * y_format.bits))),
                 "mask_write": Out(ValidSignature(mask_layout(G, lanes * activation.stash_bits))),
                 "saturated": Out(lanes),
@@ -127,9 +141,10 @@ class ForwardLanes(wiring.Component):
         m = Module()
         N = self.pipeline.in_features
         L, fw, fx, fy = self.L, self.fw, self.fx, self.fy
-        sp, P = self.slots, self.P
-        # "S3"/"S4" below: the stages after the product, P later with operand registers
-        s3, s4 = slot_at(sp, 3 + P), slot_at(sp, 4 + P)
+        sp, P, A, k = self.slots, self.P, self.A, self.k
+        # "S3"/"S4" below: the stages after the product, P later with operand registers (A:
+        # one more with the k-sum's register)
+        s3, s4 = slot_at(sp, 3 + A), slot_at(sp, 4 + A)
         first3 = s3.payload.col == 0
         fire3 = s3.valid & sp.fwd & (s3.payload.col == N)
         fire4 = Signal()
@@ -140,28 +155,38 @@ class ForwardLanes(wiring.Component):
         if self.act.uses_lut:  # read at S3 with z, the output at S4
             m.submodules.act = lut = LUTActivation(L, self.act.lut, fy)
             m.d.comb += lut.en.eq(fire3)
-        for lane in range(L):
-            # S2: ŵ·x; S3: accumulate, round and saturate after the bias column
-            pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{lane}")
+        products = []
+        for p in range(L * k):  # S2: ŵ·x of every physical lane
+            pf3 = Signal(signed(self.what_bits + fx.bits + 1), name=f"pf3_{p}")
             registered_product(
                 m,
                 platform,
-                self.weights.w_hat[lane],
-                self.operands.x_fwd,
+                self.weights.w_hat[p],
+                self.operands.x_fwd if k == 1 else self.operands.x_fwd[p // L],
                 registers=P,
                 out=pf3,
-                names=(f"wa_{lane}", f"xa_{lane}"),
+                names=(f"wa_{p}", f"xa_{p}"),
             )
+            products.append(pf3)
+        for lane in range(L):
+            # S3: accumulate, round and saturate after the bias column
+            term = products[lane]
+            if k > 1:  # row lane's k products (physical lanes s·L + lane)
+                term = tree_sum([products[s * L + lane] for s in range(k)])
+                if A > P:  # in a register of their own (no enable: lockstep)
+                    reg = Signal(signed(self.acc_bits), name=f"pk_{lane}")
+                    m.d.sync += reg.eq(term)
+                    term = reg
             facc = Signal(signed(self.acc_bits), name=f"facc_{lane}")
             fsum = Signal(signed(self.acc_bits), name=f"fsum_{lane}")
             first, valid = first3, s3.valid
             if P:  # the lane's own copies of S3+P's controls, registered from S2+P
-                s2 = slot_at(sp, 2 + P)
+                s2 = slot_at(sp, 2 + A)
                 # init: S3+P's reset payload has col = 0 (the pipeline's registers reset to 0)
                 first = Signal(init=1, name=f"first3_{lane}")
                 valid = Signal(name=f"v3_{lane}")
                 m.d.sync += [first.eq(s2.payload.col == 0), valid.eq(s2.valid)]
-            m.d.comb += fsum.eq(Mux(first, 0, facc) + pf3)
+            m.d.comb += fsum.eq(Mux(first, 0, facc) + term)
             with m.If(valid):
                 m.d.sync += facc.eq(fsum)
             if lut is not None:

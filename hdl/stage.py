@@ -22,6 +22,13 @@ The parts (each its own module, connected only through the signatures of
   forward MACs and activation, the input gradient (stages with ``input_gradient`` only);
 * :class:`~pipetrain.hdl.saturation.SaturationCounter` — the stage's clamp counter.
 
+With k column lanes (``Stage.col_lanes``, stage 1 only) the pass has ``row_groups × C`` slots,
+``C = ⌈(N+1)/k⌉``: physical lane ``s·L + l`` handles row ``g·L + l`` and column ``t·k + s``
+in slot ``(g, t)``; the weight store and the update unit have L·k lanes, the stash k banks
+(k operands a slot), the forward sums each row's k products, and the error buffer's L δ
+(and scaled errors) go to the k lanes of their row (docs/architecture.md §3.9). The slot
+pipeline then counts slots, not columns: its ``N`` is ``C − 1``.
+
 Another stage kind (a convolution, an auxiliary head) is another composition of these parts.
 Every part takes its geometry as constructor parameters, read here, in one place, from the
 plan's :class:`~pipetrain.compiler.plan.Stage` (``x_lanes``, ``x_words``, ``stash_entries``,
@@ -147,8 +154,8 @@ class StageUnit(wiring.Component):
         earlier update stream's δ is added to the main stream's before the update (the
         ``sum`` rule, docs/numerics.md §5.6): kept per sample in ``dsum_l<t>``
         (:class:`~pipetrain.hdl.errbuf.DeltaStash`) when it arrives in an earlier tick.
-    access: ``In(WeightAccessSignature(L, cycles_per_tick))`` weight access (only while no
-        pass runs).
+    access: ``In(WeightAccessSignature(L·k, cycles_per_tick))`` weight access (only while no
+        pass runs; ``Stage.mac_lanes`` lanes).
     saturations: ``Out(32)`` saturation counter (z, gin, u′, w′ clamps and the δ sum's;
         saturating).
 
@@ -171,7 +178,7 @@ class StageUnit(wiring.Component):
             "x_in": In(ValidSignature(word_layout(st.x_words, st.x_word_bits))),
             "g_in": In(ValidSignature(error_layout(f.d.bits, st.error_beat or 1))),
             "y": Out(ValidSignature(word_layout(st.row_groups, st.y_word_bits))),
-            "access": In(WeightAccessSignature(st.lanes, st.cycles_per_tick)),
+            "access": In(WeightAccessSignature(st.mac_lanes, st.cycles_per_tick)),
             "saturations": Out(32),
         }
         if self.primary_gin:
@@ -186,11 +193,11 @@ class StageUnit(wiring.Component):
         """The parts of this stage, each sized from the plan's stage entry (the one place the
         geometry is read)."""
         plan, st = self.plan, self.stage
-        f, L = st.formats, st.lanes
+        f, L, k = st.formats, st.lanes, st.column_lanes
         opr = st.operand_registers or 0  # the multipliers' operand registers (S2 → S3)
         live_last = st.out_features - (st.row_groups - 1) * L  # lanes live in the last group
         pipe = SlotPipelineSignature(
-            st.in_features, st.row_groups, st.cycles_per_tick, st.write_stage
+            st.group_slots - 1, st.row_groups, st.cycles_per_tick, st.write_stage
         )
         lfsr = LFSRConfig(
             plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap, plan.round_bits, st.lfsr_seeds
@@ -201,7 +208,7 @@ class StageUnit(wiring.Component):
             "seq": SlotSequencer(pipe, st.slot_cycles),
             "store": WeightStore(
                 pipe,
-                lanes=L,
+                lanes=L * k,
                 w_format=f.w,
                 u_format=f.u,
                 spram=spram,
@@ -218,6 +225,8 @@ class StageUnit(wiring.Component):
                 mask_bits=st.mask_bits,
                 extra=len(self.extra),
                 plane=writer_plane(plan, st),
+                columns=k,
+                inputs=st.in_features,
             ),
             "errbuf": ErrorBuffer(
                 pipe,
@@ -234,7 +243,8 @@ class StageUnit(wiring.Component):
             ),
             "update": UpdateUnit(
                 pipe,
-                lanes=L,
+                lanes=L * k,
+                columns=k,
                 live_last=live_last,
                 formats=f,
                 update=st.update,
@@ -261,6 +271,7 @@ class StageUnit(wiring.Component):
                 x_operand_bits=st.x_operand_bits,
                 activation=self.activation,
                 operand_registers=opr,
+                columns=k,
             ),
         }
 
@@ -348,15 +359,24 @@ class StageUnit(wiring.Component):
         connect(m, store.read, update.read)  # S1
         connect(m, stash.mask, errbuf.mask)  # S1
         connect(m, stash.operands, update.operands, fwd.operands)  # S2
-        if addends:  # the update takes the δ sum, the main input gradient its own δ
+        st = self.stage
+        if st.column_lanes > 1:  # row l's δ and scaled errors to its k lanes s·L + l, S2
+            L = st.lanes
+            pairs = [(errbuf.delta, update.delta)] + [
+                (getattr(errbuf, f"scaled{n}"), getattr(update, name))
+                for n, name in enumerate(scaled_error_ports(st))
+            ]
+            for src, dst in pairs:
+                m.d.comb += [d.eq(src.delta[p % L]) for p, d in enumerate(dst.delta)]
+        elif addends:  # the update takes the δ sum, the main input gradient its own δ
             connect(m, errbuf.total, update.delta)  # S2
             connect(m, errbuf.delta, *(g.delta for g in grads))
         else:
             connect(m, errbuf.delta, update.delta, *(g.delta for g in grads))  # S2
         connect(m, update.weights, fwd.weights, *(g.weights for g in grads + grads_x))  # S2
-        st = self.stage
         for n, name in enumerate(scaled_error_ports(st)):  # e = rhu(c·δ, k) of §5.3, S2
-            connect(m, getattr(errbuf, f"scaled{n}"), getattr(update, name))
+            if st.column_lanes == 1:
+                connect(m, getattr(errbuf, f"scaled{n}"), getattr(update, name))
         connect(m, fwd.y, flipped(self.y))  # S4 (S5+P with operand registers)
         connect(m, fwd.mask_write, stash.mask_write)  # with y
         for g in grads:

@@ -7,6 +7,12 @@
   Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2. After a
   convolution stage (``plane`` = its pooled positions P′) a word holds ``Lw`` channels of one
   position: column ``i = c·P′ + q`` is word ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
+  With k column lanes (``Stage.col_lanes``; the host writes the stash, ``Lw`` = 1) ``xstash``
+  is k banks ``xstash0 … xstash{k−1}``: word ``w`` lives in bank ``w mod k`` at
+  ``base + w div k`` (each bank has the whole entry geometry, so the tick controller's bases
+  serve every bank without a division; *derived*), and slot ``t`` reads all k at
+  ``base + t``: operand ``s`` is column ``t·k + s`` — the bias input in column N (sub-lane
+  ``N mod k`` of the last slot), 0 in the padding columns above N.
 * ``mask``: ``entries × row_groups`` words of ``L·mask_bits`` bits, the ``z > 0`` bits of the
   forward item (``tanh``/``sigmoid``: its outputs ``y``, ``mask_bits`` = y.bits; written at
   S4), read for the backward item's row group at S0 (used at S1) — and, on a stage with
@@ -60,6 +66,9 @@ class InputStash(wiring.Component):
     plane: 1, or the writer's pooled positions P′ when it is a convolution stage (its
         channel-word layout; ``compiler/conv.py:stash_words``).
     extra: pass-through streams (one more mask read port each; 0 without interlocking).
+    columns: k, column lanes (``Stage.column_lanes``); with k > 1 the pipeline's N is the last
+        slot of a group, ``C − 1``, and ``inputs`` is the stage's N.
+    inputs: N, the stage's inputs (default the pipeline's N).
 
     Members
     -------
@@ -69,14 +78,15 @@ class InputStash(wiring.Component):
     slots: ``In(pipeline.subset(S0, S1; start))``.
     mask_write: ``In(ValidSignature(mask_layout(row_groups, L·mask_bits)))`` the forward item's
         mask bits, at ``bases.fwd_mask + group``.
-    operands: ``Out(StashOperandsSignature(x_operand_bits))`` ``x`` operands at S2.
+    operands: ``Out(StashOperandsSignature(x_operand_bits, k))`` ``x`` operands at S2.
     mask: ``Out(MaskReadSignature(L·mask_bits))`` the backward item's mask bits at S1.
     extra_bases: ``In(range(entries·row_groups)).array(extra)`` (``extra`` > 0) mask address
         of each pass-through stream's item; ``extra_masks``:
         ``Out(MaskReadSignature(L·mask_bits)).array(extra)`` its mask bits at S1.
 
-    Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ (⌈N/(P′·Lw)⌉·P′ after a convolution) or the
-    operand is narrower than ``x``.
+    Raises ValueError if ``x_words`` ≠ ⌈N/Lw⌉ (⌈N/(P′·Lw)⌉·P′ after a convolution), the
+    operand is narrower than ``x``, or k > 1 with ``Lw`` or ``P′`` > 1 or a pipeline of other
+    than ⌈(N + 1)/k⌉ slots a group.
     """
 
     def __init__(
@@ -92,8 +102,17 @@ class InputStash(wiring.Component):
         mask_bits: int = 1,
         extra: int = 0,
         plane: int = 1,
+        columns: int = 1,
+        inputs: int | None = None,
     ) -> None:
-        N, G = pipeline.in_features, pipeline.row_groups
+        N = pipeline.in_features if inputs is None else inputs
+        G = pipeline.row_groups
+        if columns > 1 and (x_lanes != 1 or plane != 1):
+            raise ValueError(f"{columns} column lanes need one value a stash word (Lw = P′ = 1)")
+        if pipeline.in_features != -(-(N + 1) // columns) - 1:
+            raise ValueError(
+                f"pipeline of {pipeline.in_features + 1} slots a group ≠ ⌈({N}+1)/{columns}⌉"
+            )
         if x_words != -(-N // (plane * x_lanes)) * plane:
             raise ValueError(f"x_words {x_words} ≠ ⌈{N}/({plane}·{x_lanes})⌉·{plane}")
         if x_operand_bits < x_format.bits:
@@ -104,12 +123,13 @@ class InputStash(wiring.Component):
         self.fx, self.xb = x_format, x_operand_bits
         self.x_depth, self.m_depth = entries * x_words, entries * G
         self.extra, self.plane = extra, plane
+        self.N, self.k = N, columns
         members = {
             "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
             "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
             "slots": In(pipeline.subset(stages=(0, 1), flags=("start",))),
             "mask_write": In(ValidSignature(mask_layout(G, self.mb))),
-            "operands": Out(StashOperandsSignature(x_operand_bits)),
+            "operands": Out(StashOperandsSignature(x_operand_bits, columns)),
             "mask": Out(MaskReadSignature(self.mb)),
         }
         if extra:
@@ -119,6 +139,32 @@ class InputStash(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
+        sp, b = self.slots, self.bases
+        s0 = slot_at(sp, 0)
+        m.submodules.mask = mm = Memory(shape=self.mb, depth=self.m_depth, init=[])
+        mrd, mwr = mm.read_port(), mm.write_port()
+        m.d.comb += [
+            mwr.en.eq(self.mask_write.valid),
+            mwr.addr.eq(b.fwd_mask + self.mask_write.payload.group),
+            mwr.data.eq(self.mask_write.payload.bits),
+            mrd.addr.eq(b.bwd_mask + s0.payload.group),
+            self.mask.bits.eq(mrd.data),
+        ]
+        for e in range(self.extra):  # pass-through streams: their items' mask bits
+            rd = mm.read_port()
+            m.d.comb += [
+                rd.addr.eq(self.extra_bases[e] + s0.payload.group),
+                self.extra_masks[e].bits.eq(rd.data),
+            ]
+        if self.k > 1:
+            self._column_operands(m)
+        else:
+            self._operands(m)
+        return m
+
+    def _operands(self, m: Module) -> None:
+        """One ``x`` memory; slot ``(g, i)`` reads column ``i`` (word ``⌊i/Lw⌋``, lane
+        ``i mod Lw``; positions first after a convolution)."""
         N = self.pipeline.in_features
         Lw, fx = self.Lw, self.fx
         sp, b, op = self.slots, self.bases, self.operands
@@ -126,16 +172,10 @@ class InputStash(wiring.Component):
 
         m.submodules.xstash = xm = Memory(shape=Lw * fx.bits, depth=self.x_depth, init=[])
         xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
-        m.submodules.mask = mm = Memory(shape=self.mb, depth=self.m_depth, init=[])
-        mrd, mwr = mm.read_port(), mm.write_port()
-
         m.d.comb += [
             xwp.en.eq(self.write.valid),
             xwp.addr.eq(b.write + self.write.payload.word),
             xwp.data.eq(self.write.payload.data),
-            mwr.en.eq(self.mask_write.valid),
-            mwr.addr.eq(b.fwd_mask + self.mask_write.payload.group),
-            mwr.data.eq(self.mask_write.payload.bits),
         ]
 
         # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column
@@ -159,18 +199,7 @@ class InputStash(wiring.Component):
                     m.d.sync += sel0.eq(sel0 + 1)
             else:
                 m.d.sync += q0.eq(q0 + 1)
-        m.d.comb += [
-            xrf.addr.eq(b.fwd_x + q0),
-            xrb.addr.eq(b.bwd_x + q0),
-            mrd.addr.eq(b.bwd_mask + s0.payload.group),
-            self.mask.bits.eq(mrd.data),
-        ]
-        for e in range(self.extra):  # pass-through streams: their items' mask bits
-            rd = mm.read_port()
-            m.d.comb += [
-                rd.addr.eq(self.extra_bases[e] + s0.payload.group),
-                self.extra_masks[e].bits.eq(rd.data),
-            ]
+        m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
 
         # S1: pick the lane, the bias input in column N; registered at S2
         sel1 = Signal.like(sel0)
@@ -191,4 +220,50 @@ class InputStash(wiring.Component):
                 xb2.eq(Mux(bias1, bias, pick(xrb.data))),
             ]
         m.d.comb += [op.x_fwd.eq(xf2), op.x_bwd.eq(xb2)]
-        return m
+
+    def _column_operands(self, m: Module) -> None:
+        """k banks (module docstring); slot ``t`` of a group reads word ``t`` of every bank,
+        operand ``s`` = column ``t·k + s``."""
+        k, N, fx = self.k, self.N, self.fx
+        last = self.pipeline.in_features  # the group's last slot, C − 1 = N div k
+        sp, b, op, wr = self.slots, self.bases, self.operands, self.write
+        s0, s1 = slot_at(sp, 0), slot_at(sp, 1)
+        # the write word's bank w mod k and address w div k (a table over the x_words words)
+        wbank = Signal(range(k))
+        wq = Signal(range(max(self.kx, 2)))
+        with m.Switch(wr.payload.word):
+            for w in range(self.kx):
+                with m.Case(w):
+                    m.d.comb += [wbank.eq(w % k), wq.eq(w // k)]
+        # S0: the slot within its group
+        q0 = Signal(range(max(last + 1, 2)))
+        with m.If(sp.start | (s0.valid & (s0.payload.col == last))):
+            m.d.sync += q0.eq(0)
+        with m.Elif(s0.valid):
+            m.d.sync += q0.eq(q0 + 1)
+        bias, sb = 1 << fx.frac, N % k  # the bias column's sub-lane in the last slot
+        last1 = s1.payload.col == last
+        for s in range(k):
+            xm = Memory(shape=fx.bits, depth=self.x_depth, init=[])
+            m.submodules[f"xstash{s}"] = xm
+            xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
+            m.d.comb += [
+                xwp.en.eq(wr.valid & (wbank == s)),
+                xwp.addr.eq(b.write + wq),
+                xwp.data.eq(wr.payload.data),
+                xrf.addr.eq(b.fwd_x + q0),
+                xrb.addr.eq(b.bwd_x + q0),
+            ]
+            # S1: the bias input / a padding column's 0 in the last slot; registered at S2
+            xf2 = Signal(signed(self.xb), name=f"xf2_{s}")
+            xb2 = Signal(signed(self.xb), name=f"xb2_{s}")
+            const = bias if s == sb else 0
+            with m.If(s1.valid):
+                if s < sb:
+                    m.d.sync += [xf2.eq(xrf.data.as_signed()), xb2.eq(xrb.data.as_signed())]
+                else:
+                    m.d.sync += [
+                        xf2.eq(Mux(last1, const, xrf.data.as_signed())),
+                        xb2.eq(Mux(last1, const, xrb.data.as_signed())),
+                    ]
+            m.d.comb += [op.x_fwd[s].eq(xf2), op.x_bwd[s].eq(xb2)]

@@ -498,15 +498,23 @@ class StashOperandsSignature(_Signature):
     """The input stash's ``x`` operands of the slot at S2 (input stash → MAC lanes, update
     unit).
 
+    Parameters
+    ----------
+    x_bits: the operand width (``Stage.x_operand_bits``).
+    columns: k, the column lanes (``Stage.column_lanes``): with k > 1 each member is an array
+        of k operands, ``[s]`` = column ``t·k + s`` of slot ``t`` (0 for a padding column).
+
     Members
     -------
     x_fwd: ``Out(signed(x_bits))`` ``x_i`` of the forward item, or the bias input ``2^x.frac``
-        in column N.
+        in column N (``.array(k)`` with k > 1).
     x_bwd: ``Out(signed(x_bits))`` the same for the backward item.
     """
 
-    def __init__(self, x_bits: int) -> None:
-        super().__init__({"x_fwd": Out(signed(x_bits)), "x_bwd": Out(signed(x_bits))})
+    def __init__(self, x_bits: int, columns: int = 1) -> None:
+        self.columns = columns
+        one = Out(signed(x_bits)) if columns == 1 else Out(signed(x_bits)).array(columns)
+        super().__init__({"x_fwd": one, "x_bwd": one})
 
 
 class MaskReadSignature(_Signature):

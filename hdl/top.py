@@ -254,8 +254,9 @@ class NetworkTop(wiring.Component):
                     s.lanes,
                     s.cols,
                     s.rows,
-                    s.row_groups * (s.cols + 1),
+                    s.row_groups * s.group_slots,
                     3 if any(m.name == "w_prev" for m in s.memories) else 2,
+                    s.column_lanes,
                 )
                 for s in stages
             ],

@@ -126,8 +126,11 @@ class UpdateUnit(wiring.Component):
     Parameters
     ----------
     pipeline: the pass's slot pipeline; its depth is the write stage.
-    lanes: L.
-    live_last: lanes live in the last row group, ``M − (G−1)·L`` (the rest are padding).
+    lanes: the physical lanes, L·k (``Stage.mac_lanes``).
+    live_last: row lanes live in the last row group, ``M − (G−1)·L`` (the rest are padding;
+        physical lane ``p`` is row lane ``p mod L``).
+    columns: k, column lanes (``Stage.column_lanes``): physical lane ``p`` takes the backward
+        ``x`` operand ``p div L`` of the slot (its column ``t·k + p div L``).
     formats: the stage's Q-formats (``w``, ``u``, ``d``, ``x``).
     update: the stage's update constants (momentum, learning rate, SC, LWP horizon and form).
     x_operand_bits: width of the ``x`` operand (``Stage.x_operand_bits``).
@@ -157,8 +160,8 @@ class UpdateUnit(wiring.Component):
     slots: ``In(pipeline.subset(S1…S{depth}; fwd_train, bwd))``.
     read: ``In(WeightReadSignature(L, w.bits, u.bits, w_prev))`` ``(w, u[, w_prev])`` at S1
         (``w_prev``: the LWP ``w`` form, ``H > 0``).
-    operands: ``In(StashOperandsSignature(x_operand_bits))`` the backward ``x`` at S2 (not with
-        ``gradient_bits``).
+    operands: ``In(StashOperandsSignature(x_operand_bits, k))`` the backward ``x`` at S2 (not
+        with ``gradient_bits``).
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2 (``gradient_bits``: ``P`` of that width).
     scaled_lr, scaled_b: ``In(DeltaSignature(L, e.bits))`` the scaled errors ``rhu(η·δ, k)``
         and (Spike Compensation) ``rhu(b·η·δ, k)`` at S2 (``update.lr_delta`` /
@@ -194,8 +197,12 @@ class UpdateUnit(wiring.Component):
         low_piece: Callable[[int, int], int] | None = None,
         operand_registers: int = 0,
         momentum_in_logic: bool = False,
+        columns: int = 1,
     ) -> None:
         P = operand_registers
+        if lanes % columns:
+            raise ValueError(f"{lanes} lanes are not whole rows of {columns} column lanes")
+        self.k, self.rows = columns, lanes // columns
         self.momentum_in_logic = momentum_in_logic
         if pipeline.depth < update_stage or update_stage != 4 + int(update.sc) + P:
             raise ValueError(
@@ -228,7 +235,7 @@ class UpdateUnit(wiring.Component):
                 )
             ),
             "read": In(WeightReadSignature(lanes, f.w.bits, f.u.bits, wp)),
-            "operands": In(StashOperandsSignature(x_operand_bits)),
+            "operands": In(StashOperandsSignature(x_operand_bits, columns)),
             "delta": In(DeltaSignature(lanes, gradient_bits or f.d.bits)),
             "weights": Out(LaneWeightsSignature(lanes, wh_bits, wg_bits)),
             "write_back": Out(ValidSignature(write_back_layout(lanes, f.w.bits, f.u.bits, wp))),
@@ -373,10 +380,16 @@ class UpdateUnit(wiring.Component):
         ]
         return m
 
+    def _x(self, lane: int) -> Value:
+        """The backward ``x`` operand of physical lane ``lane`` (its column lane's)."""
+        if self.k == 1:
+            return self.operands.x_bwd
+        return self.operands.x_bwd[lane // self.rows]
+
     def _live(self, lane: int):
         """``live(s)``: lane ``lane``'s row exists for the slot at stage ``s`` (a padding lane
         is dead in the last row group)."""
-        if lane < self.live_last:
+        if lane % self.rows < self.live_last:
             return lambda s: 1
         return lambda s: ~slot_at(self.slots, s).payload.last_group
 
@@ -427,7 +440,7 @@ class UpdateUnit(wiring.Component):
         d2 = delayed(m, self.delta.delta[lane], f"da_{lane}", P)
         xb2 = None
         if self.gradient_bits is None:
-            xb2 = delayed(m, self.operands.x_bwd, f"xba_{lane}", P)
+            xb2 = delayed(m, self._x(lane), f"xba_{lane}", P)
         w3 = Signal(signed(f.w.bits), name=f"w3_{lane}")
         with m.If(v[2]):
             m.d.sync += w3.eq(w2)
@@ -443,7 +456,7 @@ class UpdateUnit(wiring.Component):
         e_lr = e_b = None
         # the operands before their registers, for a product in the DSP block's own (a
         # convolution's update has no x operand here: its gradient is summed, numerics §5)
-        xb = self.operands.x_bwd if self.gradient_bits is None else None
+        xb = self._x(lane) if self.gradient_bits is None else None
 
         def raw(e, name: str) -> tuple:
             return () if xb is None else (e, xb, name)

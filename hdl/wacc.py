@@ -10,7 +10,9 @@ saturated to the memory's format (uncounted) and answers with the stored value; 
 stage, kind, row or column that does not exist answers 0 and changes nothing. Commands are taken
 only while ``allowed`` (the top: pipeline idle, no sample pending), so the memories' ports are free.
 Per command: CALC (lane, address) → ACC (the access) → READ (its data into a register) → RESP
-(answer until taken); back-to-back commands skip IDLE.
+(answer until taken); back-to-back commands skip IDLE. A stage with k column lanes
+(``Stage.col_lanes``) keeps weight ``(j, i)`` in lane ``(i mod k)·L + j mod L`` at address
+``(j div L)·C + i div k``, ``C = ⌈(N+1)/k⌉`` (the column divided the same way as the row).
 
 Source: docs/ports.md (``wacc`` contract); the state machine and the constant division are
 *derived*.
@@ -47,14 +49,26 @@ def div_const(v: Value, d: int, shift_add: Callable[[int], bool]) -> Value:
 @dataclass(frozen=True)
 class AccessGeometry:
     """What the weight access needs of one stage: ``lanes`` L, ``in_features`` N,
-    ``out_features`` M, ``words`` per lane bank (row_groups·(N+1)) and ``kinds`` (memories
-    per row: 2 = ``w``, ``u``; 3 = also ``w_prev``, the LWP ``w`` form)."""
+    ``out_features`` M, ``words`` per lane bank (row_groups·C), ``kinds`` (memories per row:
+    2 = ``w``, ``u``; 3 = also ``w_prev``, the LWP ``w`` form) and ``columns`` k (column
+    lanes: L·k banks, ``C = ⌈(N+1)/k⌉`` words a row group)."""
 
     lanes: int
     in_features: int
     out_features: int
     words: int
     kinds: int = 2
+    columns: int = 1
+
+    @property
+    def banks(self) -> int:
+        """The physical lanes, L·k."""
+        return self.lanes * self.columns
+
+    @property
+    def group_words(self) -> int:
+        """C, the words of one row group in a bank."""
+        return -(-(self.in_features + 1) // self.columns)
 
 
 class WeightAccess(wiring.Component):
@@ -72,7 +86,7 @@ class WeightAccess(wiring.Component):
     rsp: ``Out(stream.Signature(wacc_rsp_layout()))`` one answer per command.
     allowed: ``In(1)`` a command may be taken now (no pass can run until it is answered).
     busy: ``Out(1)`` a command is being served (the top holds ticks back).
-    stage1 … stageS: ``Out(WeightAccessSignature(L, words))`` per stage.
+    stage1 … stageS: ``Out(WeightAccessSignature(L·k, words))`` per stage.
     """
 
     def __init__(self, stages: Sequence[AccessGeometry], shift_add: Callable[[int], bool]) -> None:
@@ -84,7 +98,7 @@ class WeightAccess(wiring.Component):
             "busy": Out(1),
         }
         for n, g in enumerate(self.geo):
-            members[f"stage{n + 1}"] = Out(WeightAccessSignature(g.lanes, g.words))
+            members[f"stage{n + 1}"] = Out(WeightAccessSignature(g.banks, g.words))
         super().__init__(members)
 
     def stage(self, n: int) -> wiring.PureInterface:
@@ -97,10 +111,10 @@ class WeightAccess(wiring.Component):
         wc, wr = self.cmd, self.rsp
         cmd = Signal(wacc_cmd_layout())
         addr = Signal(range(max(max(g.words for g in geo), 2)))
-        lane = Signal(range(max(max(g.lanes for g in geo), 2)))
+        lane = Signal(range(max(max(g.banks for g in geo), 2)))
         okr = Signal()
         rsp = Signal.like(wr.payload.data)  # the answer, registered in READ
-        latency = max(access_latency(g.lanes, platform) for g in geo)
+        latency = max(access_latency(g.banks, platform) for g in geo)
         for n in range(len(geo)):
             port = self.stage(n)
             m.d.comb += [
@@ -121,12 +135,14 @@ class WeightAccess(wiring.Component):
         if stepped:  # the row's group by repeated subtraction (see the module docstring)
             rem = Signal.like(cmd.row, name="div_rem")
             base = Signal(range(max(max(g.words for g in geo), 2) + 1), name="div_base")
+            crem = Signal.like(cmd.col, name="div_col_rem")  # the column's (column lanes)
+            cq = Signal.like(cmd.col, name="div_col_quo")
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(accept):
                     take_cmd()
             if stepped:
-                self._stepped_calc(m, cmd, okr, lane, addr, rem, base)
+                self._stepped_calc(m, cmd, okr, lane, addr, rem, base, crem, cq)
             else:
                 with m.State("CALC"):
                     # row j → lane j mod L, group j div L (constant division), address g·(N+1)+col
@@ -136,6 +152,12 @@ class WeightAccess(wiring.Component):
                         for n, g in enumerate(geo):
                             with m.Case(n):
                                 grp = div_const(cmd.row, g.lanes, self.shift_add)
+                                rl = cmd.row - const_mul(g.lanes, grp, self.shift_add)
+                                cl, col = Value.cast(0), cmd.col
+                                if g.columns > 1:  # the column's lane s and slot i div k
+                                    col = div_const(cmd.col, g.columns, self.shift_add)
+                                    cl = cmd.col - const_mul(g.columns, col, self.shift_add)
+                                    cl = const_mul(g.lanes, cl, self.shift_add)
                                 m.d.sync += [
                                     okr.eq(
                                         (cmd.kind <= g.kinds - 1)
@@ -143,10 +165,8 @@ class WeightAccess(wiring.Component):
                                         & (cmd.col <= g.in_features)
                                     ),
                                     # constant products: shifts and adders where cheap
-                                    lane.eq(cmd.row - const_mul(g.lanes, grp, self.shift_add)),
-                                    addr.eq(
-                                        const_mul(g.in_features + 1, grp, self.shift_add) + cmd.col
-                                    ),
+                                    lane.eq(cl + rl),
+                                    addr.eq(const_mul(g.group_words, grp, self.shift_add) + col),
                                 ]
                     m.next = "ACC"
             with m.State("ACC"):
@@ -182,18 +202,20 @@ class WeightAccess(wiring.Component):
                         m.next = "IDLE"
         return m
 
-    def _stepped_calc(self, m: Module, cmd, okr, lane, addr, rem, base) -> None:
+    def _stepped_calc(self, m: Module, cmd, okr, lane, addr, rem, base, crem, cq) -> None:
         """The ECP5 form of CALC: ``okr`` as in the other form, then the row's group by
-        repeated subtraction, one ``L`` (and one ``N + 1`` added to the base address) a cycle
-        in DIV, until the remainder is the lane (≤ row_groups cycles; a command that does
-        not exist skips it). No multiplier, no constant division: the mlp-digits 32,10
-        critical path at 67.9 MHz was the command's row → stage 2's division by 10 (a
-        MULT18X18D without registers) → the lane's subtraction, 14.7 ns (docs/boards.md
-        §4.2); the link takes longer per command than the steps (timing only, *derived*)."""
+        repeated subtraction, one ``L`` (and one ``C`` = ``N + 1`` added to the base address)
+        a cycle in DIV, until the remainder is the lane (≤ row_groups cycles; a command that
+        does not exist skips it); with k column lanes the column's slot the same way in the
+        same cycles, one ``k`` a cycle (≤ C cycles). No multiplier, no constant division:
+        the mlp-digits 32,10 critical path at 67.9 MHz was the command's row → stage 2's
+        division by 10 (a MULT18X18D without registers) → the lane's subtraction, 14.7 ns
+        (docs/boards.md §4.2); the link takes longer per command than the steps (timing
+        only, *derived*)."""
         geo = self.geo
         with m.State("CALC"):
             m.d.comb += self.busy.eq(1)
-            m.d.sync += [okr.eq(0), rem.eq(cmd.row), base.eq(0)]
+            m.d.sync += [okr.eq(0), rem.eq(cmd.row), base.eq(0), crem.eq(cmd.col), cq.eq(0)]
             with m.Switch(cmd.stage):
                 for n, g in enumerate(geo):
                     with m.Case(n):
@@ -210,8 +232,22 @@ class WeightAccess(wiring.Component):
             with m.Switch(cmd.stage):
                 for n, g in enumerate(geo):
                     with m.Case(n):
-                        with m.If(rem >= g.lanes):
-                            m.d.sync += [rem.eq(rem - g.lanes), base.eq(base + g.in_features + 1)]
-                        with m.Else():
-                            m.d.sync += [lane.eq(rem), addr.eq(base + cmd.col)]
+                        if g.columns == 1:
+                            with m.If(rem >= g.lanes):
+                                m.d.sync += [rem.eq(rem - g.lanes), base.eq(base + g.group_words)]
+                            with m.Else():
+                                m.d.sync += [lane.eq(rem), addr.eq(base + cmd.col)]
+                                m.next = "ACC"
+                            continue
+                        row_left, col_left = rem >= g.lanes, crem >= g.columns
+                        with m.If(row_left):
+                            m.d.sync += [rem.eq(rem - g.lanes), base.eq(base + g.group_words)]
+                        with m.If(col_left):
+                            m.d.sync += [crem.eq(crem - g.columns), cq.eq(cq + 1)]
+                        with m.If(~row_left & ~col_left):
+                            m.d.sync += addr.eq(base + cq)
+                            with m.Switch(crem):  # lane (i mod k)·L + j mod L: no multiplier
+                                for c in range(g.columns):
+                                    with m.Case(c):
+                                        m.d.sync += lane.eq(rem + c * g.lanes)
                             m.next = "ACC"

@@ -66,14 +66,15 @@ def data_digest(x: torch.Tensor, y: torch.Tensor) -> str:
 
 def lfsr_states(plan: Plan, updates: int) -> list[list[int] | None]:
     """Per stage, the lanes' LFSR states after ``updates`` weight updates from the plan's seeds
-    (None with nearest-even rounding). Each update draws once per slot, ⌈M/L⌉·(N+1) draws per
-    lane (numerics §6; a convolution stage ⌈C_out/L⌉·(T + 1), §9), whatever the data, so the
+    (None with nearest-even rounding). Each update draws once per slot, ⌈M/L⌉·⌈(N+1)/k⌉ draws
+    per lane (numerics §6, k = ``Stage.column_lanes``; a convolution stage ⌈C_out/L⌉·(T + 1),
+    §9), whatever the data, so the
     state is a function of the update count (*derived*; :func:`pipetrain.sim.lfsr.jump`)."""
     if plan.rounding != "stochastic":
         return [None] * len(plan.stages)
     out: list[list[int] | None] = []
     for st in plan.stages:
-        draws = updates * st.row_groups * (st.cols + 1)
+        draws = updates * st.row_groups * st.group_slots
         out.append([jump(s, draws, plan.lfsr_poly, plan.lfsr_leap) for s in st.lfsr_seeds])
     return out
 

@@ -234,6 +234,10 @@ class _StageEngine:
         f = st.formats
         self.spec = st
         self.N, self.M, self.L, self.G = st.in_features, st.out_features, st.lanes, st.row_groups
+        #: column lanes k (numerics §6: physical lane p = s·L + l draws for row l's columns
+        #: i ≡ s mod k) and the slots of a row group, C = ⌈(N+1)/k⌉
+        self.K = st.column_lanes
+        self.C = -(-(self.N + 1) // self.K)
         #: input values per sample (without the bias input); a conv engine's N is its taps T
         self.N_in = st.in_features
         if self.G != -(-self.M // self.L):
@@ -290,9 +294,9 @@ class _StageEngine:
         if self.stochastic:
             if 2 * self.R > plan.lfsr_width:
                 raise GoldenError(f"round_bits {self.R} needs a {2 * self.R}-bit LFSR")
-            if len(st.lfsr_seeds) != self.L:
+            if len(st.lfsr_seeds) != self.L * self.K:
                 raise GoldenError(
-                    f"stage {st.index}: {len(st.lfsr_seeds)} seeds for {self.L} lanes"
+                    f"stage {st.index}: {len(st.lfsr_seeds)} seeds for {self.L * self.K} lanes"
                 )
             self.lfsr = LaneLFSRs(st.lfsr_seeds, plan.lfsr_poly, plan.lfsr_leap)
         self._block: tuple[torch.Tensor, torch.Tensor | None, np.ndarray] | None = None
@@ -357,8 +361,9 @@ class _StageEngine:
         lane count; ignored with nearest-even rounding."""
         if not self.stochastic:
             return
-        if len(states) != self.L:
-            raise GoldenError(f"stage {self.spec.index}: {len(states)} LFSR states, {self.L} lanes")
+        if len(states) != self.L * self.K:
+            n = self.L * self.K
+            raise GoldenError(f"stage {self.spec.index}: {len(states)} LFSR states, {n} lanes")
         self.lfsr = LaneLFSRs(tuple(int(v) for v in states), self.lfsr.poly, self.lfsr.leap)
         self._block, self._block_pos = None, 0
         self._last_draw = (np.array([states], dtype=np.uint64), 0)
@@ -408,12 +413,14 @@ class _StageEngine:
     def _randoms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rounding addends (M, N+1) of this update for u' and w' (numerics §6 draw order)."""
         if self._block is None or self._block_pos == DRAW_BLOCK:
-            C = self.G * (self.N + 1)
-            st = self.lfsr.draws(DRAW_BLOCK * C)  # (L, B·C), lane-major
-            last = st.reshape(self.L, DRAW_BLOCK, C)[:, :, -1].T.copy()  # (B, L)
-            # slot (g, i) of update b is draw b·C + g·(N+1) + i of lane l, row j = g·L + l
-            grid = st.reshape(self.L, DRAW_BLOCK, self.G, self.N + 1).transpose(1, 2, 0, 3)
-            grid = grid.reshape(DRAW_BLOCK, self.G * self.L, self.N + 1)[:, : self.M]
+            K, Cg = self.K, self.C
+            C = self.G * Cg
+            st = self.lfsr.draws(DRAW_BLOCK * C)  # (L·k, B·C), lane-major
+            last = st.reshape(self.L * K, DRAW_BLOCK, C)[:, :, -1].T.copy()  # (B, L·k)
+            # slot (g, t) of update b is draw b·C + g·C_g + t of physical lane p = s·L + l:
+            # weight (g·L + l, t·k + s); with k = 1 slot (g, i) of lane l, row g·L + l
+            grid = st.reshape(K, self.L, DRAW_BLOCK, self.G, Cg).transpose(2, 3, 1, 4, 0)
+            grid = grid.reshape(DRAW_BLOCK, self.G * self.L, Cg * K)[:, : self.M, : self.N + 1]
             # numpy here: these block-sized tensors are where torch's intra-op threads cost most
             mask = np.uint64((1 << self.R) - 1)
             add_u = torch.from_numpy(rsr_addend((grid & mask).astype(np.int64), self.k_u, self.R))

@@ -288,9 +288,10 @@ def _update(plan: Plan, sg: _Stage, w: Matrix, u: Matrix, xb, delta, grad) -> tu
     w1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
     u1 = [[0] * (sg.N + 1) for _ in range(sg.M)]
     fw, fp = f.w.frac, f.d.frac + f.x.frac
+    K = st.column_lanes  # physical lane s·L + l: row l's columns i ≡ s (mod k)
     for g_ in range(st.row_groups):
-        for i in range(sg.N + 1):
-            for lane in range(sg.L):
+        for t in range(-(-(sg.N + 1) // K)):
+            for lane in range(sg.L * K):
                 r_u = r_w = 0
                 if stochastic:
                     sg.lfsr[lane] = draw(
@@ -298,9 +299,9 @@ def _update(plan: Plan, sg: _Stage, w: Matrix, u: Matrix, xb, delta, grad) -> tu
                     )
                     r_u = sg.lfsr[lane] & ((1 << R) - 1)
                     r_w = (sg.lfsr[lane] >> R) & ((1 << R) - 1)
-                j = g_ * sg.L + lane
-                if j >= sg.M:
-                    continue  # padding lane: it drew, it does nothing else
+                j, i = g_ * sg.L + lane % sg.L, t * K + lane // sg.L
+                if j >= sg.M or i > sg.N:
+                    continue  # a padding lane or column: it drew, it does nothing else
                 P = delta[j] * xb[i] if grad is None else grad[j][i]
                 dj, xi = (delta[j], xb[i]) if grad is None else (0, 0)
 

@@ -55,6 +55,10 @@ ORACLE_CASES = [
         lr=0.3,
     ),
     dict(schedule="sequential", strategy="interlocking", blocks=(1, 2), distance=1, rule="sum"),
+    # column lanes on stage 1 (numerics §6: lane s·L + l draws for row l's columns i ≡ s mod k):
+    # k = 2 (7 columns in 4 slots, one padding column), k = 3 with SC and clamps (3 slots, two)
+    dict(col_lanes=(2,)),
+    dict(col_lanes=(3,), mitigation="sc+lwp", lr=0.3),
 ]
 
 

@@ -129,12 +129,13 @@ class _Ecp5:
 def test_weight_access_addresses_and_answers(ecp5):
     """Commands reach the right stage, lane and address; the answer is taken
     ``access_latency`` cycles after ``en`` — the slowest stage's: on the ECP5 stage 1's 6 lanes
-    add a 4-way level (4 cycles), and the stages model answers only from then on."""
+    add a 4-way level (4 cycles), and the stages model answers only from then on. Stage 3 has
+    3 column lanes (weight (j, i) in lane (i mod 3)·2 + j mod 2, address (j div 2)·2 + i div 3)."""
     lanes = 6 if ecp5 else 2
     geo = [
         AccessGeometry(lanes, 6, 5, 3 * 7),
         AccessGeometry(3, 5, 4, 2 * 6),
-        AccessGeometry(1, 4, 3, 15),
+        AccessGeometry(2, 4, 3, 2 * 2, columns=3),
     ]
     platform = _Ecp5() if ecp5 else None
     latency = max(access_latency(g.lanes, platform) for g in geo)
@@ -199,11 +200,10 @@ def test_weight_access_addresses_and_answers(ecp5):
         ok = n < 3 and c["kind"] <= 1 and c["row"] < geo[n].out_features
         ok = ok and c["col"] <= geo[n].in_features
         if ok:
-            L, N = geo[n].lanes, geo[n].in_features
-            grp = c["row"] // L
-            exp_acc.append(
-                (n, c["write"], c["kind"], c["row"] % L, grp * (N + 1) + c["col"], c["data"])
-            )
+            L, k, C = geo[n].lanes, geo[n].columns, geo[n].group_words
+            grp, (q, s) = c["row"] // L, divmod(c["col"], k)
+            lane = s * L + c["row"] % L
+            exp_acc.append((n, c["write"], c["kind"], lane, grp * C + q, c["data"]))
         exp_ans.append(1000 + n if ok else 0)
     assert accesses == exp_acc
     assert answers == exp_ans

@@ -135,6 +135,8 @@ def _configs() -> list[tuple[str, Callable[[], Plan]]]:
     out += [
         ("tiny-3lanes-sc", _tiny(lanes=(3, 2, 1), mitigation="sc")),
         ("tiny-one-lane", _tiny(lanes=(1, 1, 1))),
+        ("tiny-col-lanes-3", _tiny(col_lanes=(3,))),
+        ("tiny-col-lanes-2-ecp5", _tiny(col_lanes=(2,), operand_registers=2)),
         ("tiny-lanes-per-row", _tiny(lanes=(5, 4, 3))),
         ("tiny-spram-sequential", _tiny(schedule="sequential", lanes=(1, 1, 1), single_port=(1,))),
         # the activation ROM (one read port per lane) and the y-wide mask of tanh / sigmoid

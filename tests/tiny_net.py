@@ -26,13 +26,15 @@ def tiny(
     acts=("leaky_relu", "relu"),
     operand_registers=0,
     momentum_in_logic=False,
+    col_lanes=None,
     **cfg,
 ):
     """6 → 5 (LeakyReLU) → 4 (ReLU) → 3; stage 2 has 3 lanes over 4 rows (2 padding slots).
     ``const_bits``/``single_port``: :func:`build_plan`'s board options (few-bit constants,
     single-port SPRAM weight memories), ``operand_registers`` (the ECP5's: every product one
-    stage later), ``momentum_in_logic`` (m·u in shifts and adders). ``acts``: the two hidden
-    activations (``tanh``, ``sigmoid``, … instead of LeakyReLU, ReLU)."""
+    stage later), ``momentum_in_logic`` (m·u in shifts and adders), ``col_lanes`` (k per
+    stage: stage 1's 7 columns over k column lanes, padding columns for k ∤ 7). ``acts``: the
+    two hidden activations (``tanh``, ``sigmoid``, … instead of LeakyReLU, ReLU)."""
     torch.manual_seed(1)
     model = nn.Sequential(
         nn.Linear(6, 5), _MODULES[acts[0]](), nn.Linear(5, 4), _MODULES[acts[1]](), nn.Linear(4, 3)
@@ -54,6 +56,7 @@ def tiny(
             single_port=single_port,
             operand_registers=operand_registers,
             momentum_in_logic=momentum_in_logic,
+            col_lanes=col_lanes,
         )
     return plan, model, config
 
