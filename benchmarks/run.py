@@ -412,7 +412,7 @@ def bench_model(
         "bit_exact": rtl_pb["bit_exact"] and rtl_seq["bit_exact"],
         "stage_utilisation": measure.stage_utilisation(pb.plan),
         "mac_util": sum(s.out_features * (s.in_features + 1) for s in pb.plan.stages)
-        / (sum(s.lanes for s in pb.plan.stages) * pb.plan.tick_cycles),
+        / (sum(s.mac_lanes for s in pb.plan.stages) * pb.plan.tick_cycles),
         "memory": {
             "memory_bits": pb.plan.memory_bits,
             "stash_bits": sum(s.stash_bits for s in pb.plan.stages),

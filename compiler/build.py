@@ -463,16 +463,38 @@ def pass_cycles(stage: Stage) -> int:
     )
 
 
+def forward_stage(stage: Stage) -> int:
+    """Pipeline stage of a pass's forward outputs (``y``) in hdl/mac.py: S4 without operand
+    registers, S5 + P with P (the outputs registered once more), one later with column lanes
+    at P = 2 (the k-sum's register); a convolution stage's at its write stage (hdl/conv.py
+    does not tell them apart). Source: *derived* from the HDL."""
+    P = stage.operand_registers or 0
+    if stage.conv is not None:
+        return stage.write_stage
+    if P == 0:
+        return 4
+    return 5 + P + (1 if stage.column_lanes > 1 and P >= 2 else 0)
+
+
+def forward_cycles(stage: Stage) -> int:
+    """Cycles from a pass's start pulse until its forward outputs are all out and a loss unit
+    fed by the stage starts (hdl/tick.py, the sequencer's ``fwd_done``): ``pass_cycles`` −
+    (``write_stage`` − :func:`forward_stage`). Source: *derived* (the loss unit needs the
+    logits, not the weight write-back)."""
+    return pass_cycles(stage) - (stage.write_stage - forward_stage(stage))
+
+
 def _pass_cycles(cycles_per_tick: int, slot_cycles: int, sc: bool, registers: int = 0) -> int:
     return slot_cycles * (cycles_per_tick - 1) + 2 + write_stage(sc, slot_cycles, registers)
 
 
 def tick_cycles(stages: Sequence[Stage], feeders: Sequence[Stage], loss: int) -> int:
     """``pb`` tick length (hdl/tick.py): every stage's pass runs from the tick's start; the
-    loss unit starts when the stage feeding it is done; plus :data:`TICK_OVERHEAD`.
-    ``feeders``: the stages whose output goes to a loss unit (``loss`` = its cycles)."""
+    loss unit starts when the stage feeding it has its forward outputs out
+    (:func:`forward_cycles`); plus :data:`TICK_OVERHEAD`. ``feeders``: the stages whose output
+    goes to a loss unit (``loss`` = its cycles)."""
     longest = max(pass_cycles(s) for s in stages)
-    with_loss = max(pass_cycles(s) for s in feeders) + loss
+    with_loss = max(forward_cycles(s) for s in feeders) + loss
     return max(longest, with_loss) + TICK_OVERHEAD
 
 
@@ -1352,6 +1374,7 @@ def _loss_unit(
     slack: int | None = None,
     operand_registers: int = 0,
     parallel_out: bool = False,
+    fastest: bool = False,
 ) -> LossUnit:
     """``key``: the logits' format key (``s<i>.y``), for the error message; ``z_lanes``: the
     lanes of the stage feeding it (logits per buffer word); ``slack``: the cycles the tick
@@ -1359,10 +1382,12 @@ def _loss_unit(
     parallelism (:func:`~pipetrain.compiler.loss_unit.loss_parallelism`; None: the smallest);
     ``operand_registers``: the board's (``LossUnit.operand_registers`` = 1 when ≥ 1, for a
     cross-entropy loss); ``parallel_out``: the feeding stage's error buffer takes a word of
-    errors a write (:func:`loss_writes_words`), so ``out_lanes`` may exceed 1."""
+    errors a write (:func:`loss_writes_words`), so ``out_lanes`` may exceed 1; ``fastest``:
+    :func:`~pipetrain.compiler.loss_unit.loss_parallelism`'s rule where nothing fits the
+    slack."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
     R = 1 if operand_registers and kind != "mse" else 0
-    P, k, Q = loss_parallelism(kind, classes, z_lanes, fr, slack, R, parallel_out)
+    P, k, Q = loss_parallelism(kind, classes, z_lanes, fr, slack, R, parallel_out, fastest)
     size = 16 << fl  # covers e^0 … e^−16
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
@@ -1434,6 +1459,7 @@ def build_plan(
     operand_registers: int = 0,
     momentum_in_logic: bool = False,
     col_lanes: Sequence[int] | None = None,
+    loss_fastest: bool = False,
 ) -> Plan:
     """Return the plan for ``ir`` trained with ``config``.
 
@@ -1451,7 +1477,9 @@ def build_plan(
     ``col_lanes``: k per stage (``Stage.col_lanes``, default 1 each; 1 is recorded as None):
     k physical lanes share each row's columns, ⌈(N+1)/k⌉ slots a row group — only on a
     Linear stage the host writes (stage 1: no input gradient, no auxiliary head, no
-    single-port memories).
+    single-port memories). ``loss_fastest``: a loss unit that cannot fit the slack the passes
+    leave takes its fastest parallelism, out lanes included (``loss_parallelism``'s
+    ``fastest``; the board fit's choice where the loss unit sets the tick).
 
     ``const_bits``: significant bits of the update constants (2..18; the default keeps the
     float values to 2^-18 relative; 5 makes lr = 0.002 a shift and m = 0.9 → 0.90625 a
@@ -1689,12 +1717,13 @@ def build_plan(
     longest = max(pass_cycles(st) for st in stages)
 
     def loss_after(st: Stage, z: QFormat, d: QFormat) -> LossUnit:
-        slack = longest - pass_cycles(st)
+        slack = longest - forward_cycles(st)
         key = f"s{st.index}.y"
         words = st is last and loss_writes_words(config.strategy, st)
         return _loss_unit(
-            ir.loss, classes, z, d, key, st.lanes, family, slack, operand_registers, words
-        )
+            ir.loss, classes, z, d, key, st.lanes, family, slack, operand_registers, words,
+            loss_fastest,
+        )  # fmt: skip
 
     loss = loss_after(last, fs.logits, fs.d[-1])
     stages[S - 1] = last = with_error_beat(last, loss)

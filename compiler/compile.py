@@ -169,6 +169,7 @@ def compile_result(
     board: Board | None = None,
     shell: ShellSource = None,
     lanes: Sequence[int] | None = None,
+    col_lanes: Sequence[int] | None = None,
     target_cycles: int | None = None,
     max_multipliers: int | None = None,
     memory_budget_bits: int = 0,
@@ -277,6 +278,7 @@ def compile_result(
             operand_bits=operand_bits,
             logic_low_bits=logic_low_bits,
             operand_registers=operand_registers,
+            col_lanes=tuple(col_lanes) if col_lanes and any(k > 1 for k in col_lanes) else None,
         )
         if target_cycles is not None:  # the tick itself: the board's options set the passes
             at = request if board is None else board_request(request, board)

@@ -52,7 +52,9 @@ from .build import (
     RAM_FAMILIES,
     TICK_OVERHEAD,
     FormatSpec,
+    PlanError,
     build_plan,
+    fewest_lanes,
     hard_multipliers,
     logic_pieces,
     loss_operands,
@@ -66,7 +68,7 @@ from .build import (
 from .config import TrainConfig
 from .formats import apply_overrides, parse_format_overrides
 from .ir import NetworkIR
-from .lanes import lanes_for_target
+from .lanes import lanes_for_target, lanes_text
 from .plan import Plan, csd
 from .targets import Board, BoardError
 
@@ -80,6 +82,7 @@ __all__ = [
     "board_request",
     "board_lanes",
     "lane_candidates",
+    "column_candidates",
     "plan_with_lanes",
     "check_fit",
     "plan_totals",
@@ -129,6 +132,11 @@ class PlanRequest:
     lanes_option: the option that chose ``lanes`` when it was not ``--lanes``, as the user gave
         it (``--max-multipliers 20``, ``--target-cycles 100``): a fit error names it (None: "the
         lanes asked for").
+    momentum_in_logic: every Linear stage forms ``m·u`` in logic (``Plan.momentum_in_logic``).
+    col_lanes: column lanes k per stage (``Stage.col_lanes``; None: one each): ``--lanes
+        16x3,10``, or the fit's choice (:func:`column_candidates`).
+    loss_fastest: a loss unit that cannot keep up with the passes takes its fastest
+        parallelism (``build_plan``'s ``loss_fastest``; the fit's choice with column lanes).
     """
 
     ir: NetworkIR
@@ -146,6 +154,8 @@ class PlanRequest:
     operand_registers: int = 0
     lanes_option: str | None = None
     momentum_in_logic: bool = False
+    col_lanes: tuple[int, ...] | None = None
+    loss_fastest: bool = False
 
     def replace(self, **changes: Any) -> PlanRequest:
         """A copy with ``changes`` applied."""
@@ -167,6 +177,8 @@ class PlanRequest:
             self.logic_low_bits,
             self.operand_registers,
             self.momentum_in_logic,
+            self.col_lanes,
+            self.loss_fastest,
         )
 
 
@@ -529,7 +541,7 @@ def spram_stages(plan: Plan, board: Board) -> tuple[int, ...]:
     for st in sorted(plan.stages, key=lambda s: -(s.weight_bits + s.velocity_bits)):
         f = st.formats
         need = -(-f.w.bits // 16) + -(-f.u.bits // 16)
-        if st.lanes != 1 or st.cycles_per_tick > 16384 or need > free:
+        if st.mac_lanes != 1 or st.cycles_per_tick > 16384 or need > free:
             continue
         chosen.append(st.index)
         free -= need
@@ -571,11 +583,16 @@ def lane_candidates(ir: NetworkIR, config: TrainConfig) -> list[tuple[int, tuple
 
 
 def plan_with_lanes(
-    req: PlanRequest, board: Board, lanes: tuple[int, ...]
+    req: PlanRequest,
+    board: Board,
+    lanes: tuple[int, ...],
+    cols: tuple[int, ...] | None = None,
 ) -> tuple[Plan, PlanRequest]:
-    """The plan of ``req`` (already at the board's settings) with ``lanes``, its one-lane stages
-    on SPRAM where the board has it (step 4); and the request it was built from. Unchecked."""
-    attempt = req.replace(lanes=tuple(lanes), single_port=())
+    """The plan of ``req`` (already at the board's settings) with ``lanes`` and column lanes
+    ``cols`` (None: the request's), its one-lane stages on SPRAM where the board has it (step
+    4); and the request it was built from. Unchecked."""
+    cols = req.col_lanes if cols is None else (cols if any(k > 1 for k in cols) else None)
+    attempt = req.replace(lanes=tuple(lanes), single_port=(), col_lanes=cols)
     plan = attempt.build()
     sp = spram_stages(plan, board)
     if sp:
@@ -607,15 +624,21 @@ def _has_momentum_product(plan: Plan) -> bool:
 
 
 def _fitting(
-    req: PlanRequest, board: Board, lanes: tuple[int, ...], resolved: Shell | None, shell
+    req: PlanRequest,
+    board: Board,
+    lanes: tuple[int, ...],
+    resolved: Shell | None,
+    shell: ShellSource,
+    cols: tuple[int, ...] | None = None,
 ) -> tuple[Plan, PlanRequest, Shell, FitError | None]:
     """The plan of ``req`` with ``lanes`` that fits ``board``: with m·u in its DSP blocks, or
     else — where those blocks are what does not fit — m·u in logic
     (``Plan.momentum_in_logic``: one block a lane fewer, the same integers; *derived*: the
     blocks bind a board's lanes, its LUT4s rarely do) when its logic cells stay within
     :data:`MOMENTUM_LOGIC_FILL` of the board's. Returns the plan, its request, the shell
-    and the fit error (None when it fits; the DSP form's error when neither does)."""
-    plan, attempt = plan_with_lanes(req, board, lanes)
+    and the fit error (None when it fits; the DSP form's error when neither does).
+    ``cols``: column lanes per stage (:func:`plan_with_lanes`)."""
+    plan, attempt = plan_with_lanes(req, board, lanes, cols)
     if resolved is None:
         resolved = _shell_of(shell, plan)  # the same for every lane count
     try:
@@ -627,7 +650,7 @@ def _fitting(
         return plan, attempt, resolved, first
     if plan_totals(plan, board, resolved)["hard_multipliers"] <= board.multipliers:
         return plan, attempt, resolved, first  # the blocks fit: something else does not
-    logic, at = plan_with_lanes(req.replace(momentum_in_logic=True), board, lanes)
+    logic, at = plan_with_lanes(req.replace(momentum_in_logic=True), board, lanes, cols)
     try:
         check_fit(logic, board, resolved)
     except FitError:
@@ -648,13 +671,17 @@ def _search(
     bests: dict[bool, tuple[tuple[int, ...], Plan, PlanRequest]] = {}
     err: FitError | None = None
     resolved: Shell | None = None
-    for slowest, base in lane_candidates(req.ir, req.config):
+    plain = [(t, lanes, None) for t, lanes in lane_candidates(req.ir, req.config)]
+    cands = sorted(plain + column_candidates(req.ir, req.config), key=lambda c: c[0])
+    for slowest, base, cols in cands:
         if False in bests and slowest > bests[False][0][0]:
             break  # the tick is at least the slowest pass: no later candidate is faster
         for lanes in _with_faster_feeder(req, base):
-            plan, attempt, resolved, exc = _fitting(req, board, lanes, resolved, shell)
+            # with column lanes the stages outpace the loss unit: it takes its fastest form
+            r = req.replace(loss_fastest=True) if cols else req
+            plan, attempt, resolved, exc = _fitting(r, board, lanes, resolved, shell, cols)
             if exc is not None:
-                if lanes == base:
+                if lanes == base and cols is None:
                     err = exc
                 continue
             t = plan_totals(plan, board, resolved)
@@ -676,6 +703,76 @@ def _search(
     ):
         best = logic
     return ((best[1], best[2]) if best else None), err
+
+
+#: The most column lanes the fit gives a stage (``Stage.col_lanes``): the forward's k-sum is
+#: then at most two adder levels in its register stage (*derived*, timing only; ``--lanes``
+#: may ask for more).
+COL_LANES_MAX = 4
+
+
+def column_candidates(
+    ir: NetworkIR, config: TrainConfig
+) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """The designs with column lanes on stage 1 (``Stage.col_lanes``, when the HDL builds them
+    there: a Linear stage the host writes, without an input gradient): ``(T, lanes, cols)``
+    for each pass length T some (L, k ≤ :data:`COL_LANES_MAX`) of stage 1 takes, with the
+    other stages' fewest lanes for T (:func:`~pipetrain.compiler.lanes.lanes_for_target`) and
+    stage 1's fewest physical lanes L·k > L₁ for T (ties: fewer column lanes) — only where
+    that is fewer than one lane per row would need, or one lane per row is not fast enough.
+    Sorted by T; [] when stage 1 cannot take column lanes. Source: *derived* (folding over
+    the input dimension, as FINN's SIMD beside its PE)."""
+    slots = stage_slots(ir, config)
+    s1 = slots[0]
+    if (
+        getattr(s1, "conv", None) is not None
+        or s1.attach != 0
+        or s1.gin_losses
+        or len(s1.losses) != 1
+        or tuple(s1.grad_losses) != tuple(s1.losses)
+        or s1.in_features < 2
+    ):
+        return []
+    N, M = s1.in_features, s1.out_features
+    options = sorted(
+        (stage_cycles(N, M, L, None, k)[1], L * k, k, L)
+        for k in range(2, COL_LANES_MAX + 1)
+        for L in range(1, M + 1)
+    )
+    rest_floor = max((_pass(sl, getattr(sl, "rows", sl.out_features)) for sl in slots[1:]),
+                     default=0)  # fmt: skip
+    out: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    for T in sorted({o[0] for o in options if o[0] >= rest_floor}):
+        fits = [o for o in options if o[0] <= T]
+        _, phys, k, L = min(fits, key=lambda o: (o[1], o[2]))
+        plain = fewest_lanes(N, M, T)
+        if plain is not None and plain <= phys:
+            continue  # rows alone reach T with as few lanes
+        try:
+            lanes = lanes_for_target_rest(ir, config, T)
+        except PlanError:
+            continue
+        key = ((L, *lanes), (k,) + (1,) * len(lanes))
+        if key in seen:
+            continue
+        seen.add(key)
+        slowest = max([stage_cycles(N, M, L, None, k)[1]] +
+                      [_pass(sl, x) for sl, x in zip(slots[1:], lanes, strict=True)])  # fmt: skip
+        out.append((slowest, *key))
+    return out
+
+
+def lanes_for_target_rest(ir: NetworkIR, config: TrainConfig, target: int) -> tuple[int, ...]:
+    """The fewest lanes of every stage but stage 1 with each pass ≤ ``target`` cycles (raises
+    :class:`~pipetrain.compiler.build.PlanError` where one lane per row is not enough)."""
+    out = []
+    for sl in stage_slots(ir, config)[1:]:
+        L = fewest_lanes(sl.in_features, sl.out_features, target, getattr(sl, "conv", None))
+        if L is None:
+            raise PlanError(f"stage {sl.index} cannot pass in {target} cycles")
+        out.append(L)
+    return tuple(out)
 
 
 def _with_faster_feeder(req: PlanRequest, lanes: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -706,10 +803,6 @@ def board_lanes(request: PlanRequest, board: Board, shell: ShellSource = None) -
         assert err is not None
         raise err
     return found[1].lanes
-
-
-def _lanes_text(lanes: tuple[int, ...]) -> str:
-    return ",".join(str(v) for v in lanes)
 
 
 def board_request(request: PlanRequest, board: Board) -> PlanRequest:
@@ -760,7 +853,8 @@ def fit_plan(
         else:
             p = found[0]
             hint = (
-                f"--lanes {_lanes_text(found[1].lanes)} fits ({p.ideal_cycles_per_sample:,} "
+                f"--lanes {lanes_text(found[1].lanes, found[1].col_lanes)} fits "
+                f"({p.ideal_cycles_per_sample:,} "
                 "cycles/sample): give it, or leave --lanes out for the fastest plan that fits "
                 "(--lanes auto)"
             )
@@ -770,7 +864,7 @@ def fit_plan(
         else:
             asked = "the lanes asked for"
         raise FitError(
-            f"{head}, with {asked} ({_lanes_text(req.lanes)}); {hint}",
+            f"{head}, with {asked} ({lanes_text(req.lanes, req.col_lanes)}); {hint}",
             given.rows,
             given.plan,
         ) from None

@@ -39,6 +39,7 @@ from .build import (
     PlanError,
     build_plan,
     fewest_lanes,
+    forward_cycles,
     pass_cycles,
     stage_cycles,
     stage_slots,
@@ -62,19 +63,38 @@ DEFAULT_LANES = 4
 def parse_lanes(text: str) -> tuple[int, ...] | None:
     """Parse ``"4"`` or ``"8,2"`` into lane counts; ``"auto"`` is None (with a board the fit
     pass chooses them, :func:`pipetrain.compiler.fit.board_lanes`; else the default balance).
-    Raises :class:`PlanError` on bad text."""
+    Column lanes (``"16x3,10"``) are :func:`parse_lane_spec`'s. Raises :class:`PlanError` on
+    bad text."""
+    return parse_lane_spec(text)[0]
+
+
+def parse_lane_spec(text: str) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """Parse ``--lanes``: ``"8,2"`` → ((8, 2), None); ``"16x3,10"`` → ((16, 10), (3, 1)):
+    row lanes L and, after an ``x``, column lanes k (``Stage.col_lanes``: k physical lanes
+    share each row's columns, L·k in all; stage 1 only); ``"auto"`` → (None, None). Raises
+    :class:`PlanError` on bad text."""
     if text.strip().lower() == "auto":
-        return None
+        return None, None
+    rows, cols = [], []
     try:
-        values = tuple(int(v) for v in text.replace(" ", "").split(","))
+        for part in text.replace(" ", "").lower().split(","):
+            L, _, k = part.partition("x")
+            rows.append(int(L))
+            cols.append(int(k) if k else 1)
     except ValueError:
         raise PlanError(
-            f"--lanes {text!r} is not a number, a comma-separated list of numbers or 'auto' "
-            "(e.g. 4, 8,2 or auto)"
+            f"--lanes {text!r} is not a number, a comma-separated list of numbers (a stage's "
+            "row lanes, optionally × column lanes) or 'auto' (e.g. 4, 8,2, 16x3,10 or auto)"
         ) from None
-    if any(v < 1 for v in values):
+    if any(v < 1 for v in rows + cols):
         raise PlanError(f"--lanes {text!r}: every lane count must be ≥ 1")
-    return values
+    return tuple(rows), (tuple(cols) if any(k > 1 for k in cols) else None)
+
+
+def lanes_text(lanes: Sequence[int], cols: Sequence[int] | None = None) -> str:
+    """``--lanes`` text of ``lanes`` and column lanes ``cols``: ``"16x3,10"``."""
+    ks = list(cols or ()) + [1] * (len(lanes) - len(cols or ()))
+    return ",".join(f"{L}x{k}" if k > 1 else str(L) for L, k in zip(lanes, ks, strict=True))
 
 
 def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> tuple[int, ...]:
@@ -146,7 +166,8 @@ def lanes_for_tick(
         feeders = {S - 1} | {k for k in range(S, len(slots)) if slots[k].activation == "identity"}
         changed = False
         for k, (sl, st) in enumerate(zip(slots, plan.stages, strict=True)):
-            part = pass_cycles(st) + TICK_OVERHEAD + (loss if k in feeders else 0)
+            fed = forward_cycles(st) + loss if k in feeders else 0
+            part = max(pass_cycles(st), fed) + TICK_OVERHEAD
             if part <= target_cycles:
                 continue
             fewer = -(-(part - target_cycles) // st.slot_cycles)  # slots to take off the pass

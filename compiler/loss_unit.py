@@ -84,6 +84,7 @@ def loss_parallelism(
     slack: int | None,
     operand_registers: int = 0,
     parallel_out: bool = False,
+    fastest: bool = False,
 ) -> tuple[int, int, int]:
     """``(exp_lanes, div_bits, out_lanes)`` of a loss unit: the cheapest pair ``(P, k)`` (cost
     P + k: one exp lane or one divider step each adds one compare/subtract datapath, derived)
@@ -94,7 +95,10 @@ def loss_parallelism(
     loss unit then sets the tick, and the report says so: out lanes are bought only where they
     take the loss unit off the tick — a board short of DSP blocks would otherwise lose the
     lanes they cost elsewhere, e.g. mlp-digits 32,5 on the ULX3S without m·u's low piece in
-    logic fits its 156 blocks exactly). ``slack`` None, or an MSE loss: ``(1, 1, 1)``. P
+    logic fits its 156 blocks exactly) — unless ``fastest`` (the board fit's choice for a plan
+    whose stages are fast enough for the loss unit to set the tick, e.g. with column lanes):
+    then the fastest triple (Q > 1 where ``parallel_out`` allows it), the loss unit setting a
+    shorter tick. ``slack`` None, or an MSE loss: ``(1, 1, 1)``. P
     runs over the divisors of ``z_lanes``, k over 1..:data:`DIV_BITS_MAX`, Q over the
     divisors of P."""
     if kind == "mse" or slack is None:
@@ -124,4 +128,6 @@ def loss_parallelism(
     fits = [t for t in triples if cycles(t) <= slack]
     if fits:
         return min(fits, key=cost)
+    if fastest:
+        return min(triples, key=lambda t: (cycles(t), sum(t), t))
     return min(serial, key=lambda t: (cycles(t), sum(t), t))

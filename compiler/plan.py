@@ -545,7 +545,7 @@ class Stage:
         ``(i mod k)·L + j mod L`` at address ``(j div L)·C + i div k``; the ``w``/``u`` banks
         are L·k, the ``xstash`` k banks (host word ``w`` in bank ``w mod k``, address
         ``w div k``), the LFSR seeds L·k; the forward sums a row's k products before its
-        accumulator (docs/architecture.md §3.9). Linear stages the host writes (stage 1,
+        accumulator (docs/architecture.md §3.5). Linear stages the host writes (stage 1,
         no input gradient) only. None (omitted from the JSON): one column lane, as plans
         from before.
     streams: local / interlocking learning: the stage's backward streams as ``[loss t, delay

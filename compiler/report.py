@@ -30,11 +30,13 @@ from typing import Any
 from .build import (
     RAM_FAMILIES,
     TICK_OVERHEAD,
+    forward_cycles,
     logic_pieces,
     loss_operands,
     multiplier_blocks,
     pass_cycles,
 )
+from .lanes import lanes_text
 from .plan import Const, LossUnit, Plan, QFormat, Stage
 from .targets import BOARDS, Board
 
@@ -207,7 +209,7 @@ def stage_table(plan: Plan) -> str:
                 st.activation,
                 st.delay,
                 st.stash_entries,
-                st.lanes,
+                st.lanes if st.col_lanes is None else f"{st.lanes}×{st.col_lanes}",
                 st.cycles_per_tick,
                 st.pass_cycles,
                 st.memory_bits,
@@ -241,7 +243,7 @@ def stage_table(plan: Plan) -> str:
     mults = plan.multipliers + sum(loss_multipliers(lu) for _, lu in losses)
     rows.append(
         (
-            "total", "", "", "", "", "", sum(s.lanes for s in plan.stages), "", "",
+            "total", "", "", "", "", "", sum(s.mac_lanes for s in plan.stages), "", "",
             plan.memory_bits, plan.memory_blocks, mults, *blank,
         )
     )  # fmt: skip
@@ -275,8 +277,9 @@ def totals_text(plan: Plan, board: Board | None = None) -> str:
     lines = [
         f"tick: {plan.tick_cycles} cycles, the longer of the slowest stage's pass "
         f"(stage {slowest.index}: {slowest.cycles_per_tick} slots, {slowest.pass_cycles} cycles) "
-        f"and the last stage's pass followed by the loss unit ({last.pass_cycles} + "
-        f"{loss_cycles} cycles), plus {TICK_OVERHEAD} cycles of tick control",
+        f"and the last stage's forward outputs followed by the loss unit "
+        f"({forward_cycles(last)} + {loss_cycles} cycles), plus {TICK_OVERHEAD} cycles of "
+        "tick control",
         *_slot_lines(plan),
         f"ideal cycles per sample: {plan.ideal_cycles_per_sample} ({plan.schedule}); "
         f"{plan.samples_per_s:,.0f} samples/s at {plan.clock_hz / 1e6:g} MHz",
@@ -285,7 +288,8 @@ def totals_text(plan: Plan, board: Board | None = None) -> str:
         f"in {plan.memory_blocks} {_block_kib(plan)} Kib block RAMs"
         + _spram_text(plan)
         + (f" (budget {plan.memory_budget_bits:,} bits)" if plan.memory_budget_bits else ""),
-        f"{multiplier_text(plan, board)}; lanes: " + ",".join(str(s.lanes) for s in plan.stages),
+        f"{multiplier_text(plan, board)}; lanes: "
+        + lanes_text([s.lanes for s in plan.stages], [s.column_lanes for s in plan.stages]),
         *_lut_lines(plan),
         f"plan hash: {plan.hash}",
     ]
@@ -963,6 +967,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
                 "delay": st.delay,
                 "stash_depth": st.stash_depth,
                 "lanes": st.lanes,
+                **({} if st.col_lanes is None else {"col_lanes": st.col_lanes}),
                 "cycles_per_tick": st.cycles_per_tick,
                 "pass_cycles": st.pass_cycles,
                 "memory_bits": st.memory_bits,

@@ -333,6 +333,7 @@ class ConvSequencer(wiring.Component):
             sp.write_addr.eq(wk),
             self.upd.eq(upd),
             it.done.eq(~active),
+            it.fwd_done.eq(~active),  # the outputs leave before the last write-back
         ]
         return m
 

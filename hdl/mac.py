@@ -37,7 +37,7 @@ before the row's accumulator: with P = 2 in one more register stage (every later
 stage one later, the outputs at S6+P ≤ the write-back stage 4+2P, so the pass is not longer;
 *derived*, timing only), else in the accumulator's cycle.
 
-Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes, §3.9 column
+Source: docs/architecture.md §3 (lane-local forward, adder tree across lanes, §3.5 column
 lanes), docs/numerics.md §2, §5 (the arithmetic); the pipeline is *derived*.
 """
 

@@ -9,7 +9,9 @@ so a counter replaces a copy of the address per stage; *derived*: fewer flip-flo
 
 Timing: the start pulse is cycle 0, the first slot issues in cycle 1, and ``done`` rises once
 the last slot has left the write stage: ``slot_cycles·(words − 1) + 2 + write_stage`` cycles
-from the start pulse (``Stage.pass_cycles``).
+from the start pulse (``Stage.pass_cycles``); ``fwd_done`` once it has left the forward output
+stage (``build.forward_stage``), ``write_stage − forward_stage`` cycles earlier
+(``build.forward_cycles``: where a loss unit fed by the stage starts).
 
 Source: docs/architecture.md §3 (fused pass, slot order), docs/numerics.md §2 (order); the
 pipeline is *derived*.
@@ -34,18 +36,27 @@ class SlotSequencer(wiring.Component):
     pipeline: the pass's :class:`~pipetrain.hdl.streams.SlotPipelineSignature` (N, row
         groups, words, write stage).
     slot_cycles: 1, or 2 for single-port weight memories.
+    forward_stage: the stage whose slot carries the forward output (``build.forward_stage``;
+        default the write stage): ``items.fwd_done`` rises the cycle after the last slot
+        leaves it.
 
     Members
     -------
-    items: ``In(PassItemsSignature())`` start pulse and item flags in, ``done`` out.
+    items: ``In(PassItemsSignature())`` start pulse and item flags in, ``done`` and
+        ``fwd_done`` out.
     slots: ``Out(pipeline)`` the slot at every stage S0..S{depth}, the latched item flags,
         ``busy`` and the read / write-back addresses.
 
     Raises ValueError for ``slot_cycles`` other than 1 or 2, or ``words`` ≠ row_groups·(N+1).
     """
 
-    def __init__(self, pipeline: SlotPipelineSignature, slot_cycles: int) -> None:
+    def __init__(
+        self, pipeline: SlotPipelineSignature, slot_cycles: int, forward_stage: int | None = None
+    ) -> None:
         N, G = pipeline.in_features, pipeline.row_groups
+        self.forward_stage = pipeline.depth if forward_stage is None else forward_stage
+        if not 1 <= self.forward_stage <= pipeline.depth:
+            raise ValueError(f"forward stage {forward_stage} outside 1..{pipeline.depth}")
         if slot_cycles not in (1, 2):
             raise ValueError(f"slot_cycles must be 1 or 2, not {slot_cycles}")
         if pipeline.words != G * (N + 1):
@@ -128,6 +139,12 @@ class SlotSequencer(wiring.Component):
         in_pass = Signal()
         m.d.sync += in_pass.eq(following)
         active = it.start | in_pass
+        # fwd_done the same way over S1..S{forward_stage} (the forward outputs' last slot)
+        forwarding = it.start | (busy & ~ends) | adv
+        for s in range(1, self.forward_stage):
+            forwarding = forwarding | slot_at(sp, s).valid
+        in_fwd = Signal()
+        m.d.sync += in_fwd.eq(forwarding)
         m.d.comb += [
             sp.start.eq(it.start),
             sp.busy.eq(busy),
@@ -137,5 +154,6 @@ class SlotSequencer(wiring.Component):
             sp.read_addr.eq(k),
             sp.write_addr.eq(wk),
             it.done.eq(~active),
+            it.fwd_done.eq(~(it.start | in_fwd)),
         ]
         return m

@@ -26,7 +26,7 @@ With k column lanes (``Stage.col_lanes``, stage 1 only) the pass has ``row_group
 ``C = ⌈(N+1)/k⌉``: physical lane ``s·L + l`` handles row ``g·L + l`` and column ``t·k + s``
 in slot ``(g, t)``; the weight store and the update unit have L·k lanes, the stash k banks
 (k operands a slot), the forward sums each row's k products, and the error buffer's L δ
-(and scaled errors) go to the k lanes of their row (docs/architecture.md §3.9). The slot
+(and scaled errors) go to the k lanes of their row (docs/architecture.md §3.5). The slot
 pipeline then counts slots, not columns: its ``N`` is ``C − 1``.
 
 Another stage kind (a convolution, an auxiliary head) is another composition of these parts.
@@ -51,7 +51,7 @@ from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..compiler.build import momentum_logic
+from ..compiler.build import forward_stage, momentum_logic
 from ..compiler.plan import Plan, Stage
 from ..compiler.schedule import early_update_streams, main_stream, tick_streams
 from .activation import activation_of
@@ -205,7 +205,7 @@ class StageUnit(wiring.Component):
         wmem = st.memory("w")  # the compiler's mapping: SPRAM (single-port) or block RAM
         spram = (wmem.config_depth, wmem.config_width) if wmem.kind == "spram" else None
         parts = {
-            "seq": SlotSequencer(pipe, st.slot_cycles),
+            "seq": SlotSequencer(pipe, st.slot_cycles, forward_stage(st)),
             "store": WeightStore(
                 pipe,
                 lanes=L * k,

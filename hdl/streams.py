@@ -186,6 +186,9 @@ class PassItemsSignature(_Signature):
     bwd: ``Out(1)`` the pass back-propagates and updates with the item at the backward base
         (the LFSRs draw only then).
     done: ``In(1)`` no pass running (low from the start pulse until the last write-back).
+    fwd_done: ``In(1)`` the pass's forward outputs are all out (low from the start pulse until
+        the cycle after the last ``y`` beat; ``done`` or earlier): a loss unit fed by the stage
+        may start (``build.forward_cycles``).
     """
 
     def __init__(self) -> None:
@@ -196,6 +199,7 @@ class PassItemsSignature(_Signature):
                 "fwd_train": Out(1),
                 "bwd": Out(1),
                 "done": In(1, init=1),
+                "fwd_done": In(1, init=1),
             }
         )
 

@@ -271,7 +271,8 @@ class TickController(wiring.Component):
                 m.d.comb += self.running.eq(1)
                 for ln, st in zip(g.losses, started, strict=True):
                     item = hist[ln.age]
-                    with m.If(self.stage(ln.feed).items.done & item["valid"] & ~st):
+                    # from its feeder's last forward output on (build.forward_cycles)
+                    with m.If(self.stage(ln.feed).items.fwd_done & item["valid"] & ~st):
                         m.d.comb += self.loss_ctl(ln.t).start.eq(1)
                         m.d.sync += st.eq(1)
                 with m.If(stage_done & Cat(*loss_ok).all()):

@@ -112,27 +112,29 @@ def _auto(model: str, board: str, hidden: str | None = None):
 
 
 @pytest.mark.parametrize(
-    ("model", "board", "lanes", "cycles"),
+    ("model", "board", "lanes", "cols", "cycles"),
     [
         # DSP blocks bind on the ULX3S (156 MULT18X18D; one per product, m·u's low 6 bits in
         # logic: Plan.logic_low_bits); block RAM, SPRAM and DSPs on the iCEBreaker, where one
-        # lane per stage with SPRAM weights is the only plan that fits
-        ("mlp-digits", "ulx3s-85f", [32, 10], 76),  # one lane per row: nothing faster
-        # -deep: the fewest-lanes 16,8,8,3 ticks 175 (its last stage's pass + the loss unit);
-        # a lane more there ticks 143 (fit._search). With m·u in logic 16,11,11,4 fits (117
-        # blocks, 58,604 LUT4) at 141 cycles: 1.4 % fewer, below MOMENTUM_LOGIC_GAIN (built,
-        # it reached 81.4 MHz where 16,8,8,4 had 92.3)
-        ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], 143),
-        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398, 24 % fewer; 60,839
-        # LUT4 estimated, ≤ 75 %) with m·u in logic
-        ("mlp-digits-wide", "ulx3s-85f", [26, 22, 2], 398),
-        ("mlp-digits", "icebreaker", [1, 1], 4167),
+        # lane per stage with SPRAM weights is the only plan that fits.
+        # mlp-digits: one lane per row (32,10) ticks 76 on stage 1's 65 slots; stage 1 over 4
+        # column lanes (11×4: 3 groups × 17 slots, 60 cycles) with m·u in logic lets the loss
+        # unit (10 out lanes, 23 cycles, from stage 2's forward outputs at 41) set 66
+        ("mlp-digits", "ulx3s-85f", [11, 10], [4, 1], 66),
+        # -deep: 16,8,8,4 (143 cycles, m·u in blocks) → stage 1 at 11×2 with m·u in logic
+        # (110: stage 1's 6 groups × 33 slots; 23 % fewer, above MOMENTUM_LOGIC_GAIN)
+        ("mlp-digits-deep", "ulx3s-85f", [11, 11, 11, 5], [2, 1, 1, 1], 110),
+        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398) with m·u in logic → stage
+        # 1 at 8×3 (363, every one of the 156 DSP blocks)
+        ("mlp-digits-wide", "ulx3s-85f", [8, 32, 2], [3, 1, 1], 363),
+        ("mlp-digits", "icebreaker", [1, 1], [1, 1], 4167),
     ],
 )
-def test_lanes_auto_is_the_fastest_plan_that_fits(model, board, lanes, cycles) -> None:
+def test_lanes_auto_is_the_fastest_plan_that_fits(model, board, lanes, cols, cycles) -> None:
     result = _auto(model, board)
     plan, b = result.plan, BOARDS[board]
     assert [s.lanes for s in plan.stages] == lanes
+    assert [s.column_lanes for s in plan.stages] == cols
     assert plan.ideal_cycles_per_sample == cycles
     assert all(r["needed"] <= r["available"] for r in result.fit.values())
     # every faster fewest-lanes design is refused by the fit check (with the link's memories)
@@ -175,19 +177,23 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
         (), b.ram_family,
     )  # fmt: skip
     req = req.replace(operand_registers=b.operand_registers)
-    assert board_lanes(req, b) == (32, 10)
-    # 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once at the error buffer's write
-    # and m·u's low 6 bits in logic (logic_low_bits 8): one block per product — 32 lanes × 3
-    # (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's 1 = 139 of 156: one lane per
-    # row (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — then m·u goes into
+    # the fastest fit: stage 1 over 4 column lanes (11×4, m·u in logic), 66 cycles/sample —
+    # 44 lanes × 2 (ŵ·x, e·x) + 1 + 10 × 3 (+ w·δ) + 10 (the loss unit's 10 out lanes' lr·g)
+    # + the loss unit's 10 = 139 of 156 blocks
+    assert board_lanes(req, b) == (11, 10)
+    assert result.fit["multipliers"] == {"needed": 139, "available": 156}
+    # one lane per row, 32,10: 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once
+    # at the error buffer's write and m·u's low 6 bits in logic (logic_low_bits 8): one block
+    # per product — 32 lanes × 3 (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's
+    # 1 = 139 of 156 (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — then m·u goes into
     # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) and 32,10 fits again (before it,
     # 32,5 at 156 blocks, 102 cycles, was the fastest fit)
-    assert result.fit["multipliers"] == {"needed": 139, "available": 156}
+    one = req.replace(lanes=(32, 10)).build()
+    assert check_fit(one, b)["multipliers"]["needed"] == 139
     two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
-    assert check_fit(result.plan, b)["multipliers"]["needed"] == 139
     with pytest.raises(FitError, match="181 DSP blocks needed"):
         check_fit(two, b)
-    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 10)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (11, 10)
     logic = req.replace(lanes=(32, 10), logic_low_bits=0, momentum_in_logic=True).build()
     assert check_fit(logic, b)["multipliers"]["needed"] == 97
 
@@ -200,7 +206,7 @@ def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -
     assert "DSP blocks needed, 156 available" in msg
     assert "with the lanes asked for (16,16,16,10)" in msg
     assert "221 DSP blocks needed" in msg  # 16·3 + 1 + 2·(16·4 + 1) + 10·4 + 1 + 1
-    assert "--lanes 16,8,8,4 fits (143 cycles/sample)" in msg and "--lanes auto" in msg
+    assert "--lanes 11x2,11,11,5 fits (110 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156
     # explicit lanes that fit win over auto
     small = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [2, 1]})
@@ -224,8 +230,18 @@ def test_cli_lanes_auto_and_explicit_lanes_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, [*deep, "--lanes", "16,16,16,10", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2
     assert res.output.startswith("Error: mlp-digits-deep does not fit ulx3s-85f")
-    assert "--lanes 16,8,8,4 fits" in res.output and "Traceback" not in res.output
+    assert "--lanes 11x2,11,11,5 fits" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
+    # the hint's lanes, column lanes included, are taken as given
+    res = CliRunner().invoke(
+        cli, [*deep, "--lanes", "11x2,11,11,5", "--out", str(tmp_path / "c"), "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    assert [s["lanes"] for s in rep["stages"]] == [11, 11, 11, 5]
+    assert [s.get("col_lanes") for s in rep["stages"]] == [2, None, None, None]
+    res = CliRunner().invoke(cli, [*deep, "--lanes", "11y2", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2 and "16x3,10" in res.output and "Traceback" not in res.output
 
 
 def test_logic_estimate_parts() -> None:

@@ -151,7 +151,7 @@ def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
     """A fresh-user trial: the ULX3S plan's passes are longer than the same lanes without a
     board (operand and write-data registers: 2 each on the ECP5, 4 cycles) and nothing said
     why; the report and the terminal now give a line with each stage's slots and cycles
-    (65 → 74, 33 → 42)."""
+    (51 → 60 with column lanes, 33 → 42)."""
     out = tmp_path / "u"
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
               "--out", str(out), "--json", "-")  # fmt: skip
@@ -160,11 +160,11 @@ def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
         "`Stage.operand_registers` = 2; docs/architecture.md §3): every multiplier's operands "
         "are registered twice more and the weight banks' write data twice before the write "
         "(timing), so each pass takes 4 cycles more than without them (a pass is its slots "
-        "plus the pipeline's fill and drain): stage 1 65 slots → 74 cycles (70 without them), "
+        "plus the pipeline's fill and drain): stage 1 51 slots → 60 cycles (56 without them), "
         "stage 2 33 slots → 42 cycles (38 without them)"
     )
     assert line in (out / "report.md").read_text() and line in res.output
-    assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [74, 42]
+    assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [60, 42]
     bare = run("compile", "mlp-digits", "--lanes", "32,10", "--formats", "default",
                "--out", str(tmp_path / "n"))  # fmt: skip
     assert bare.exit_code == 0 and "operand registers" not in bare.output
@@ -303,19 +303,21 @@ def test_multipliers_line_says_which_dsp_blocks_they_take(ice):
 def test_loss_table_gives_p_and_k(tmp_path):
     """Item 12: the loss units' parallelism (``exp_lanes`` P, ``div_bits`` k, ``out_lanes`` Q)
     in report.md —
-    the ULX3S's 32,10 plan's unit takes P = 10 logits a cycle to fit the tick's slack (its exp
-    LUT entries registered before their sum: one cycle more than with P = 5, 522a79d)."""
+    the ULX3S's 32,10 plan's unit takes P = 5 logits a cycle to fit the tick's slack: stage 1's
+    74-cycle pass less stage 2's forward outputs at 41 cycles (``build.forward_cycles``) leave
+    33, what P = 5 and k = 2 take (P = 10 while it started from stage 2's done, at 42)."""
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
-              "--out", str(tmp_path), "--json", "-")  # fmt: skip
+              "--lanes", "32,10", "--out", str(tmp_path), "--json", "-")  # fmt: skip
     assert res.exit_code == 0, res.output
     text = (tmp_path / "report.md").read_text()
-    assert "| loss      | kind          | classes | logits | error |  P | k | Q | cycles |" in text
+    assert "| loss      | kind          | classes | logits | error | P | k | Q | cycles |" in text
     from pipetrain.compiler.plan import Plan
 
     lu = Plan.from_json((tmp_path / "plan.json").read_text()).loss
     row = _table(text, "| loss      | kind")[0]
     assert row[5:] == [str(lu.exp_lanes), str(lu.div_bits), "1", str(lu.cycles)]
-    assert lu.exp_lanes == 10 and lu.out_lanes is None  # one error a cycle fits the slack
+    assert (lu.exp_lanes, lu.div_bits, lu.cycles) == (5, 2, 33)
+    assert lu.out_lanes is None  # one error a cycle fits the slack
     assert "P: logits through the exp LUT per cycle (`exp_lanes`), k: quotient bits" in text
 
 
@@ -341,14 +343,16 @@ def test_ice40_report_counts_its_own_blocks(tmp_path):
 
 @pytest.fixture(scope="module")
 def ulx(tmp_path_factory):
-    """``compile mlp-digits --board ulx3s-85f --formats default --json -``: (result, report.md,
-    plan.json as a dict — read as JSON, not ``Plan.from_json``, whose check of a board plan's
-    loss cycles is not what these tests are about)."""
+    """``compile mlp-digits --board ulx3s-85f --formats default --lanes 32,10 --json -`` (the
+    one-lane-per-row plan these trials read, m·u in its DSP blocks; --lanes auto now folds
+    stage 1 over column lanes): (result, report.md, plan.json as a dict — read as JSON, not
+    ``Plan.from_json``, whose check of a board plan's loss cycles is not what these tests are
+    about)."""
     import json
 
     out = tmp_path_factory.mktemp("ulx") / "b"
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
-              "--out", str(out), "--json", "-")  # fmt: skip
+              "--lanes", "32,10", "--out", str(out), "--json", "-")  # fmt: skip
     assert res.exit_code == 0, res.output
     plan = json.loads((out / "plan.json").read_text())
     return res, (out / "report.md").read_text(), plan

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from ...compiler.fit import logic_cells, plan_totals
-from ...compiler.lanes import parse_lanes
+from ...compiler.lanes import parse_lane_spec
 from ...compiler.targets import BOARDS, BoardError, get_board
 from ...hdl.shell import board_shell
 from ...hdl.support import require_hdl
@@ -116,7 +116,8 @@ def build_cmd(
             format_overrides=list(format_items),
             calib_samples=calib_samples,
             calib_epochs=calib_epochs,
-            lanes=parse_lanes(lanes_text) if lanes_text else None,
+            lanes=parse_lane_spec(lanes_text)[0] if lanes_text else None,
+            col_lanes=parse_lane_spec(lanes_text)[1] if lanes_text else None,
             writers=(),
             check=lambda ir: require_hdl(ir, "build"),  # before calibrating and fitting
             onchip_samples=onchip_samples,
@@ -136,6 +137,7 @@ def build_cmd(
             "calib_epochs": calib_epochs if result.formats.source.startswith("auto") else None,
             "calib_samples": calib_samples if result.formats.source.startswith("auto") else None,
             "lanes": [s.lanes for s in plan.stages],
+            "col_lanes": [s.column_lanes for s in plan.stages],
             "ideal_cycles_per_sample": plan.ideal_cycles_per_sample,
             "plan": totals,
             "fit": fit,

@@ -33,7 +33,7 @@ from typing import Any
 import click
 
 from ...compiler.build import PlanError
-from ...compiler.lanes import parse_lanes
+from ...compiler.lanes import parse_lane_spec
 from ...compiler.report import fit_text, plan_summary, stage_legend, stage_table, totals_text
 from ...compiler.targets import get_board
 from ..flow import compile_design
@@ -124,7 +124,7 @@ def compile_cmd(
             f"--on-chip-data {onchip_samples} counts an on-chip training set in a board's fit: "
             "add --board NAME (the board you build with --on-chip-data), or drop --on-chip-data"
         )
-    lanes = parse_lanes(lanes_text) if lanes_text is not None else None
+    lanes, col_lanes = parse_lane_spec(lanes_text) if lanes_text is not None else (None, None)
     budget = parse_memory(memory_budget) if memory_budget is not None else 0
     board = get_board(board_name) if board_name is not None else None
     if board is not None and clock_mhz is not None:
@@ -153,6 +153,7 @@ def compile_cmd(
         calib_samples=calib_samples,
         calib_epochs=calib_epochs,
         lanes=lanes,
+        col_lanes=col_lanes,
         target_cycles=target_cycles,
         max_multipliers=max_multipliers,
         memory_budget_bits=budget,

@@ -198,8 +198,9 @@ def plan_format_options(func: Callable) -> Callable:
             "--lanes",
             "lanes_text",
             default=None,
-            help="Lanes: N for all stages, 8,2, or auto [auto: with --board the fastest plan "
-            "that fits the board (docs/boards.md §3), else 4 lanes on the largest stage].",
+            help="Lanes: N for all stages, 8,2, 16x3,10 (stage 1: 16 row lanes × 3 column "
+            "lanes), or auto [auto: with --board the fastest plan that fits the board "
+            "(docs/boards.md §3), else 4 lanes on the largest stage].",
         ),
     )
     for opt in reversed(options):

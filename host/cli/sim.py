@@ -37,7 +37,7 @@ from typing import Any
 
 import click
 
-from ...compiler.lanes import parse_lanes
+from ...compiler.lanes import parse_lane_spec
 from ...compiler.targets import BoardError, get_board
 from ...hdl.support import require_hdl
 from ...hdl.synth import family_board, yosys_command
@@ -102,7 +102,12 @@ def _cells_line(cells: dict[str, int]) -> str:
     show_default=True,
     help="Probability of valid/ready on every stream each cycle (1 = free-running).",
 )
-@click.option("--lanes", default=None, help="Lanes per stage, e.g. '4,1' (default: compiler's).")
+@click.option(
+    "--lanes",
+    default=None,
+    help="Lanes per stage, e.g. '4,1' or '16x3,10' (stage 1 over 3 column lanes; "
+    "default: compiler's).",
+)
 @click.option(
     "--no-localise", is_flag=True, help="Skip the bisection that names the first differing update."
 )
@@ -160,7 +165,7 @@ def sim_command(
             )
         yosys_command()  # a missing Yosys is reported before anything is compiled
     overrides = config_overrides(training)  # checked, as for train (nothing built yet)
-    lane_list = parse_lanes(lanes) if lanes else None
+    lane_list, col_lanes = parse_lane_spec(lanes) if lanes else (None, None)
     result = compile_design(
         model,
         seed=seed,
@@ -169,6 +174,7 @@ def sim_command(
         board=board,
         config_overrides=overrides,
         lanes=lane_list,
+        col_lanes=col_lanes,
         writers=(),
         check=lambda ir: require_hdl(ir, "sim"),  # before calibrating
     )

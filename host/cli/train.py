@@ -81,7 +81,7 @@ from torch import nn
 
 from ...compiler.build import PlanError
 from ...compiler.compile import CompileResult
-from ...compiler.lanes import parse_lanes
+from ...compiler.lanes import parse_lane_spec
 from ...data import Dataset, load_data
 from ...hdl.support import require_hdl
 from ...sim.bridge import bridge_cached
@@ -493,7 +493,7 @@ def train_cmd(
     calib_epochs = calibration_epochs(
         model, calib_epochs, ck.epochs if ck is not None else epochs, calib_samples, formats
     )
-    lanes = parse_lanes(lanes_text) if lanes_text is not None else None
+    lanes, col_lanes = parse_lane_spec(lanes_text) if lanes_text is not None else (None, None)
     if save and not Path(save).resolve().parent.is_dir():
         raise PlanError(f"--save {save!r}: the folder does not exist")
     if checkpoint and not Path(checkpoint).resolve().parent.is_dir():
@@ -510,6 +510,7 @@ def train_cmd(
         calib_samples=calib_samples,
         calib_epochs=calib_epochs,
         lanes=lanes,
+        col_lanes=col_lanes,
         writers=(),
         # a hardware target refuses a network its HDL does not build before calibrating
         check=None if target in LOCAL_TARGETS else lambda ir: require_hdl(ir, "train"),
