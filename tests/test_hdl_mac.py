@@ -60,13 +60,19 @@ def _unpack(word, bits, n):
         # two operand registers (an experiment's P = 2): two stages later, per-lane controls
         (dict(operand_registers=2), 1),
         (dict(mitigation="lwp", lanes=(5, 2, 3), operand_registers=2), 0),
+        # column lanes (Stage.col_lanes): each row's k products summed before its accumulator,
+        # in a register of their own at P = 2 (the outputs one stage later); padding columns
+        (dict(col_lanes=(3,)), 0),
+        (dict(col_lanes=(2,), operand_registers=1), 0),
+        (dict(col_lanes=(3,), operand_registers=2, mitigation="lwp"), 0),
     ],
 )
 def test_forward_lanes_equal_the_reference(case, s):
     plan, _, _ = tiny(**case)
     st = plan.stages[s]
     f, N, G, L, M = st.formats, st.in_features, st.row_groups, st.lanes, st.out_features
-    pipe = SlotPipelineSignature(N, G, st.cycles_per_tick, st.write_stage)
+    K, C = st.column_lanes, st.group_slots  # slot t: columns t·K … t·K + K − 1
+    pipe = SlotPipelineSignature(C - 1, G, st.cycles_per_tick, st.write_stage)
     dut = ForwardLanes(
         pipe,
         lanes=L,
@@ -79,11 +85,12 @@ def test_forward_lanes_equal_the_reference(case, s):
         x_operand_bits=st.x_operand_bits,
         activation=activation_of(st, plan.shift_add),
         operand_registers=st.operand_registers or 0,
+        columns=K,
     )
     rng = random.Random(s * 17 + len(case))
     log = []
     P = st.operand_registers or 0
-    out_stage = 5 + P if P else 4
+    out_stage = 5 + P + (1 if K > 1 and P >= 2 else 0) if P else 4
     assert out_stage <= st.write_stage  # inside the pass: it is not longer
 
     async def bench(ctx):
@@ -93,20 +100,25 @@ def test_forward_lanes_equal_the_reference(case, s):
             def cycle(pipe_, ops=ops, outs=outs, flags=flags):
                 s2 = pipe_[2]
                 if s2 is not None:
-                    n, i, _ = s2
-                    wh = [_value(rng, st.w_hat_operand_bits) for _ in range(L)]
-                    x = (1 << f.x.frac) if i == N else _value(rng, f.x.bits)
+                    n, t, _ = s2
+                    wh = [_value(rng, st.w_hat_operand_bits) for _ in range(L * K)]
+                    cols = [t * K + c for c in range(K)]  # the stash's operands of slot t
+                    x = [(1 << f.x.frac) if i == N else 0 if i > N else _value(rng, f.x.bits)
+                         for i in cols]  # fmt: skip
                     ops[n] = (wh, x)
-                    for k in range(L):
+                    for k in range(L * K):
                         ctx.set(dut.weights.w_hat[k], wh[k])
-                    ctx.set(dut.operands.x_fwd, x)
+                    if K == 1:
+                        ctx.set(dut.operands.x_fwd, x[0])
+                    for c in range(K if K > 1 else 0):
+                        ctx.set(dut.operands.x_fwd[c], x[c])
                 y, mw = dut.y, dut.mask_write
                 assert ctx.get(y.valid) == ctx.get(mw.valid)
                 if ctx.get(y.valid):
                     assert ctx.get(mw.payload.group) == ctx.get(y.payload.word)
                     # y leaves at S4 of the group's bias slot, S5+P with operand registers
                     at = pipe_[out_stage]
-                    assert at is not None and at[1:] == (N, ctx.get(y.payload.word)), at
+                    assert at is not None and at[1:] == (C - 1, ctx.get(y.payload.word)), at
                     outs.append(
                         (ctx.get(y.payload.word), ctx.get(y.payload.data), ctx.get(mw.payload.bits))
                     )
@@ -130,9 +142,11 @@ def test_forward_lanes_equal_the_reference(case, s):
         exp_flags = [0] * L
         for g, data, mask in outs:
             a = _unpack(data, f.y.bits, L)
-            for k in range(L):
+            for k in range(L):  # row lane k: physical lanes c·L + k, operand c
                 acc = sum(
-                    ops[g * (N + 1) + i][0][k] * ops[g * (N + 1) + i][1] for i in range(N + 1)
+                    ops[g * C + t][0][c * L + k] * ops[g * C + t][1][c]
+                    for t in range(C)
+                    for c in range(K)
                 )
                 z, c = fixed.sat_int(fixed.rhu(acc, st.mac_w_frac + f.x.frac - f.y.frac), f.y)
                 assert a[k] == _act(st, z), (g, k)

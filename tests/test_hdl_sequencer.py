@@ -14,13 +14,18 @@ from pipetrain.hdl.streams import SlotPipelineSignature, slot_at
 
 
 @pytest.mark.parametrize(
-    "N,G,slot_cycles,depth",
-    [(5, 2, 1, 4), (3, 1, 1, 5), (4, 3, 2, 5), (6, 2, 2, 6)],
-)
-def test_sequencer_issues_every_slot_in_order_at_the_plan_timing(N, G, slot_cycles, depth):
+    "N,G,slot_cycles,depth,fwd_stage",
+    [(5, 2, 1, 4, 4), (3, 1, 1, 5, 4), (4, 3, 2, 5, 4), (6, 2, 2, 6, 6), (5, 1, 1, 8, 7),
+     (2, 2, 1, 8, 8), (4, 2, 1, 6, 1)],
+)  # fmt: skip
+def test_sequencer_issues_every_slot_in_order_at_the_plan_timing(
+    N, G, slot_cycles, depth, fwd_stage
+):
+    """… and ``fwd_done`` rises the cycle after the last slot leaves ``forward_stage``
+    (``build.forward_cycles``: ``depth − forward_stage`` cycles before ``done``)."""
     T = G * (N + 1)
     pipe = SlotPipelineSignature(N, G, T, depth)
-    dut = SlotSequencer(pipe, slot_cycles)
+    dut = SlotSequencer(pipe, slot_cycles, fwd_stage)
     rng = random.Random(N * 100 + G * 10 + slot_cycles)
     passes = [(rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.5) for _ in range(4)]
     expect_cycles = slot_cycles * (T - 1) + 2 + depth  # Stage.pass_cycles
@@ -38,12 +43,15 @@ def test_sequencer_issues_every_slot_in_order_at_the_plan_timing(N, G, slot_cycl
             ctx.set(it.start, 1)
             seen = {k: [] for k in range(depth + 1)}
             writes = []
-            cycle = 0
+            cycle, fwd_done = 0, None
             while True:
                 assert ctx.get(sp.start) == (cycle == 0)
                 if cycle == 0:
-                    assert ctx.get(it.done) == 0
-                elif ctx.get(it.done):
+                    assert ctx.get(it.done) == ctx.get(it.fwd_done) == 0
+                elif ctx.get(it.fwd_done) and fwd_done is None:
+                    fwd_done = cycle
+                if cycle > 0 and ctx.get(it.done):
+                    assert ctx.get(it.fwd_done)  # never after done
                     break
                 if cycle > 0:
                     assert (ctx.get(sp.fwd), ctx.get(sp.fwd_train), ctx.get(sp.bwd)) == (
@@ -68,15 +76,18 @@ def test_sequencer_issues_every_slot_in_order_at_the_plan_timing(N, G, slot_cycl
                 ctx.set(it.fwd, rng.random() < 0.5)
                 ctx.set(it.bwd, rng.random() < 0.5)
                 cycle += 1
-            log.append((cycle, seen, writes))
+            log.append((cycle, seen, writes, fwd_done))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
     order = [(i, g) for _, i, g in pass_slots(N, G)]
-    for cycles, seen, writes in log:
+    for cycles, seen, writes, fwd_done in log:
         assert cycles == expect_cycles
+        assert fwd_done == expect_cycles - (depth - fwd_stage)
+        # the last slot was at the forward stage in the cycle before fwd_done
+        assert seen[fwd_stage][-1][0] == fwd_done - 1
         for k in range(depth + 1):
             assert [(i, g) for _, i, g in seen[k]] == order
             # slot n issues in cycle 1 + n·slot_cycles and is at stage k k cycles later
@@ -89,3 +100,5 @@ def test_sequencer_rejects_a_bad_geometry():
         SlotSequencer(SlotPipelineSignature(3, 1, 4, 4), 3)
     with pytest.raises(ValueError, match="words"):
         SlotSequencer(SlotPipelineSignature(3, 2, 4, 4), 1)
+    with pytest.raises(ValueError, match="forward stage"):
+        SlotSequencer(SlotPipelineSignature(3, 1, 4, 4), 1, 5)

@@ -127,3 +127,80 @@ def test_stash_rejects_a_bad_geometry():
         InputStash(
             pipe, lanes=1, entries=2, x_lanes=1, x_words=5, x_format=QFormat(8, 4), x_operand_bits=7
         )
+
+
+@pytest.mark.parametrize(
+    "N,k,G",
+    [
+        (6, 3, 2),  # 7 columns in 3 slots: the bias at sub-lane 0 of the last, 2 padding zeros
+        (5, 2, 1),  # 6 columns in 3 slots: the bias in the last sub-lane, no padding
+        (8, 4, 3),  # 9 columns in 3 slots: the bias at sub-lane 0, 3 padding zeros
+    ],
+)
+def test_column_lanes_stash_gives_k_operands_a_slot(N, k, G):
+    """k column lanes (``Stage.col_lanes``): host words written in a random order land in bank
+    ``w mod k`` at ``base + w div k``; slot ``t`` gives operand ``s`` = column ``t·k + s`` of the
+    forward and backward entries (the bias input in column N, 0 above it) while another entry is
+    being written."""
+    rng = random.Random(N * 11 + k)
+    P, fx = 3, QFormat(10, 6)
+    xb = x_operand_bits(fx)
+    C = -(-(N + 1) // k)
+    pipe = SlotPipelineSignature(C - 1, G, G * C, 4)
+    dut = InputStash(
+        pipe, lanes=2, entries=P, x_lanes=1, x_words=N, x_format=fx, x_operand_bits=xb,
+        columns=k, inputs=N,
+    )  # fmt: skip
+    xs = [[rng.randrange(fx.min_int, fx.max_int + 1) for _ in range(N)] for _ in range(P)]
+    bias = 1 << fx.frac
+    got = []
+
+    async def write_entry(ctx, e, words):
+        ctx.set(dut.bases.write, e * N)
+        for w in words:
+            while rng.random() < 0.3:
+                await ctx.tick()
+            ctx.set(dut.write.valid, 1)
+            ctx.set(dut.write.payload.word, w)
+            ctx.set(dut.write.payload.data, xs[e][w] & ((1 << fx.bits) - 1))
+            await ctx.tick()
+            ctx.set(dut.write.valid, 0)
+
+    async def bench(ctx):
+        for e in (0, 1):
+            await write_entry(ctx, e, rng.sample(range(N), N))
+        for fe, be in ((0, 1), (1, 0)):
+            ctx.set(dut.bases.fwd_x, fe * N)
+            ctx.set(dut.bases.bwd_x, be * N)
+            ctx.set(dut.bases.write, 2 * N)
+            beats, seen = list(range(N)), []
+
+            def cycle(pipe, beats=beats, seen=seen):
+                if beats and rng.random() < 0.4:  # entry 2 written beside the pass
+                    ctx.set(dut.write.valid, 1)
+                    ctx.set(dut.write.payload.word, beats.pop(0))
+                    ctx.set(dut.write.payload.data, 0x155)
+                else:
+                    ctx.set(dut.write.valid, 0)
+                if pipe[2] is not None:
+                    op = dut.operands
+                    xf = [ctx.get(op.x_fwd[s]) for s in range(k)]
+                    seen.append((pipe[2], xf, [ctx.get(op.x_bwd[s]) for s in range(k)]))
+
+            await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.35, cycle=cycle)
+            ctx.set(dut.write.valid, 0)
+            got.append((fe, be, seen))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+    def want(e, col):
+        return bias if col == N else 0 if col > N else xs[e][col]
+
+    for fe, be, seen in got:
+        assert len(seen) == G * C
+        for (_, t, _g), xf, xbk in seen:
+            assert xf == [want(fe, t * k + s) for s in range(k)], (fe, t)
+            assert xbk == [want(be, t * k + s) for s in range(k)], (be, t)

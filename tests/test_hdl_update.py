@@ -103,6 +103,9 @@ CASES = [
     (dict(momentum_in_logic=True), 0),
     (dict(momentum_in_logic=True, operand_registers=1), 1),
     (dict(momentum_in_logic=True, mitigation="sc", operand_registers=2), 2),
+    # column lanes (Stage.col_lanes): L·k physical lanes, lane p's x the slot's operand p div L
+    (dict(col_lanes=(3,), lr=0.3), 0),
+    (dict(col_lanes=(2,), mitigation="sc+lwp", operand_registers=2), 0),
 ]
 
 
@@ -126,15 +129,17 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
     if "max_terms" in case:
         hb = f.w.bits + 1 if up.lwp_form == "w" else f.u.bits
         assert plan.low_piece(up.lwp_horizon, hb) == hb - 18 > 0
-    N, G, L, M = st.in_features, st.row_groups, st.lanes, st.out_features
-    pipe = SlotPipelineSignature(N, G, st.cycles_per_tick, st.write_stage)
+    N, G, Lr, M = st.in_features, st.row_groups, st.lanes, st.out_features
+    K, C, L = st.column_lanes, st.group_slots, st.mac_lanes  # L: the physical lanes, Lr·K
+    pipe = SlotPipelineSignature(C - 1, G, st.cycles_per_tick, st.write_stage)
     lfsr = LFSRConfig(
         plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap, plan.round_bits, st.lfsr_seeds
     )
     dut = UpdateUnit(
         pipe,
         lanes=L,
-        live_last=M - (G - 1) * L,
+        live_last=M - (G - 1) * Lr,
+        columns=K,
         formats=f,
         update=up,
         x_operand_bits=st.x_operand_bits,
@@ -172,15 +177,19 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                         if w_form:
                             ctx.set(dut.read.w_prev[k], wp[k])
                 if s2 is not None:
-                    n, i, _ = s2
+                    n, t, _ = s2
                     d = [_value(rng, f.d) for _ in range(L)]
-                    x = (1 << f.x.frac) if i == N else _value(rng, f.x)
+                    x = [(1 << f.x.frac) if i == N else 0 if i > N else _value(rng, f.x)
+                         for i in range(t * K, t * K + K)]  # fmt: skip
                     ops[n] += [d, x]
                     for k in range(L):
                         ctx.set(dut.delta.delta[k], d[k])
                         for port, (c, kk, _) in scaled:  # the error buffer's e at S2
                             ctx.set(getattr(dut, port).delta[k], fixed.rhu(c * d[k], kk))
-                    ctx.set(dut.operands.x_bwd, x)
+                    if K == 1:
+                        ctx.set(dut.operands.x_bwd, x[0])
+                    for c in range(K if K > 1 else 0):
+                        ctx.set(dut.operands.x_bwd[c], x[c])
                     w_s2[n] = [
                         (ctx.get(dut.weights.w_hat[k]), ctx.get(dut.weights.w[k])) for k in range(L)
                     ]
@@ -224,7 +233,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         exp_flags = [0] * (2 * L)
         for n in range(st.cycles_per_tick):
             w, u, wp, d, x = ops[n]
-            g = n // (N + 1)
+            g = n // C
             for k in range(L):
                 what = w[k]
                 if fwd_train and up.lwp_horizon:  # numerics §3 step 1, exact
@@ -239,9 +248,10 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
                 state[k] = golden_lfsr.draw(
                     state[k], plan.lfsr_poly, plan.lfsr_width, plan.lfsr_leap
                 )
-                live = g * L + k < M
+                live = g * Lr + k % Lr < M
                 assert (lanes >> k) & 1 == live, (n, k)
-                w1, u1, cu, cw = reference_update(plan, st, w[k], u[k], d[k], x, state[k])
+                xk = x[k // Lr]  # the lane's column t·K + k div Lr
+                w1, u1, cu, cw = reference_update(plan, st, w[k], u[k], d[k], xk, state[k])
                 if live:
                     assert got[k] == (w1, u1), (n, k)
                     if w_form:  # numerics §5: w_prev ← the w before this update

@@ -65,3 +65,5 @@ def test_column_lanes_are_bit_exact_in_verilator(k, kw):
     rep = check_network(plan, model, xq, y.tolist(), train, design=build_network(plan))
     assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
     assert rep.samples == len(x)
+    # one sample a tick: the plan's (the loss unit from stage 3's forward outputs on)
+    assert rep.cycles_per_sample == plan.ideal_cycles_per_sample == plan.tick_cycles
