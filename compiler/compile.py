@@ -279,6 +279,8 @@ def compile_result(
             logic_low_bits=logic_low_bits,
             operand_registers=operand_registers,
             col_lanes=tuple(col_lanes) if col_lanes and any(k > 1 for k in col_lanes) else None,
+            # column lanes outpace a serial loss unit: its fastest form, as the fit's choice
+            loss_fastest=bool(col_lanes and any(k > 1 for k in col_lanes)),
         )
         if target_cycles is not None:  # the tick itself: the board's options set the passes
             at = request if board is None else board_request(request, board)

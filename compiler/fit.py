@@ -314,7 +314,9 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
     """Estimated logic cells of the board design of ``plan`` on ``board`` (nextpnr's count:
     iCE40 logic cells, ECP5 LUT4 slots), per part: ``shell`` (UART, FIFO, link engine),
     ``network``, ``loss`` (per loss unit), ``stage<i>`` (:attr:`LogicModel.stage` (+
-    ``ingrad_stage``) + lanes × (``lane`` + its products' low pieces in logic,
+    ``ingrad_stage``) + physical lanes L·k × (``lane`` + its products' low pieces in logic,
+    ``select_add_bit`` per adder bit) + with k column lanes L·(k − 1) × the forward
+    accumulator's bits (the k-sum) + (M + N) × ``size`` …,
     ``select_add_bit`` per adder bit) + (M + N) × ``size`` + its ``lutram`` tiles, deep
     block-RAM banks' output bits and ``logic`` memory bits at their costs), and ``total``. A
     plan without stages (a summary) gives ``{"total": 0}``.
@@ -350,10 +352,15 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
             # (the low bits of each shifted term pass through; fitted to -deep 16,11,11,4:
             # 51,801 LUT4 built, 52,379 estimated, docs/boards.md §2)
             pieces += (len(csd(st.update.momentum.value)) - 1) * st.formats.u.bits
+        # column lanes (Stage.col_lanes): each physical lane its own update and products; the
+        # forward's k-sum (k − 1) adders of the accumulator's width a row (derived: one cell a
+        # bit, a carry chain; not yet fitted to a build)
+        ksum = st.lanes * (st.column_lanes - 1) * st.acc_fwd_bits
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)
-            + st.lanes * (m.lane + pieces * m.select_add_bit)
+            + st.mac_lanes * (m.lane + pieces * m.select_add_bit)
+            + ksum
             + (st.in_features + st.out_features) * m.size
             + tiles * m.lutram_tile
             + mux * m.bram_mux_bit
@@ -630,6 +637,7 @@ def _fitting(
     resolved: Shell | None,
     shell: ShellSource,
     cols: tuple[int, ...] | None = None,
+    fill: float | None = None,
 ) -> tuple[Plan, PlanRequest, Shell, FitError | None]:
     """The plan of ``req`` with ``lanes`` that fits ``board``: with m·u in its DSP blocks, or
     else — where those blocks are what does not fit — m·u in logic
@@ -637,7 +645,9 @@ def _fitting(
     blocks bind a board's lanes, its LUT4s rarely do) when its logic cells stay within
     :data:`MOMENTUM_LOGIC_FILL` of the board's. Returns the plan, its request, the shell
     and the fit error (None when it fits; the DSP form's error when neither does).
-    ``cols``: column lanes per stage (:func:`plan_with_lanes`)."""
+    ``cols``: column lanes per stage (:func:`plan_with_lanes`). ``fill``: the largest share of
+    the board's logic cells the m·u-in-logic form may take (default
+    :data:`MOMENTUM_LOGIC_FILL`; lanes the user gave: 1, every cell)."""
     plan, attempt = plan_with_lanes(req, board, lanes, cols)
     if resolved is None:
         resolved = _shell_of(shell, plan)  # the same for every lane count
@@ -655,7 +665,8 @@ def _fitting(
         check_fit(logic, board, resolved)
     except FitError:
         return plan, attempt, resolved, first
-    if plan_totals(logic, board, resolved)["logic_cells"] > MOMENTUM_LOGIC_FILL * board.luts:
+    limit = MOMENTUM_LOGIC_FILL if fill is None else fill
+    if plan_totals(logic, board, resolved)["logic_cells"] > limit * board.luts:
         return plan, attempt, resolved, first
     return logic, at, resolved, None
 
@@ -843,7 +854,9 @@ def fit_plan(
     """
     req = board_request(request, board)
     if req.lanes_given:
-        plan, attempt, _, given = _fitting(req, board, req.lanes, None, shell)
+        # the user's lanes: m·u in logic where its cells fit at all (the fill rule is the
+        # search's, for the timing of a bigger design it would choose by itself)
+        plan, attempt, _, given = _fitting(req, board, req.lanes, None, shell, fill=1.0)
         if given is None:
             return plan, attempt
         found, _ = _search(req, board, shell)

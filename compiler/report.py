@@ -260,8 +260,9 @@ def stage_legend() -> str:
         "(`Stage.stash_entries` = D_s + 2: the D_s + 1 samples in use and the one being "
         "written; the `xstash` and `mask` memories hold that many, §3.6); slots/tick: the "
         "fused pass's weight-memory slots per tick (`Stage.cycles_per_tick`; a Linear "
-        "stage's row groups × (N + 1)); pass cycles: the pass from start to done, its slots "
-        "plus the pipeline's fill and drain (`Stage.pass_cycles`)."
+        "stage's row groups × (N + 1); with k column lanes, lanes L×k, row groups × "
+        "⌈(N + 1)/k⌉); pass cycles: the pass from start to done, its slots plus the "
+        "pipeline's fill and drain (`Stage.pass_cycles`)."
     )
 
 

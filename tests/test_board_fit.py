@@ -118,15 +118,16 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # logic: Plan.logic_low_bits); block RAM, SPRAM and DSPs on the iCEBreaker, where one
         # lane per stage with SPRAM weights is the only plan that fits.
         # mlp-digits: one lane per row (32,10) ticks 76 on stage 1's 65 slots; stage 1 over 4
-        # column lanes (11×4: 3 groups × 17 slots, 60 cycles) with m·u in logic lets the loss
-        # unit (10 out lanes, 23 cycles, from stage 2's forward outputs at 41) set 66
-        ("mlp-digits", "ulx3s-85f", [11, 10], [4, 1], 66),
+        # column lanes (11×4: 3 groups × 17 slots, 60 cycles) with m·u in logic would let the
+        # loss unit (10 out lanes, 23 cycles, from stage 2's forward outputs at 41) set 66, but
+        # its 44 physical lanes take 69,591 LUT4 by the estimate, above MOMENTUM_LOGIC_FILL
+        ("mlp-digits", "ulx3s-85f", [32, 10], [1, 1], 76),
         # -deep: 16,8,8,4 (143 cycles, m·u in blocks) → stage 1 at 11×2 with m·u in logic
         # (110: stage 1's 6 groups × 33 slots; 23 % fewer, above MOMENTUM_LOGIC_GAIN)
         ("mlp-digits-deep", "ulx3s-85f", [11, 11, 11, 5], [2, 1, 1, 1], 110),
-        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398) with m·u in logic → stage
-        # 1 at 8×3 (363, every one of the 156 DSP blocks)
-        ("mlp-digits-wide", "ulx3s-85f", [8, 32, 2], [3, 1, 1], 363),
+        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398) with m·u in logic (stage 1
+        # at 8×3, 363 cycles, takes more than MOMENTUM_LOGIC_FILL of the LUT4s)
+        ("mlp-digits-wide", "ulx3s-85f", [26, 22, 2], [1, 1, 1], 398),
         ("mlp-digits", "icebreaker", [1, 1], [1, 1], 4167),
     ],
 )
@@ -177,11 +178,7 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
         (), b.ram_family,
     )  # fmt: skip
     req = req.replace(operand_registers=b.operand_registers)
-    # the fastest fit: stage 1 over 4 column lanes (11×4, m·u in logic), 66 cycles/sample —
-    # 44 lanes × 2 (ŵ·x, e·x) + 1 + 10 × 3 (+ w·δ) + 10 (the loss unit's 10 out lanes' lr·g)
-    # + the loss unit's 10 = 139 of 156 blocks
-    assert board_lanes(req, b) == (11, 10)
-    assert result.fit["multipliers"] == {"needed": 139, "available": 156}
+    assert board_lanes(req, b) == (32, 10)
     # one lane per row, 32,10: 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once
     # at the error buffer's write and m·u's low 6 bits in logic (logic_low_bits 8): one block
     # per product — 32 lanes × 3 (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's
@@ -193,7 +190,7 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
     two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
     with pytest.raises(FitError, match="181 DSP blocks needed"):
         check_fit(two, b)
-    assert board_lanes(req.replace(logic_low_bits=0), b) == (11, 10)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 10)
     logic = req.replace(lanes=(32, 10), logic_low_bits=0, momentum_in_logic=True).build()
     assert check_fit(logic, b)["multipliers"]["needed"] == 97
 
@@ -288,3 +285,22 @@ def test_fresh_icebreaker_build_matches_the_fixture_and_the_estimate(monkeypatch
     rec = next(r for r in _builds() if r["model"] == "mlp-digits" and r["board"] == "icebreaker")
     for key, value in got.items():
         assert abs(rec["nextpnr"][key] - value) <= TOLERANCE * value, (key, rec, value)
+
+
+def test_explicit_column_lanes_fit_with_momentum_in_logic_above_the_search_fill() -> None:
+    """``--lanes 11x4,10`` on the ULX3S: m·u in its DSP blocks needs 193 > 156, so m·u goes into
+    logic; its estimate (69,591 LUT4) is above MOMENTUM_LOGIC_FILL, which keeps ``--lanes auto``
+    from choosing it, but the user's lanes fit every cell of the board. The loss unit takes its
+    fastest form (10 out lanes) behind stage 2's forward outputs: tick 66 (5,150 multiplies on
+    156 blocks: fraction of the ceiling 5,150 / (156 · 66) = 0.500)."""
+    rec = {"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [11, 10]}
+    result = _compile(rec, col_lanes=(4, 1))
+    plan, b = result.plan, BOARDS["ulx3s-85f"]
+    assert plan.momentum_in_logic and plan.tick_cycles == 66
+    geometry = [(s.lanes, s.column_lanes, s.mac_lanes) for s in plan.stages]
+    assert geometry == [(11, 4, 44), (10, 1, 10)]
+    assert plan.loss.out_lanes == 10 and plan.loss.cycles == 23
+    t = plan_totals(plan, b)
+    assert t["hard_multipliers"] == 139
+    assert MOMENTUM_LOGIC_FILL * b.luts < t["logic_cells"] <= b.luts
+    assert 5150 / (156 * plan.tick_cycles) >= 0.5

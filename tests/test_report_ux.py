@@ -151,7 +151,7 @@ def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
     """A fresh-user trial: the ULX3S plan's passes are longer than the same lanes without a
     board (operand and write-data registers: 2 each on the ECP5, 4 cycles) and nothing said
     why; the report and the terminal now give a line with each stage's slots and cycles
-    (51 → 60 with column lanes, 33 → 42)."""
+    (65 → 74, 33 → 42)."""
     out = tmp_path / "u"
     res = run("compile", "mlp-digits", "--board", "ulx3s-85f", "--formats", "default",
               "--out", str(out), "--json", "-")  # fmt: skip
@@ -160,11 +160,11 @@ def test_operand_registers_are_explained_where_the_pass_cycles_are(tmp_path):
         "`Stage.operand_registers` = 2; docs/architecture.md §3): every multiplier's operands "
         "are registered twice more and the weight banks' write data twice before the write "
         "(timing), so each pass takes 4 cycles more than without them (a pass is its slots "
-        "plus the pipeline's fill and drain): stage 1 51 slots → 60 cycles (56 without them), "
+        "plus the pipeline's fill and drain): stage 1 65 slots → 74 cycles (70 without them), "
         "stage 2 33 slots → 42 cycles (38 without them)"
     )
     assert line in (out / "report.md").read_text() and line in res.output
-    assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [60, 42]
+    assert [s["pass_cycles"] for s in report_of(res)["stages"]] == [74, 42]
     bare = run("compile", "mlp-digits", "--lanes", "32,10", "--formats", "default",
                "--out", str(tmp_path / "n"))  # fmt: skip
     assert bare.exit_code == 0 and "operand registers" not in bare.output
