@@ -109,7 +109,8 @@ def check_stage(stage: Stage) -> None:
     a tanh/sigmoid without its LUT), fewer than 4 inputs with several row groups and an input
     gradient, or an LWP ``w`` form whose ``what_bits`` cannot hold ŵ = w + H·(w − w_prev)
     (w.bits + bitlen(H) + 1 bits, docs/architecture.md §2.2; a plan of an older compiler that
-    sized ŵ from u)."""
+    sized ŵ from u), or column lanes on a stage other than the host-written one they are built
+    for (docs/architecture.md §3.5)."""
     activation_of(stage)
     up, fw = stage.update, stage.formats.w
     if up.lwp_horizon and up.lwp_form == "w":
@@ -119,6 +120,19 @@ def check_stage(stage: Stage) -> None:
                 f"stage {stage.index}: LWP w form needs what_bits ≥ {need} for "
                 f"w + H·(w − w_prev), the plan has {stage.what_bits}; recompile the plan"
             )
+    k = stage.column_lanes
+    if k > 1 and (
+        stage.input_gradient
+        or stage.attach
+        or stage.slot_cycles != 1
+        or stage.x_lanes != 1
+        or tuple(stage.grad_losses or stage.losses) != tuple(stage.losses)
+        or len(stage.losses) > 1
+    ):
+        raise NotImplementedError(
+            f"stage {stage.index}: {k} column lanes are built only for a stage the host writes "
+            "with dual-port memories, one update stream and no input gradient; use 1 column lane"
+        )
     if stage.row_groups > 1 and stage.input_gradient and stage.in_features < 4:
         raise NotImplementedError(
             f"stage {stage.index}: N={stage.in_features} < 4 inputs with {stage.row_groups} "

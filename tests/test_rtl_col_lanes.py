@@ -67,3 +67,17 @@ def test_column_lanes_are_bit_exact_in_verilator(k, kw):
     assert rep.samples == len(x)
     # one sample a tick: the plan's (the loss unit from stage 3's forward outputs on)
     assert rep.cycles_per_sample == plan.ideal_cycles_per_sample == plan.tick_cycles
+
+
+def test_the_hdl_refuses_column_lanes_it_does_not_build():
+    """A hand-made plan with column lanes on a stage with an input gradient: a clear error
+    before anything is elaborated (the compiler never makes one)."""
+    import dataclasses
+
+    from pipetrain.hdl.stage import check_stage
+
+    plan, _, _ = tiny()
+    st = dataclasses.replace(plan.stages[1], col_lanes=2)
+    with pytest.raises(NotImplementedError, match="stage 2: 2 column lanes are built only"):
+        check_stage(st)
+    check_stage(tiny(col_lanes=(3,))[0].stages[0])  # stage 1: built
