@@ -609,12 +609,17 @@ def plan_with_lanes(
 
 
 #: The most of a board's logic cells (the estimate, :func:`logic_cells`) a plan with m·u in
-#: logic (``Plan.momentum_in_logic``) may take: its adders' estimate rests on one build
-#: (-deep 16,11,11,4), and the ECP5 builds route with most of their critical path in routing
-#: already at 59 %
-#: (mlp-digits 32,10: 49,538 of 83,640 LUT4, 8.7 of 11.6 ns routing, docs/boards.md §4.2).
-#: *Derived*; a plan with m·u in its DSP blocks fits up to every cell, as before.
-MOMENTUM_LOGIC_FILL = 0.75
+#: logic (``Plan.momentum_in_logic``) may take when the search picks it: the ECP5 builds at a
+#: 90 MHz constraint slow down with their size, their critical paths mostly routing across
+#: the die — -deep 16,8,8,4 (m·u in blocks) 40,128 LUT4 (48 %) 98.0 MHz, mlp-digits 32,10
+#: 49,105 (59 %) 90.8, -deep 16,11,11,4 with m·u in logic 51,801 (62 %) 81.4, -deep
+#: 11×2,11,11,5 with m·u in logic 57,846 (69 %; 60,454 estimated) **67.7** (365dccf: the
+#: weight access's state → stage 1's stash-write enable, 14.8 ns with 12.4 of routing) — that
+#: 110-cycle plan projects to 616 k samples/s at its Fmax against 16,8,8,4's 685 k at 143, so
+#: a faster tick in a bigger design is slower. *Derived* from those builds (0.75 before
+#: them); a plan with m·u in its DSP blocks fits up to every cell, and lanes the user gives
+#: up to every cell either way.
+MOMENTUM_LOGIC_FILL = 0.60
 #: The fewest cycles a plan with m·u in logic must save against the fastest fit with m·u in
 #: its DSP blocks to be chosen (a fraction of that tick): its extra lanes make a bigger
 #: design that routes slower — mlp-digits-deep 16,11,11,4 with m·u in logic (141 cycles,

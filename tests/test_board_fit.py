@@ -52,6 +52,7 @@ def _builds() -> list[dict]:
 
 
 def _compile(rec: dict, **kw):
+    kw.setdefault("col_lanes", tuple(rec["col_lanes"]) if rec.get("col_lanes") else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return compile_design(
@@ -122,12 +123,12 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # loss unit (10 out lanes, 23 cycles, from stage 2's forward outputs at 41) set 66, but
         # its 44 physical lanes take 69,591 LUT4 by the estimate, above MOMENTUM_LOGIC_FILL
         ("mlp-digits", "ulx3s-85f", [32, 10], [1, 1], 76),
-        # -deep: 16,8,8,4 (143 cycles, m·u in blocks) → stage 1 at 11×2 with m·u in logic
-        # (110: stage 1's 6 groups × 33 slots; 23 % fewer, above MOMENTUM_LOGIC_GAIN)
-        ("mlp-digits-deep", "ulx3s-85f", [11, 11, 11, 5], [2, 1, 1, 1], 110),
-        # -wide: 19,16,2 (527 cycles, m·u in blocks) → 26,22,2 (398) with m·u in logic (stage 1
-        # at 8×3, 363 cycles, takes more than MOMENTUM_LOGIC_FILL of the LUT4s)
-        ("mlp-digits-wide", "ulx3s-85f", [26, 22, 2], [1, 1, 1], 398),
+        # -deep: 16,8,8,4 (143 cycles, m·u in blocks); stage 1 at 11×2 with m·u in logic (110)
+        # is above MOMENTUM_LOGIC_FILL (60,454 LUT4 estimated; built: 67.7 MHz)
+        ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], [1, 1, 1, 1], 143),
+        # -wide: 19,16,2 (527 cycles, m·u in blocks) → stage 1 at 6×3 (495; m·u in blocks, 154
+        # MULT18, 49,085 LUT4 estimated); 26,22,2 with m·u in logic (398) is above the fill
+        ("mlp-digits-wide", "ulx3s-85f", [6, 22, 2], [3, 1, 1], 495),
         ("mlp-digits", "icebreaker", [1, 1], [1, 1], 4167),
     ],
 )
@@ -182,15 +183,16 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
     # one lane per row, 32,10: 18-bit operands (numerics §3.2, §5.3), the stage's lr·g once
     # at the error buffer's write and m·u's low 6 bits in logic (logic_low_bits 8): one block
     # per product — 32 lanes × 3 (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's
-    # 1 = 139 of 156 (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — then m·u goes into
-    # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) and 32,10 fits again (before it,
-    # 32,5 at 156 blocks, 102 cycles, was the fastest fit)
+    # 1 = 139 of 156 (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — with m·u in
+    # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) it fits the blocks but not
+    # MOMENTUM_LOGIC_FILL, so stage 1 folds over column lanes: 8×3,10 (99 cycles, 149 blocks;
+    # before column lanes 32,5 at 156 blocks, 102 cycles, was the fastest fit)
     one = req.replace(lanes=(32, 10)).build()
     assert check_fit(one, b)["multipliers"]["needed"] == 139
     two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
     with pytest.raises(FitError, match="181 DSP blocks needed"):
         check_fit(two, b)
-    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 10)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (8, 10)
     logic = req.replace(lanes=(32, 10), logic_low_bits=0, momentum_in_logic=True).build()
     assert check_fit(logic, b)["multipliers"]["needed"] == 97
 
@@ -203,7 +205,7 @@ def test_explicit_lanes_that_do_not_fit_name_the_resource_and_lanes_that_fit() -
     assert "DSP blocks needed, 156 available" in msg
     assert "with the lanes asked for (16,16,16,10)" in msg
     assert "221 DSP blocks needed" in msg  # 16·3 + 1 + 2·(16·4 + 1) + 10·4 + 1 + 1
-    assert "--lanes 11x2,11,11,5 fits (110 cycles/sample)" in msg and "--lanes auto" in msg
+    assert "--lanes 16,8,8,4 fits (143 cycles/sample)" in msg and "--lanes auto" in msg
     assert e.value.rows["multipliers"]["needed"] > 156
     # explicit lanes that fit win over auto
     small = _compile({"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [2, 1]})
@@ -227,9 +229,9 @@ def test_cli_lanes_auto_and_explicit_lanes_error(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, [*deep, "--lanes", "16,16,16,10", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2
     assert res.output.startswith("Error: mlp-digits-deep does not fit ulx3s-85f")
-    assert "--lanes 11x2,11,11,5 fits" in res.output and "Traceback" not in res.output
+    assert "--lanes 16,8,8,4 fits" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "b").exists()  # nothing half-written
-    # the hint's lanes, column lanes included, are taken as given
+    # column lanes are taken as given (m·u in logic over 60 % of the LUT4s: the user's call)
     res = CliRunner().invoke(
         cli, [*deep, "--lanes", "11x2,11,11,5", "--out", str(tmp_path / "c"), "--json", str(out)]
     )
