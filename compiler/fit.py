@@ -766,7 +766,7 @@ def column_candidates(
         if plain is not None and plain <= phys:
             continue  # rows alone reach T with as few lanes
         try:
-            lanes = lanes_for_target_rest(ir, config, T)
+            lanes = lanes_for_target(ir, config, T, first=1)
         except PlanError:
             continue
         key = ((L, *lanes), (k,) + (1,) * len(lanes))
@@ -777,18 +777,6 @@ def column_candidates(
                       [_pass(sl, x) for sl, x in zip(slots[1:], lanes, strict=True)])  # fmt: skip
         out.append((slowest, *key))
     return out
-
-
-def lanes_for_target_rest(ir: NetworkIR, config: TrainConfig, target: int) -> tuple[int, ...]:
-    """The fewest lanes of every stage but stage 1 with each pass ≤ ``target`` cycles (raises
-    :class:`~pipetrain.compiler.build.PlanError` where one lane per row is not enough)."""
-    out = []
-    for sl in stage_slots(ir, config)[1:]:
-        L = fewest_lanes(sl.in_features, sl.out_features, target, getattr(sl, "conv", None))
-        if L is None:
-            raise PlanError(f"stage {sl.index} cannot pass in {target} cycles")
-        out.append(L)
-    return tuple(out)
 
 
 def _with_faster_feeder(req: PlanRequest, lanes: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -97,14 +97,18 @@ def lanes_text(lanes: Sequence[int], cols: Sequence[int] | None = None) -> str:
     return ",".join(f"{L}x{k}" if k > 1 else str(L) for L, k in zip(lanes, ks, strict=True))
 
 
-def lanes_for_target(ir: NetworkIR, config: TrainConfig, target_cycles: int) -> tuple[int, ...]:
-    """Return the fewest lanes per stage (main, then heads) with each pass ≤ ``target_cycles``.
+def lanes_for_target(
+    ir: NetworkIR, config: TrainConfig, target_cycles: int, first: int = 0
+) -> tuple[int, ...]:
+    """Return the fewest lanes per stage (main, then heads) with each pass ≤ ``target_cycles``;
+    ``first``: from that 0-based stage on (the board fit's column-lane candidates choose stage
+    1's lanes themselves, ``compiler/fit.py:column_candidates``).
 
     Raises :class:`PlanError` when a stage cannot reach the target even with one lane per row
     (its pass then takes N+1 cycles).
     """
     out = []
-    for sl in stage_slots(ir, config):
+    for sl in stage_slots(ir, config)[first:]:
         L = fewest_lanes(sl.in_features, sl.out_features, target_cycles, sl.conv)
         if L is None:
             raise PlanError(
