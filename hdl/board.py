@@ -7,7 +7,7 @@ in front of :class:`~pipetrain.hdl.top.NetworkTop` for a training design
 toolchain flow without a network.
 
 Clocking: the network runs at ``clock_hz`` (default the board's network clock
-``board.clock_hz``, the clock its plans assume: ULX3S 50 MHz, iCEBreaker 24 MHz), made from
+``board.clock_hz``, the clock its plans assume: ULX3S 87.5 MHz, iCEBreaker 24 MHz), made from
 the oscillator (``board.osc_hz``: 25 MHz, 12 MHz) by the FPGA's PLL (:class:`~pipetrain.hdl.pll.
 PLLClock`: ``EHXPLLL`` / ``SB_PLL40_PAD``, the ``sync`` domain held in reset until the PLL locks);
 a ``clock_hz`` equal to the oscillator uses the platform's own ``sync`` domain, without a PLL.

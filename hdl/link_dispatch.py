@@ -557,7 +557,7 @@ class LinkDispatcher(wiring.Component):
         Byte ``ra`` of the buffer is offered in phase 1 (``ph`` = 1: ``ra`` was presented in
         the cycle before, ``rd.data`` = mem[ra]) until taken; then ``ra`` moves on and phase 0
         waits for the read (*derived*: timing, the registered read address; two cycles a byte,
-        the UART needs ~167 at 3 Mbaud and 50 MHz). ``data.valid`` comes from registers only.
+        the UART needs ~290 at 3 Mbaud and 87.5 MHz). ``data.valid`` comes from registers only.
         """
         rsp, dat = self.response, self.data
         shown = st.ph[0]  # DONE left ph = 0 and set ra = 0

@@ -140,21 +140,21 @@ def _rtlil(board_name: str, clock_hz: float | None = None) -> str:
 
 
 def test_board_tops_instantiate_the_pll_with_the_dividers() -> None:
-    """iCEBreaker: SB_PLL40_PAD on the 12 MHz pin (DIVF 63, DIVQ 5); ULX3S: EHXPLLL (CLKFB_DIV
-    2, CLKOP_DIV 16); on the oscillator itself no PLL."""
+    """iCEBreaker: SB_PLL40_PAD on the 12 MHz pin (DIVF 63, DIVQ 5); ULX3S: EHXPLLL at 87.5 MHz
+    (CLKI_DIV 2, CLKFB_DIV 7, CLKOP_DIV 9); on the oscillator itself no PLL."""
     ice = _rtlil("icebreaker")
     assert "SB_PLL40_PAD" in ice and "parameter \\DIVF 7'0111111" in ice
     assert "parameter \\DIVQ 3'101" in ice
     ecp = _rtlil("ulx3s-85f")
-    assert "EHXPLLL" in ecp and "parameter \\CLKFB_DIV 2" in ecp
-    assert "parameter \\CLKOP_DIV 16" in ecp
+    assert "EHXPLLL" in ecp and "parameter \\CLKFB_DIV 7" in ecp
+    assert "parameter \\CLKI_DIV 2" in ecp and "parameter \\CLKOP_DIV 9" in ecp
     assert "SB_PLL40_PAD" not in _rtlil("icebreaker", 12e6)
     with pytest.raises(BoardError, match="cannot make 17 MHz from 12 MHz"):
         _rtlil("icebreaker", 17e6)
 
 
 def test_second_pll_output_domain_for_the_shell_timing() -> None:
-    """ULX3S ``second_domain``: EHXPLLL's CLKOS with CLKOP's divider (16: 50 MHz) drives the
+    """ULX3S ``second_domain``: EHXPLLL's CLKOS with CLKOP's divider (9: 87.5 MHz) drives the
     domain (benchmarks/shell_timing.py); without it CLKOS is off; iCE40 refuses it."""
     from pipetrain.hdl.boards import platform_class
     from pipetrain.hdl.pll import PLLClock
@@ -163,7 +163,7 @@ def test_second_pll_output_domain_for_the_shell_timing() -> None:
     top = BoardTop(board, Loopback, second_domain="net")
     text = platform_class(board)().prepare(top, "top").files["top.il"]
     text = text.decode() if isinstance(text, bytes) else text
-    assert "parameter \\CLKOS_DIV 16" in text and 'parameter \\CLKOS_ENABLE "ENABLED"' in text
+    assert "parameter \\CLKOS_DIV 9" in text and 'parameter \\CLKOS_ENABLE "ENABLED"' in text
     assert "CLKOS_ENABLE" not in _rtlil("ulx3s-85f")
     ice = BOARDS["icebreaker"]
     s = pick_pll(ice.family, ice.osc_hz, ice.clock_hz, ice.baud)
@@ -243,8 +243,22 @@ def test_ecp5_build_that_meets_the_target_runs_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     board = BOARDS["ulx3s-85f"]
-    clocks = _fake_builds(monkeypatch, {50.0: 56.1})
+    # mlp-digits 32,10's Fmax at a 90 MHz constraint (docs/boards.md §4.2): ≥ 1.03 × 87.5
+    clocks = _fake_builds(monkeypatch, {87.5: 90.8})
     r = bitstream.build_board(board, lambda f: BoardTop(board, Loopback, clock_hz=f), tmp_path)
-    # 3 Mbaud (the FT231X's fastest) at 50 MHz: 17 cycles per bit, 2.941 Mbaud, −1.96 %
-    assert clocks == [50.0] and r["clock"]["met"] and r["uart_divisor"] == 17
-    assert r["clock"]["pll"]["dividers"]["CLKFB_DIV"] == 2
+    # 3 Mbaud (the FT231X's fastest) at 87.5 MHz: 29 cycles per bit, 3.017 Mbaud, +0.57 %
+    assert clocks == [87.5] and r["clock"]["met"] and r["uart_divisor"] == 29
+    assert r["clock"]["pll"]["dividers"]["CLKFB_DIV"] == 7
+
+
+def test_ecp5_build_that_misses_rebuilds_below_fmax(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """-deep 11×2,11,11,5's Fmax (67.75 MHz, docs/boards.md §4.2) misses 87.5 MHz: the second
+    pass runs at the fastest PLL clock ≤ 67.75 / 1.03 = 65.78 MHz whose UART divisor is in
+    tolerance, 65.625 MHz (25 × 21 / 8; 22 cycles per bit, 2.983 Mbaud, −0.57 %)."""
+    board = BOARDS["ulx3s-85f"]
+    clocks = _fake_builds(monkeypatch, {87.5: 67.75, 65.625: 68.1})
+    r = bitstream.build_board(board, lambda f: BoardTop(board, Loopback, clock_hz=f), tmp_path)
+    assert clocks == [87.5, 65.625] and r["clock"]["met"] and r["uart_divisor"] == 22
+    assert r["clock"]["pll"]["dividers"]["CLKFB_DIV"] == 21
