@@ -78,6 +78,23 @@ def rhu(v: Value, k: int) -> Value:
     return v
 
 
+def rhu_offset(k: int) -> int:
+    """The constant :func:`rhu` adds before its shift: ``2^(k−1)`` for ``k > 0``, else 0.
+
+    A sum that starts from this offset rounds by a shift alone (:func:`rhu_offset_shift`):
+    ``rhu(Σ, k) = (h + Σ) >> k`` with ``h`` the offset, exact in integers (addition is
+    associative). The forward MACs start their accumulators from it, so the output's rounding
+    is no carry chain of its own (*derived*, timing).
+    """
+    return 1 << (k - 1) if k > 0 else 0
+
+
+def rhu_offset_shift(v: Value, k: int) -> Value:
+    """``rhu(v − rhu_offset(k), k)``: the rounding of a sum that already holds the offset —
+    ``v >> k`` (k > 0), ``v << −k`` (k ≤ 0)."""
+    return v >> k if k > 0 else v << -k
+
+
 def rne(v: Value, k: int) -> Value:
     """Round half to even by ``k`` ≥ 0 bits: ``q = v >> k``, remainder ``r`` = the low ``k``
     bits, ``q + 1`` if ``r > 2^(k−1)`` or (``r = 2^(k−1)`` and ``q`` odd), else ``q``."""

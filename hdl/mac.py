@@ -43,14 +43,14 @@ lanes), docs/numerics.md §2, §5 (the arithmetic); the pipeline is *derived*.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
-from .arith import rhu, sat, tree_sum, wire
+from .arith import rhu, rhu_offset, rhu_offset_shift, sat, tree_sum, wire
 from .dsp import registered_product
 from .streams import (
     DeltaSignature,
@@ -150,6 +150,17 @@ class ForwardLanes(wiring.Component):
         fire4 = Signal()
         m.d.sync += fire4.eq(fire3)
         zsh = fw.frac + fx.frac - fy.frac
+        # the accumulator starts from rhu's offset h, so z = sat(rhu(Σ)) = sat((h + Σ) >> zsh):
+        # the output's rounding is a bit slice, not a carry chain between facc and the clamp
+        # (*derived*, timing: mlp-digits 32,10's ULX3S critical path at 85.2 MHz was stage 1's
+        # facc → the rounding's carry chain → the clamp → the output register, 11.7 ns). The
+        # sum bound |Σ| ≤ (N+1)·2^(ŵ+x−2) ≤ 2^(acc−3) leaves room for h ≤ 2^(acc−3).
+        h = rhu_offset(zsh)
+        if zsh > self.acc_bits - 2:
+            raise ValueError(
+                f"forward rounding by {zsh} bits needs an accumulator of at least {zsh + 2} "
+                f"bits, got {self.acc_bits}: widen Stage.acc_fwd_bits"
+            )
         acts, masks, flags = [], [], []
         lut = None
         if self.act.uses_lut:  # read at S3 with z, the output at S4
@@ -186,12 +197,12 @@ class ForwardLanes(wiring.Component):
                 first = Signal(init=1, name=f"first3_{lane}")
                 valid = Signal(name=f"v3_{lane}")
                 m.d.sync += [first.eq(s2.payload.col == 0), valid.eq(s2.valid)]
-            m.d.comb += fsum.eq(Mux(first, 0, facc) + term)
+            m.d.comb += fsum.eq(Mux(first, h, facc) + term)
             with m.If(valid):
                 m.d.sync += facc.eq(fsum)
             if lut is not None:
                 # tanh/sigmoid: z = sat(rhu(Σ)) at S3 addresses the ROM; y and the mask at S4
-                zv, zc = sat(wire(m, rhu(fsum, zsh), f"zr_{lane}"), fy)
+                zv, zc = sat(wire(m, rhu_offset_shift(fsum, zsh), f"zr_{lane}"), fy)
                 if lane >= self.live_last:
                     zc = zc & ~s3.payload.last_group
                 zs4 = Signal(name=f"zs4_{lane}")
@@ -202,10 +213,9 @@ class ForwardLanes(wiring.Component):
                 acts.append(lut.y[lane])
                 masks.append(lut.y[lane])
                 continue
-            # S4: z = sat(rhu(Σ)) from the sum registered at S3 (facc holds the bias slot's sum
-            # in the cycle after it), the activation and the mask bit: the accumulate and the
-            # rounding in two stages (*derived*, timing only: one carry chain each)
-            zv, zc = sat(wire(m, rhu(facc, zsh), f"zr_{lane}"), fy)
+            # S4: z = sat(rhu(Σ)) from the sum registered at S3 (facc holds h + the bias slot's
+            # sum in the cycle after it), the activation and the mask bit
+            zv, zc = sat(wire(m, rhu_offset_shift(facc, zsh), f"zr_{lane}"), fy)
             if lane >= self.live_last:
                 zc = zc & ~s4.payload.last_group
             z4 = wire(m, zv, f"z4_{lane}")
@@ -312,6 +322,14 @@ class InputGradient(wiring.Component):
                 names=(f"wga_{lane}", f"da_{lane}"),
             )
             terms.append(pg3)
+        # rhu's offset h where it costs no adder level: the first group's partial sum (G > 1) or
+        # a leaf of a tree whose depth it keeps (L not a power of two); gin's rounding is then a
+        # bit slice at S4 (*derived*, timing, as ForwardLanes' facc). Otherwise rounded at S4.
+        gsh = fw.frac + fd.frac - fg.frac
+        h = rhu_offset(gsh)
+        offset = h and gsh <= self.acc_bits - 2 and (G > 1 or L & (L - 1) != 0)
+        if offset and G == 1:
+            terms.append(Const(h))
         gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))
         col3 = s3.payload.col
@@ -339,7 +357,7 @@ class InputGradient(wiring.Component):
             ard, awr = am.read_port(), am.write_port()
             m.d.comb += [
                 ard.addr.eq(s2.payload.col),
-                gnew.eq(Mux(first3, 0, ard.data) + gsum),
+                gnew.eq(Mux(first3, h if offset else 0, ard.data) + gsum),
                 awr.en.eq(live3),
                 awr.addr.eq(col3),
                 awr.data.eq(gnew),
@@ -357,7 +375,8 @@ class InputGradient(wiring.Component):
             m.d.sync += gsum_en.eq(s2.valid)
         with m.If(gsum_en):
             m.d.sync += gsum4.eq(gnew)
-        gv, gc = sat(wire(m, rhu(gsum4, fw.frac + fd.frac - fg.frac), "ginr"), fg)
+        rounded = rhu_offset_shift(gsum4, gsh) if offset else rhu(gsum4, gsh)
+        gv, gc = sat(wire(m, rounded, "ginr"), fg)
         m.d.comb += [
             self.gin.valid.eq(gin_en4),
             self.gin.payload.eq(gv),

@@ -163,7 +163,8 @@ def test_forward_lanes_equal_the_reference(case, s):
     [
         (dict(), 1),
         (dict(mitigation="sc"), 2),
-        (dict(lanes=(2, 4, 3)), 1),
+        (dict(lanes=(2, 4, 3)), 1),  # one row group of 4 lanes: rounded at S4
+        (dict(lanes=(5, 2, 3)), 2),  # one group of 3: rhu's offset a leaf of the lane tree
         (dict(operand_registers=1), 1),  # two row groups: gacc read and written one later
         (dict(operand_registers=2), 1),  # and two later
         (dict(mitigation="sc", operand_registers=2), 2),

@@ -15,7 +15,17 @@ from pipetrain.compiler.build import FormatSpec, build_plan
 from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.ir import LayerIR, NetworkIR
 from pipetrain.compiler.plan import QFormat
-from pipetrain.hdl.arith import const_mul, rhu, rne, rsr, sat, select_add, split_product
+from pipetrain.hdl.arith import (
+    const_mul,
+    rhu,
+    rhu_offset,
+    rhu_offset_shift,
+    rne,
+    rsr,
+    sat,
+    select_add,
+    split_product,
+)
 from pipetrain.hdl.lfsr import LFSR, leap_matrix
 from pipetrain.hdl.loss import LossUnit, loss_unit_cycles
 from pipetrain.sim import fixed
@@ -27,7 +37,9 @@ from torch import nn
 
 
 def test_operators_equal_the_golden_definitions():
-    """sat/rhu/rne/rsr on 300 random 40-bit values (and the tie/edge cases) for shifts −3..20."""
+    """sat/rhu/rne/rsr on 300 random 40-bit values (and the tie/edge cases) for shifts −3..20;
+    rhu_offset_shift of v + rhu_offset(k) (the forward MAC's accumulator started at the offset)
+    equals rhu(v, k)."""
     fmt = QFormat(12, 4)
     v = Signal(signed(40))
     r = Signal(unsigned(16))
@@ -35,6 +47,7 @@ def test_operators_equal_the_golden_definitions():
     outs = {}
     for k in (-3, 0, 1, 5, 16, 20):
         outs[("rhu", k)] = rhu(v, k)
+        outs[("rhuo", k)] = rhu_offset_shift(v + rhu_offset(k), k)
         if k >= 0:
             outs[("rne", k)] = rne(v, k)
             outs[("rsr", k)] = rsr(v, k, r, 16)
@@ -66,6 +79,7 @@ def test_operators_equal_the_golden_definitions():
         for (op, k), val in got.items():
             exp = {
                 "rhu": lambda: fixed.rhu(x, k),  # noqa: B023
+                "rhuo": lambda: fixed.rhu(x, k),  # noqa: B023
                 "rne": lambda: fixed.rne(x, k),  # noqa: B023
                 "rsr": lambda: fixed.rsr(x, k, rr, 16),  # noqa: B023
             }[op]()
