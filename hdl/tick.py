@@ -17,11 +17,18 @@ it keeps a sample that arrives during a bubble tick safe). Each item carries its
 addresses for every stage.
 
 A tick starts when a whole sample is pending (it enters stage 1) or, with ``flush`` high, when
-an item is still in flight (a bubble); ``can_start`` (result FIFO has room, no weight access
-running) gates both. Tick length: ``max_s(pass_s, pass_S + loss) + TICK_OVERHEAD`` cycles
-(:func:`pipetrain.compiler.build.tick_cycles`). Source: docs/architecture.md §2.1/§3, docs/ports.md
-tick
-rule; the allocation scheme and the state machine are *derived*.
+an item is still in flight (a bubble); ``can_start`` (the result FIFO has room and no weight
+access runs in the next cycle) gates both. The start is decided a cycle ahead, into a register
+``go`` (``sample``, ``flush`` and ``can_start`` of the cycle before the start, which all hold
+until a tick takes them: *derived*): the stash allocation and the history, hundreds of
+flip-flops, take their enable from one flip-flop, not from the link's and the weight access's
+registers across the chip (the ULX3S critical path of mlp-digits-deep 11×2: the weight access's
+state → ``can_start`` → stage 1's allocation enable, 14.8 ns, docs/boards.md §4.2). Back to
+back ticks start as before (the next one is decided in the last cycle of the one running); a
+sample that arrives while the controller waits starts a cycle later. Tick length:
+``max_s(pass_s, pass_S + loss) + TICK_OVERHEAD`` cycles
+(:func:`pipetrain.compiler.build.tick_cycles`). Source: docs/architecture.md §2.1/§3,
+docs/ports.md tick rule; the allocation scheme and the state machine are *derived*.
 """
 
 from __future__ import annotations
@@ -71,7 +78,9 @@ class TickController(wiring.Component):
     sample: ``In(stream.Signature(pending_sample_layout()))`` the whole sample pending in stage
         1's stash (at ``stage1.stash.write``); taken (``ready``) when it enters the pipeline.
     flush: ``In(1)`` run bubble ticks while an item is in flight.
-    can_start: ``In(1)`` a tick may start (result FIFO has room, no weight access).
+    can_start: ``In(1)`` a tick may start in the next cycle (the result FIFO will have room, no
+        weight access runs then); it and ``sample.valid``, ``flush`` are sampled a cycle
+        before the start.
     stage1 … stageS: ``Out(PassControlSignature(entries·x_words, entries·row_groups))`` per
         stage: start pulse and item flags (``done`` back), stash bases (``stash.write``: where
         the writer into the stage — the previous stage, or the host for stage 1 — puts its
@@ -250,10 +259,14 @@ class TickController(wiring.Component):
         stage_done = Cat(*(self.stage(n.index).items.done for n in g.stages)).all()
         # samples_trained: training items whose stage-1 backward (its update) ran this tick
         first = hist[self._bwd_age(0)]
+        # the start, a cycle ahead: in the cycle before, the controller is to be idle (IDLE
+        # without a start, or the end of a tick) and can start with a sample or a bubble
+        go, idle_next = Signal(name="go"), Signal(name="idle_next")
+        wants = self.sample.valid | (self.flush & in_flight)
+        m.d.sync += go.eq(idle_next & self.can_start & wants)
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.idle.eq(~in_flight)
-                go = self.can_start & (self.sample.valid | (self.flush & in_flight))
+                m.d.comb += [self.idle.eq(~in_flight), idle_next.eq(~go)]
                 with m.If(go):
                     for a in range(span - 1, 0, -1):
                         m.d.sync += self._assign(hist[a], hist[a - 1])
@@ -276,7 +289,7 @@ class TickController(wiring.Component):
                         m.d.comb += self.loss_ctl(ln.t).start.eq(1)
                         m.d.sync += st.eq(1)
                 with m.If(stage_done & Cat(*loss_ok).all()):
-                    m.d.comb += self.result_valid.eq(lit["valid"])
+                    m.d.comb += [self.result_valid.eq(lit["valid"]), idle_next.eq(1)]
                     m.d.comb += [
                         self.head_valid[ln.t - 1].eq(hist[ln.age]["valid"]) for ln in g.losses[:-1]
                     ]
@@ -350,10 +363,12 @@ class TickController(wiring.Component):
             return self.loss_ctl(i).done if kind == "loss" else self.stage(i).items.done
 
         phase = Signal(range(n + 1))
+        go, idle_next = Signal(name="go"), Signal(name="idle_next")  # as in ``pb``
+        m.d.sync += go.eq(idle_next & self.can_start & self.sample.valid)
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += self.idle.eq(1)
-                with m.If(self.can_start & self.sample.valid):
+                m.d.comb += [self.idle.eq(1), idle_next.eq(~go)]
+                with m.If(go):
                     m.d.comb += self.sample.ready.eq(1)
                     advance_alloc()
                     m.d.sync += self._assign(cur, new)
@@ -386,6 +401,7 @@ class TickController(wiring.Component):
                                     m.d.comb += self.head_valid[i - 1].eq(1)
                                 nxt = Mux(cur["train"], p + 1, skip[p])
                                 with m.If(nxt == n):
+                                    m.d.comb += idle_next.eq(1)
                                     m.d.sync += [
                                         trained.eq(trained + cur["train"]),
                                         ticks.eq(ticks + 1),

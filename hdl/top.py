@@ -153,15 +153,24 @@ class ResultQueue(wiring.Component):
     -------
     push: ``In(ValidSignature(pred, loss, train))`` one record per sample.
     room: ``Out(1)`` the FIFO can take a record.
+    room_next: ``Out(1)`` the FIFO can take a record in the next cycle, whatever ``out`` does:
+        at most ``depth`` − 2 records held after this cycle's push (a record in the FIFO's
+        output register counts; the tick controller decides a start a cycle ahead, hdl/tick.py).
     out: ``Out(stream.Signature(result_layout()))`` the host's ``result_out``.
+
+    Raises ValueError for ``depth`` < 2 (``room_next`` would never rise).
     """
 
     def __init__(self, depth: int) -> None:
+        if depth < 2:
+            self._MustUse__silence = True
+            raise ValueError(f"the result FIFO needs depth >= 2, not {depth}")
         self.depth = depth
         super().__init__(
             {
                 "push": In(ValidSignature(_rest_layout())),
                 "room": Out(1),
+                "room_next": Out(1),
                 "out": Out(stream.Signature(result_layout())),
             }
         )
@@ -177,6 +186,8 @@ class ResultQueue(wiring.Component):
             fifo.w_en.eq(self.push.valid),
             fifo.w_data.eq(self.push.payload.as_value()),
             self.room.eq(fifo.w_rdy),
+            # held ≤ depth − 2 after the push ⇒ w_rdy next cycle (a pop only frees room)
+            self.room_next.eq(fifo.level + self.push.valid <= self.depth - 2),
             ro.payload.sample.eq(popped),
             ro.payload.pred.eq(out.pred),
             ro.payload.loss.eq(out.loss),
@@ -303,7 +314,7 @@ class NetworkTop(wiring.Component):
             results.push.payload.pred.eq(loss.pred),
             results.push.payload.loss.eq(loss.loss),
             results.push.payload.train.eq(ctrl.result_train),
-            ctrl.can_start.eq(results.room & ~wacc.busy),
+            ctrl.can_start.eq(results.room_next & ~wacc.busy),  # for the next cycle (hdl/tick.py)
             wacc.allowed.eq(ctrl.idle & ~samples.pending.valid),
             ctrl.flush.eq(self.flush),
             self.idle.eq(ctrl.idle),

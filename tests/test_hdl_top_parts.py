@@ -3,7 +3,8 @@ inputs and random backpressure on every valid/ready stream:
 
 * :class:`SampleWriter`: ``sample_in`` beats → stage 1's stash words and the pending sample
   (held, and ``sample_in`` stalled, until the tick controller takes it);
-* :class:`ResultQueue`: records leave in order, numbered, exactly once;
+* :class:`ResultQueue`: records leave in order, numbered, exactly once; ``room_next``
+  promises room a cycle ahead;
 * :class:`WeightAccess`: commands reach the right stage, lane and address (constant division),
   bad commands answer 0 without an access, one answer per command;
 * :class:`SaturationCounter`: counts every raised flag.
@@ -117,6 +118,68 @@ def test_result_queue_delivers_in_order_under_backpressure():
     sim.add_testbench(consumer)
     sim.run()
     assert out == [(n, p, lo, int(t)) for n, (p, lo, t) in enumerate(records)]
+
+
+@pytest.mark.parametrize("depth", [2, 3, 5])
+def test_result_queue_room_next_promises_room(depth):
+    """``room_next`` (with this cycle's push) ⇒ ``room`` in the next cycle, under random pushes
+    and backpressure: the tick controller decides a start a cycle ahead on it (hdl/tick.py)."""
+    dut = ResultQueue(depth)
+    rng = random.Random(depth)
+    pushed, out, promised = [], [], [False]
+
+    async def producer(ctx):
+        for n in range(60):
+            push = promised[0] and rng.random() < 0.7
+            if push:
+                assert ctx.get(dut.room), f"room_next promised room at push {n}"
+                pushed.append(n)
+            ctx.set(dut.push.valid, push)
+            ctx.set(dut.push.payload.pred, n)
+            promised[0] = bool(ctx.get(dut.room_next))
+            await ctx.tick()
+        ctx.set(dut.push.valid, 0)
+
+    async def consumer(ctx):
+        for _ in range(60):
+            ready = rng.random() < 0.3
+            ctx.set(dut.out.ready, ready)
+            if ready and ctx.get(dut.out.valid):
+                out.append(ctx.get(dut.out.payload.pred))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(consumer, background=True)
+    sim.add_testbench(producer)
+    sim.run()
+    assert len(pushed) >= 5 and out == pushed[: len(out)]
+
+
+def test_result_queue_room_next_keeps_three_cycle_ticks():
+    """Depth 3 and a consumer that is always ready: a record pushed every 3 cycles (the
+    shortest ``pb`` tick: IDLE, START, RUN) never waits for ``room_next``."""
+    dut = ResultQueue(3)
+    seen = []
+
+    async def tb(ctx):
+        ctx.set(dut.out.ready, 1)
+        for c in range(30):
+            ctx.set(dut.push.valid, c % 3 == 0)
+            if c % 3 == 0:
+                seen.append(ctx.get(dut.room_next))
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert seen == [1] * 10
+
+
+def test_result_queue_refuses_depth_1():
+    with pytest.raises(ValueError, match="depth >= 2"):
+        ResultQueue(1)
 
 
 class _Ecp5:
