@@ -304,7 +304,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         loss=498.0,
         stage=203.0,
         ingrad_stage=642.0,
-        lane=898.0,
+        lane=860.0,
         size=0.0,
         lutram_tile=2.27,
         bram_mux_bit=4.26,
@@ -314,7 +314,9 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         source="derived from 4 ULX3S builds (mlp-digits 4,1 and 8,2, -deep 4,3,3,1, -wide 4,4,1); "
         "ingrad_stage 842 → 642 after -deep 16,8,8,4 at 3f875ad (40,128 LUT4 built, +10.1 % "
         "estimated): every recorded build within −6.2 … +8.6 %; column_shared from mlp-digits "
-        "11x4,10 and -deep 11x2,11,11,5 (docs/boards.md §3)",
+        "11x4,10 and -deep 11x2,11,11,5; lane 898 → 860 after 53d3f90's forward rounding "
+        "(a bit slice: mlp-digits 32,10 44,316 LUT4 built, +9.4 % estimated, -deep 16,8,8,4 "
+        "38,754, +12.5 %): every recorded build within −8.6 … +9.0 % (docs/boards.md §3)",
         column_shared=140.0,
     ),
 }

@@ -185,15 +185,16 @@ def test_board_lanes_pass_takes_the_board_as_input() -> None:
     # at the error buffer's write and m·u's low 6 bits in logic (logic_low_bits 8): one block
     # per product — 32 lanes × 3 (ŵ·x, m·u, e·x) + 1 + 10 × 4 (+ w·δ) + 1 + the loss unit's
     # 1 = 139 of 156 (76 cycles/sample); with m·u in two blocks 32,10 needs 181 — with m·u in
-    # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) it fits the blocks but not
-    # MOMENTUM_LOGIC_FILL, so stage 1 folds over column lanes: 8×3,10 (99 cycles, 149 blocks;
-    # before column lanes 32,5 at 156 blocks, 102 cycles, was the fastest fit)
+    # logic (Plan.momentum_in_logic: 181 − 2 × 42 = 97 blocks) it fits the blocks and, at
+    # 49,502 LUT4 estimated, MOMENTUM_LOGIC_FILL (60 % of 83,640: 50,184), so 32,10 stays (76
+    # cycles; with LogicModel.lane 898, before 53d3f90's forward rounding, it did not, and stage
+    # 1 folded over column lanes: 8×3,10, 99 cycles, 149 blocks)
     one = req.replace(lanes=(32, 10)).build()
     assert check_fit(one, b)["multipliers"]["needed"] == 139
     two = req.replace(lanes=(32, 10), logic_low_bits=0).build()
     with pytest.raises(FitError, match="181 DSP blocks needed"):
         check_fit(two, b)
-    assert board_lanes(req.replace(logic_low_bits=0), b) == (8, 10)
+    assert board_lanes(req.replace(logic_low_bits=0), b) == (32, 10)
     logic = req.replace(lanes=(32, 10), logic_low_bits=0, momentum_in_logic=True).build()
     assert check_fit(logic, b)["multipliers"]["needed"] == 97
 
