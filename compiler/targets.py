@@ -189,7 +189,8 @@ BOARDS: dict[str, Board] = {
             # 25 MHz × 7 / 2 (EHXPLLL: CLKI_DIV 2, CLKFB_DIV 7, CLKOP_DIV 9, VCO 787.5 MHz): the
             # fastest PLL clock ≤ 90 MHz / 1.03, the Fmax issue 17 asks of the filled plans
             # (mlp-digits 32,10: 90.8 MHz at 90addfc, 85.2 at a0e4f2f, 86.3 at 53d3f90; -deep
-            # 16,8,8,4: 98.0 at 3f875ad, 93.2 at 53d3f90; boards.md §4.2); a design that misses it is rebuilt below its Fmax (§2.1)
+            # 16,8,8,4: 98.0 at 3f875ad, 93.2 at 53d3f90; boards.md §4.2); a design that
+            # misses it is rebuilt below its Fmax (§2.1)
             clock_hz=87.5e6,
             osc_hz=25e6,
             operand_registers=2,
