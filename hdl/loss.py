@@ -39,7 +39,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.loss_unit import loss_cycles, max_tree_levels
 from ..compiler.plan import LossUnit as LossPlan
-from .arith import const_mul, delayed, rhu, sat, tree_sum
+from .arith import const_mul, delayed, rhu, rhu_offset, rhu_offset_shift, sat, tree_sum
 from .dsp import registered_product
 from .streams import LossControlSignature, ValidSignature, error_layout, word_layout
 
@@ -268,7 +268,7 @@ class LossUnit(wiring.Component):
             m.d.sync += [ves.eq(v2), jes.eq(j2)]
         for lane, lr in enumerate(lrs):
             z1 = zs.word_select(lane, fz.bits).as_signed() if P > 1 else zs.as_signed()
-            idx = rhu(c.zmax - z1, fz.frac - fl)
+            idx = rhu_offset_shift(c.zmax_h - z1, fz.frac - fl)  # = rhu(zmax − z1, ·)
             addr = Mux(idx > K - 1, K - 1, idx)
             if X and rom_in_logic:
                 addr1 = Signal(range(K), name=f"e_idx{lane}")
@@ -374,8 +374,16 @@ class LossUnit(wiring.Component):
         wv, bl, _ = cands[0]
         base = Array(Const(q * Lz, 16) for q in range(self.words))[w] if Lz > 1 else w
         wj, wfirst = base + bl, w == 0
+        # zmax_h = zmax + 2^(k−1), k = fz.frac − fl: the exp index rhu(zmax − z, k) is then
+        # (zmax_h − z) >> k, one carry chain before the ROM address, not two (the same
+        # integers; the mlp-digits 32,10 and -deep 16,8,8,4 ULX3S critical path at 53d3f90:
+        # s1 → zmax − z → rhu → the clamp → the exp ROM's block-RAM address, 11.6 / 10.7 ns,
+        # docs/boards.md §4.2; *derived*, timing)
+        k = fz.frac - self.lp.exp_lut_frac
+        h = rhu_offset(k)
+        c.zmax_h = Signal(signed(max(fz.bits, k) + 2), name="zmax_h")
         with m.If(wval & (wfirst | (wv > c.zmax))):
-            m.d.sync += [c.zmax.eq(wv), c.arg.eq(wj)]
+            m.d.sync += [c.zmax.eq(wv), c.zmax_h.eq(wv + h), c.arg.eq(wj)]
 
     def _ce_phases(
         self, m: Module, c: _Shared, ph0: Signal, exp_last: Value, div: _Divider, vo2: Signal
