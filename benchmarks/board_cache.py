@@ -4,9 +4,10 @@
 nextpnr's report (via :func:`pipetrain.host.bitstream.build_design`), or why the model does not
 fit (needed vs available, from the plan's fit check or from the synthesised netlist). Records
 live in ``<cache>/boards/<plan hash>-<board>.json``; the plan is the one ``pipetrain build``
-would use (:func:`pipetrain.host.flow.compile_design`: the compiler's lanes, one lane per
-stage when those do not fit). The record also stores the HDL source hash it was built from, so a
-caller can tell a report built from older HDL (``stale``).
+would use (:func:`measure.compile_board_design`: the compiler's lanes, one lane per stage when
+those do not fit, the formats calibrated as the command does). The record also stores the
+HDL source hash it was built from, so a caller can tell a report built from older HDL
+(``stale``). :func:`import_build` puts a ``pipetrain build --json`` report in the cache.
 
 Cold cost (this project's 2-core machine, YoWASP 0.5x): ECP5 builds of these models take
 ~7–20 min each (Yosys ~1 min, nextpnr-ecp5 the rest); an iCE40 fit failure found in synthesis
@@ -25,7 +26,15 @@ from pipetrain.compiler.fit import FitError, check_fit
 from pipetrain.compiler.targets import Board, get_board
 from pipetrain.sim.tb.network import hdl_source_hash
 
-__all__ = ["REPO", "board_key", "board_result", "default_cache_dir", "fit_rows"]
+__all__ = [
+    "REPO",
+    "board_key",
+    "board_result",
+    "default_cache_dir",
+    "fit_rows",
+    "import_build",
+    "import_records",
+]
 
 #: Repository root (YoWASP tools need a build directory relative to the working directory).
 REPO = Path(__file__).resolve().parents[1]
@@ -107,8 +116,8 @@ def board_result(
     (docs/boards.md §4.2). With ``clock_hz`` given a record of another constraint is rebuilt
     when building; without it a record of any constraint is returned.
     """
+    from measure import compile_board_design
     from pipetrain.host.bitstream import BuildError
-    from pipetrain.host.flow import compile_design
 
     board = get_board(board_name)
     cache = (cache_dir or default_cache_dir()) / "boards"
@@ -118,7 +127,7 @@ def board_result(
     # fitting falls back to one lane per stage and raises (with that plan) when even
     # the fallback does not fit
     try:
-        plan = compile_design(model, board=board, seed=0).plan
+        plan = compile_board_design(model, board, seed=0).plan
     except FitError as exc:
         plan = exc.plan
         return base | {
@@ -267,6 +276,58 @@ def import_records(results_json: Path, cache_dir: Path | None = None) -> list[st
     return written
 
 
+def import_build(report_json: Path, cache_dir: Path | None = None) -> tuple[str, bool]:
+    """Put a ``pipetrain build --json`` report (or its build folder's ``build.json``) into the
+    cache as the record of its plan hash and board; return ``(key, stale)``.
+
+    For a board the benchmark would otherwise rebuild (1–2 h each for the filled ULX3S designs
+    on this project's 2-core machine) when ``pipetrain build`` has already built the same plan.
+    The record keeps the report's ``hdl_hash`` (``pipetrain build`` records it since this
+    function exists; an older report has none, so its record is ``stale`` and a full run uses
+    it only with ``--reuse-stale-boards``); ``constraint_mhz`` is the clock of the report's last
+    nextpnr pass; ``built_at`` the report file's time. A cached record is replaced only by a
+    newer build. Raises :class:`ValueError` naming the file for a report that is not a
+    successful model build (a loopback design, missing Fmax or plan hash).
+    """
+    path = Path(report_json)
+    rep = json.loads(path.read_text())
+    missing = [k for k in ("design", "board", "plan_hash", "lanes", "fmax_mhz") if k not in rep]
+    if missing or rep.get("design") == "uart-loopback":
+        raise ValueError(
+            f"{path}: not a model build report of `pipetrain build --json` "
+            f"(missing {', '.join(missing) or 'a model: a loopback build'})"
+        )
+    board = get_board(rep["board"])
+    passes = (rep.get("clock") or {}).get("passes") or [{"clock_mhz": rep["clock_mhz"]}]
+    built_at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    rec = {
+        "model": rep["design"],
+        "board": board.name,
+        "plan_hash": rep["plan_hash"],
+        "lanes": rep["lanes"],
+        "fits": True,
+        "status": "built",
+        "fit": rep.get("fit", {}),
+        "fmax_mhz": rep["fmax_mhz"],
+        "clock_mhz": rep["clock_mhz"],
+        "timing_met": rep["timing_met"],
+        "utilization": {k: v for k, v in rep.get("utilization", {}).items() if k != "raw"},
+        "build_s": rep.get("build_s"),
+        "constraint_mhz": passes[-1]["clock_mhz"],
+        "hdl_hash": rep.get("hdl_hash"),
+        "built_at": built_at,
+    }
+    cache = (cache_dir or default_cache_dir()) / "boards"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = board_key(rec["plan_hash"], board.name)
+    target = cache / f"{key}.json"
+    stale = rec["hdl_hash"] != hdl_source_hash()
+    if target.is_file() and json.loads(target.read_text()).get("built_at", "") >= built_at:
+        return key, stale  # the cached record is as new: kept
+    target.write_text(json.dumps(rec, indent=2) + "\n")
+    return key, stale
+
+
 def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
     """:func:`pipetrain.host.bitstream.build_design` (imported lazily: it loads Amaranth)."""
     from pipetrain.host.bitstream import build_design as _bd
@@ -277,10 +338,19 @@ def build_design(*args: Any, **kwargs: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     # fill the cache: python benchmarks/board_cache.py BOARD MODEL...
     # or copy a results.json's reports in: python benchmarks/board_cache.py --import FILE
+    # or `pipetrain build --json` reports: python benchmarks/board_cache.py --import-build F...
     import sys
 
     if sys.argv[1] == "--import":
         print("\n".join(import_records(Path(sys.argv[2]))) or "nothing new")
+        sys.exit(0)
+    if sys.argv[1] == "--import-build":  # python benchmarks/board_cache.py --import-build F...
+        for f in sys.argv[2:]:
+            try:
+                key, stale = import_build(Path(f))
+            except (OSError, ValueError) as exc:
+                sys.exit(f"error: {exc}")
+            print(f"{key}{' (older HDL: stale)' if stale else ''}")
         sys.exit(0)
     for m in sys.argv[2:]:
         r = board_result(m, sys.argv[1])

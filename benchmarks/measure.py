@@ -44,12 +44,17 @@ def compile_design(
     )
 
 
-def compile_board_design(model: str, board: str, seed: int = 0) -> Any:
-    """Compile ``model`` fitted to ``board`` exactly as ``pipetrain build --board`` does
-    (:func:`pipetrain.host.flow.compile_design`): the design the board runs."""
+def compile_board_design(model: str, board: Any, seed: int = 0) -> Any:
+    """Compile ``model`` fitted to ``board`` (a name or a
+    :class:`~pipetrain.compiler.targets.Board`) exactly as ``pipetrain build MODEL --board``
+    does (:func:`pipetrain.host.flow.compile_design`, the auto formats calibrated over
+    :func:`~pipetrain.host.cli.options.calibration_epochs` epochs, as every command does): the
+    design the board runs, the plan hash of the user's bitstream."""
+    from pipetrain.host.cli.options import calibration_epochs
     from pipetrain.host.flow import compile_design as _compile
 
-    return _compile(model, board=board, seed=seed, writers=())
+    epochs = calibration_epochs(model, None)
+    return _compile(model, board=board, seed=seed, writers=(), calib_epochs=epochs)
 
 
 def rtl_run(result: Any, samples: int, seed: int = 0) -> dict[str, Any]:

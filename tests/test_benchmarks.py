@@ -220,10 +220,10 @@ def test_markdown_and_readme_section(tmp_path: Path) -> None:
 
 def test_board_result_reuses_a_report_of_the_same_hardware(tmp_path: Path) -> None:
     from pipetrain.compiler.targets import get_board
-    from pipetrain.host.flow import compile_design
 
     board = get_board("ulx3s-85f")
-    plan = compile_design("mlp-digits", board=board).plan
+    # the plan of `pipetrain build mlp-digits --board ulx3s-85f` (formats calibrated as it does)
+    plan = measure.compile_board_design("mlp-digits", board).plan
     old = {
         "model": "mlp-digits",
         "board": board.name,
@@ -479,10 +479,10 @@ def test_imported_reports_are_reused_only_as_stale(tmp_path: Path) -> None:
     a run that does not build reuses the same-lanes report, marked stale with the current plan
     hash (also when the memories changed since, ``fit_changed``)."""
     from pipetrain.compiler.targets import get_board
-    from pipetrain.host.flow import compile_design
 
     board = get_board("ulx3s-85f")
-    plan = compile_design("mlp-digits", board=board).plan
+    # the plan of `pipetrain build mlp-digits --board ulx3s-85f` (formats calibrated as it does)
+    plan = measure.compile_board_design("mlp-digits", board).plan
     lanes = [s.lanes for s in plan.stages]
     old = {
         "model": "mlp-digits",
@@ -512,6 +512,70 @@ def test_imported_reports_are_reused_only_as_stale(tmp_path: Path) -> None:
     assert rec["plan_changed"] == plan.hash
     assert "47.0 MHz (older HDL/plan, built 2026-01-01 00:00)" == bench._board_cell(rec)
     # (other lanes stay missing: test_board_result_reuses_a_report_of_the_same_hardware)
+
+
+def test_a_pipetrain_build_report_goes_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pipetrain build --json`` records the HDL hash; ``import_build`` makes the report the
+    cache record of its plan hash and board, current for today's HDL (the benchmark reuses it
+    without building), stale without a hash (a report from before); a report no newer than the
+    cached record does not replace it; a loopback report is refused."""
+    import os
+
+    from click.testing import CliRunner
+    from pipetrain.host import bitstream
+    from pipetrain.host.cli import cli
+    from pipetrain.sim.tb.network import hdl_source_hash
+
+    def fake_build(board, top, out, **kw):  # noqa: ANN001, ANN003
+        return kw["meta"] | {
+            "board": board.name, "bitstream": f"{out}/top.bin", "fmax_mhz": 28.5,
+            "clock_mhz": 24.0015, "timing_met": True, "build_s": 120.0, "cached": False,
+            "utilization": {"luts": {"used": 5075, "available": 5280}, "raw": {}},
+        }  # fmt: skip
+
+    monkeypatch.setattr(bitstream, "build_design", fake_build)
+    report = tmp_path / "ice.json"
+    res = CliRunner().invoke(
+        cli, ["build", "mlp-digits", "--board", "icebreaker", "--json", str(report)]
+    )
+    assert res.exit_code == 0, res.output
+    built = json.loads(report.read_text())
+    assert built["hdl_hash"] == hdl_source_hash()
+    key, stale = board_cache.import_build(report, tmp_path)
+    assert key == f"{built['plan_hash']}-icebreaker" and not stale
+    rec = board_cache.board_result(
+        "mlp-digits", "icebreaker", cache_dir=tmp_path, build=False, echo=lambda m: None
+    )
+    assert (rec["status"], rec["fmax_mhz"], rec["stale"], rec["cached"]) == (
+        "built",
+        28.5,
+        False,
+        True,
+    )
+    # the benchmark's board plan is the user's build's (it calibrated otherwise before)
+    assert "plan_changed" not in rec
+    assert measure.compile_board_design("mlp-digits", "icebreaker").plan.hash == built["plan_hash"]
+    assert rec["constraint_mhz"] == 24.0  # the last pass's clock, not nextpnr's 24.0015
+    assert rec["utilization"] == {"luts": {"used": 5075, "available": 5280}}  # no raw
+    # an older report without the hash (before pipetrain build recorded it) does not replace it
+    old = tmp_path / "old.json"
+    before = {k: v for k, v in built.items() if k != "hdl_hash"}
+    old.write_text(json.dumps(before | {"fmax_mhz": 1}))
+    os.utime(old, (1e9, 1e9))
+    assert board_cache.import_build(old, tmp_path) == (key, True)
+    assert json.loads((tmp_path / "boards" / f"{key}.json").read_text())["fmax_mhz"] == 28.5
+    os.utime(old, None)  # now newer: it replaces the record, which is stale
+    board_cache.import_build(old, tmp_path)
+    rec = board_cache.board_result(
+        "mlp-digits", "icebreaker", cache_dir=tmp_path, build=False, echo=lambda m: None
+    )
+    assert rec["fmax_mhz"] == 1 and rec["stale"]
+    loop = tmp_path / "loop.json"
+    loop.write_text(json.dumps({"design": "uart-loopback", "board": "icebreaker"}))
+    with pytest.raises(ValueError, match="loop.json: not a model build report"):
+        board_cache.import_build(loop, tmp_path)
 
 
 def test_onchip_rate_record(monkeypatch):

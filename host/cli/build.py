@@ -23,6 +23,7 @@ from ...compiler.lanes import parse_lane_spec
 from ...compiler.targets import BOARDS, BoardError, get_board
 from ...hdl.shell import board_shell
 from ...hdl.support import require_hdl
+from ...sim.harness import hdl_source_hash
 from ..bitstream import build_board, deploy_bitstream
 from ..flow import compile_design
 from . import cli, emit_json, info, json_option, user_errors
@@ -142,6 +143,9 @@ def build_cmd(
             "plan": totals,
             "fit": fit,
             "estimate": logic_cells(plan, board),
+            # the generator sources the bitstream was made from (benchmarks/board_cache.py
+            # imports a report as current only for today's HDL)
+            "hdl_hash": hdl_source_hash(),
         }
         if onchip_samples:  # build.json records it (absent: no on-chip set, as before)
             meta["onchip_samples"] = onchip_samples
