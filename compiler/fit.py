@@ -256,8 +256,11 @@ class LogicModel:
         (clamp, activation, mask and ``y`` registers) and the row's δ operand path, once a row
         (*derived*; ECP5: fitted to mlp-digits 11×4,10 — 61,230 LUT4 built, 64,797 estimated
         without it — and -deep 11×2,11,11,5 — 57,846 built, 60,454 —, 108 and 237 cells a
-        sub-lane: 140 leaves −1.7 % and +1.8 %; iCE40: not measured, 0: each sub-lane counted
-        whole, the safe side on a full device).
+        sub-lane: 140 leaves −1.7 % and +1.8 %; 200 since -wide 6×3,22,2 at b4276a9 — 41,362
+        built, +10.8 % estimated at 140, its stage 1's netlist 12,613 synthesised cells (× 1.135:
+        14,316) against 16,829 estimated, stages 2 and 3 within 5 % —: every ECP5 record within
+        −8.6 … +9.0 %; iCE40: not measured, 0: each sub-lane counted whole, the safe side on a
+        full device).
     """
 
     shell: float
@@ -316,8 +319,10 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         "estimated): every recorded build within −6.2 … +8.6 %; column_shared from mlp-digits "
         "11x4,10 and -deep 11x2,11,11,5; lane 898 → 860 after 53d3f90's forward rounding "
         "(a bit slice: mlp-digits 32,10 44,316 LUT4 built, +9.4 % estimated, -deep 16,8,8,4 "
-        "38,754, +12.5 %): every recorded build within −8.6 … +9.0 % (docs/boards.md §3)",
-        column_shared=140.0,
+        "38,754, +12.5 %): every recorded build within −8.6 … +9.0 %; column_shared 140 → 200 "
+        "after -wide 6x3,22,2 (41,362 LUT4 built, +10.8 % estimated; now +9.0 %; docs/boards.md "
+        "§3)",
+        column_shared=200.0,
     ),
 }
 

@@ -128,8 +128,10 @@ def _auto(model: str, board: str, hidden: str | None = None):
         # is above MOMENTUM_LOGIC_FILL (58,914 LUT4 estimated; built: 57,846, 67.7 MHz)
         ("mlp-digits-deep", "ulx3s-85f", [16, 8, 8, 4], [1, 1, 1, 1], 143),
         # -wide: 19,16,2 (527 cycles, m·u in blocks) → stage 1 at 6×3 (495; m·u in blocks, 154
-        # MULT18, 47,405 LUT4 estimated); 26,22,2 with m·u in logic (398) is above the fill
-        ("mlp-digits-wide", "ulx3s-85f", [6, 22, 2], [3, 1, 1], 495),
+        # MULT18; built at b4276a9: 41,362 LUT4, 45,089 estimated) → since column_shared 200
+        # (that build) stage 1 at 10×2 with m·u in logic (440; 116 MULT18, 50,115 LUT4
+        # estimated, under the 60 % fill of 50,184); 26,22,2 with m·u in logic (398) is above it
+        ("mlp-digits-wide", "ulx3s-85f", [10, 22, 2], [2, 1, 1], 440),
         ("mlp-digits", "icebreaker", [1, 1], [1, 1], 4167),
     ],
 )
