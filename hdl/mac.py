@@ -10,10 +10,11 @@ activations leave as one word at S4 (with the ``z > 0`` bits for the stash's mas
 
 **Input gradient** (:class:`InputGradient`, docs/numerics.md §5): in slot ``(g, i)`` the lanes'
 products ``w_ji·δ_j`` are summed across lanes (a balanced adder tree); with several row groups the
-partial sums of column ``i`` are accumulated in a small memory (``gacc``, read at S2, written at
-S3) and finalised in the last group: ``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac −
-gin.frac), gin)`` (rounded and clamped at S4, from the sum registered at S3), sent serially
-``i = 0..N−1`` to the previous stage's error buffer.
+partial sums of column ``i`` are accumulated in a small memory (``gacc``, read at S1 through a
+register, added and written at S3) and finalised in the last group:
+``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac − gin.frac), gin)`` (rounded and clamped at S4,
+from the sum registered at S3), sent serially ``i = 0..N−1`` to the previous stage's error
+buffer.
 
 Products are registered without enables (S2 → S3): S3 reads them exactly one cycle after a valid
 S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
@@ -256,7 +257,7 @@ class InputGradient(wiring.Component):
 
     Members
     -------
-    slots: ``In(pipeline.subset(S2+P, S3+P; bwd))``.
+    slots: ``In(pipeline.subset(S1+P, S2+P, S3+P; bwd))`` (S1+P: ``gacc``'s read address).
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
     gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4+P of the
@@ -291,7 +292,7 @@ class InputGradient(wiring.Component):
         self.P = P = operand_registers
         super().__init__(
             {
-                "slots": In(pipeline.subset(stages=(2 + P, 3 + P), flags=("bwd",))),
+                "slots": In(pipeline.subset(stages=(1 + P, 2 + P, 3 + P), flags=("bwd",))),
                 "weights": In(LaneWeightsSignature(lanes, what_bits, w_format.bits)),
                 "delta": In(DeltaSignature(lanes, d_format.bits)),
                 "gin": Out(ValidSignature(signed(gin_format.bits))),
@@ -351,13 +352,20 @@ class InputGradient(wiring.Component):
                 live3.eq(s2.valid & sp.bwd & (c2 != N)),
             ]
         if G > 1:
-            # the partial sum of column i is read at S2 and arrives at S3, where it is added
-            # (no pipeline copies); the write of the same column is a whole row later
+            # the partial sum of column i is read at S1 (address), leaves the memory at S2 and
+            # is registered once more (no enable: the slot pipeline is lockstep), arriving at S3,
+            # where it is added (no pipeline copies). The write of the same column is a whole
+            # row (N ≥ 4 slots) later than its read, so the read one stage earlier still sees
+            # the previous group's sum. *Derived*, timing only: -wide 6×3,22,2 on the ULX3S had
+            # gacc in block RAM, whose DP16KD output (no output register) → the adder's carry
+            # chain → gin was the critical path, 14.7 ns at 68.0 MHz (docs/boards.md §4.2).
             m.submodules.gacc = am = Memory(shape=signed(self.acc_bits), depth=N, init=[])
             ard, awr = am.read_port(), am.write_port()
+            gprev3 = Signal(signed(self.acc_bits), name="gprev3")
+            m.d.sync += gprev3.eq(ard.data)
             m.d.comb += [
-                ard.addr.eq(s2.payload.col),
-                gnew.eq(Mux(first3, h if offset else 0, ard.data) + gsum),
+                ard.addr.eq(slot_at(sp, 1 + P).payload.col),
+                gnew.eq(Mux(first3, h if offset else 0, gprev3) + gsum),
                 awr.en.eq(live3),
                 awr.addr.eq(col3),
                 awr.data.eq(gnew),
