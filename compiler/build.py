@@ -1409,8 +1409,15 @@ def _loss_unit(
     slack."""
     fl, fe, fr = EXP_LUT_FRAC, 15, 16
     R = 1 if operand_registers and kind != "mse" else 0
-    P, k, Q = loss_parallelism(kind, classes, z_lanes, fr, slack, R, parallel_out, fastest)
     size = 16 << fl  # covers e^0 … e^−16
+    fam = family or RAM_FAMILIES["bram18"]
+
+    def rom_in_logic(p: int) -> bool:
+        return memory_kind(size, fe + 1, p, 0, fam) == "logic"
+
+    P, k, Q = loss_parallelism(
+        kind, classes, z_lanes, fr, slack, R, parallel_out, fastest, rom_in_logic=rom_in_logic
+    )
     lut = tuple(int(round(math.exp(-k / 2**fl) * 2**fe)) for k in range(size))
     if z.frac <= fl:
         ints = z.bits - 1 - z.frac

@@ -25,6 +25,8 @@ stage" heuristic, as for the stages' lanes (``compiler/lanes.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = ["DIV_BITS_MAX", "loss_cycles", "loss_parallelism", "max_tree_levels"]
 
 #: Most quotient bits per cycle the divider chains: two compare-subtract steps of ~20 bits
@@ -63,15 +65,15 @@ def loss_cycles(
     classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``Q`` = ``out_lanes``,
     ``fr`` = ``recip_frac``,
     ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes),
-    + ``R + 2`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
+    + ``R + 3`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
     and ``r`` through R registers and their product through one more before ``p``'s, and the
-    exp LUT's entries registered before their sum into E); MSE
+    exp LUT's index registered before the ROM and its entries before their sum into E); MSE
     ``C + 3`` (one phase; P, k and the lanes unused). ``exp_frac`` does not change the count
     (kept for callers)."""
     if kind == "mse":
         return classes + 3
     T = max_tree_levels(z_lanes)
-    R = operand_registers + 2 if operand_registers else 0
+    R = operand_registers + 3 if operand_registers else 0
     out = -(-classes // out_lanes)
     return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + out + 5 + T + R
 
@@ -85,6 +87,7 @@ def loss_parallelism(
     operand_registers: int = 0,
     parallel_out: bool = False,
     fastest: bool = False,
+    rom_in_logic: Callable[[int], bool] | None = None,
 ) -> tuple[int, int, int]:
     """``(exp_lanes, div_bits, out_lanes)`` of a loss unit: the cheapest pair ``(P, k)`` (cost
     P + k: one exp lane or one divider step each adds one compare/subtract datapath, derived)
@@ -100,7 +103,14 @@ def loss_parallelism(
     then the fastest triple (Q > 1 where ``parallel_out`` allows it), the loss unit setting a
     shorter tick. ``slack`` None, or an MSE loss: ``(1, 1, 1)``. P
     runs over the divisors of ``z_lanes``, k over 1..:data:`DIV_BITS_MAX`, Q over the
-    divisors of P."""
+    divisors of P.
+
+    ``rom_in_logic(P)``: the exp ROM with P read ports maps to logic, not block RAM (Yosys'
+    cost rule, ``build.memory_kind``); such a P is taken only where no setting with the ROM in
+    block RAM fits, out lanes included: mlp-digits 32,10 on the ULX3S fits its 33 slack cycles
+    at (10, 2, 1) with a 10-port ROM in logic (≈ 5,900 LUT4 more and 72.5 MHz when built;
+    docs/boards.md §4.2) or at (5, 2, 2) with the 5-port ROM in 3 DP16KD and 2 more DSP
+    blocks — *derived*: 2 of 156 DSP blocks against 7 % of the LUTs."""
     if kind == "mse" or slack is None:
         return 1, 1, 1
     triples = [
@@ -122,12 +132,16 @@ def loss_parallelism(
         return (sum(pkq), cycles(pkq), pkq)
 
     serial = [t for t in triples if t[2] == 1]
-    fits = [t for t in serial if cycles(t) <= slack]
-    if fits:
-        return min(fits, key=cost)
-    fits = [t for t in triples if cycles(t) <= slack]
-    if fits:
-        return min(fits, key=cost)
+    rom_ok = [t for t in triples if rom_in_logic is None or not rom_in_logic(t[0])]
+    for pool in (
+        [t for t in serial if t in rom_ok],
+        rom_ok,  # out lanes before an exp ROM in logic
+        serial,
+        triples,
+    ):
+        fits = [t for t in pool if cycles(t) <= slack]
+        if fits:
+            return min(fits, key=cost)
     if fastest:
         return min(triples, key=lambda t: (cycles(t), sum(t), t))
     return min(serial, key=lambda t: (cycles(t), sum(t), t))

@@ -60,7 +60,7 @@ def loss_unit_cycles(
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + ⌈log2 z_lanes⌉`` (+ R + 2 with R =
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + ⌈log2 z_lanes⌉`` (+ R + 3 with R =
     ``operand_registers`` ≥ 1; Q = ``out_lanes``), MSE ``C + 3``."""
     return loss_cycles(
         kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers, out_lanes
@@ -249,10 +249,10 @@ class LossUnit(wiring.Component):
 
         # exp phase: P logits of ebuf word j1 (a slice of a zbuf word) at S1, t and the LUT
         # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0), summed into E
-        # and written to ebuf at S2 — at S3 with operand registers (X = 1; timing, *derived*):
-        # a ROM in block RAM has its entries registered after the block (the mlp-digits
+        # and written to ebuf at S2 — at S4 with operand registers (X = 2; timing, *derived*):
+        # the index registered before the ROM and the entries after it (the mlp-digits
         # critical path at 80.6 MHz was the DP16KD's output, 5.8 ns, → the padding mux → the
-        # 5-lane sum → E, 12.4 ns), a ROM in logic its index registered before it (at 72.5 MHz:
+        # 5-lane sum → E, 12.4 ns; and at 72.5 MHz with the ROM in logic:
         # zbuf → zmax − z → rhu → the clamp → a 10-port ROM's 5 LUT levels, 13.8 ns;
         # docs/boards.md §4.2)
         zs = c.zr.data.word_select(c.s1, P * fz.bits) if self.zl > P else c.zr.data
@@ -260,22 +260,29 @@ class LossUnit(wiring.Component):
         v2 = Signal()
         j2 = Signal.like(c.j0)
         m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
-        X = 1 if lp.operand_registers else 0
-        rom_in_logic = any(mm.name == "lut" and mm.kind == "logic" for mm in lp.memories)
+        # With operand registers the index is registered before the ROM and its entries after
+        # it, in block RAM or in logic (two cycles; the mlp-digits 32,10 critical path at
+        # 86.2 MHz, with only the entries registered: s1 → zmax_h − z → the clamp → the exp
+        # ROM's DP16KD address, 11.6 ns with 7.8 ns of routing to the ROM's blocks;
+        # docs/boards.md §4.2)
+        X = 2 if lp.operand_registers else 0
+        chain = [v2]  # v2 through the X registers: the entries' valid, one per cycle
         ves, jes, entries = v2, j2, []
-        if X:
-            ves, jes = Signal(name="v_e3"), Signal.like(j2, name="j_e3")
-            m.d.sync += [ves.eq(v2), jes.eq(j2)]
+        for k in range(X):
+            v_k, j_k = Signal(name=f"v_e{3 + k}"), Signal.like(j2, name=f"j_e{3 + k}")
+            m.d.sync += [v_k.eq(ves), j_k.eq(jes)]
+            ves, jes = v_k, j_k
+            chain.append(ves)
         for lane, lr in enumerate(lrs):
             z1 = zs.word_select(lane, fz.bits).as_signed() if P > 1 else zs.as_signed()
             idx = rhu_offset_shift(c.zmax_h - z1, fz.frac - fl)  # = rhu(zmax − z1, ·)
             addr = Mux(idx > K - 1, K - 1, idx)
-            if X and rom_in_logic:
+            if X:
                 addr1 = Signal(range(K), name=f"e_idx{lane}")
                 m.d.sync += addr1.eq(addr)
                 addr = addr1
             m.d.comb += lr.addr.eq(addr)
-            if X and not rom_in_logic:
+            if X:
                 e3 = Signal.like(lr.data, name=f"e_lut{lane}")
                 m.d.sync += e3.eq(lr.data)
                 entries.append(e3)
@@ -286,7 +293,8 @@ class LossUnit(wiring.Component):
         m.d.comb += [ew.en.eq(ves), ew.addr.eq(jes), ew.data.eq(Cat(*es))]
         with m.If(ves):
             m.d.sync += E.eq(Mux(jes == 0, 0, E) + tree_sum(es))
-        exp_last = ~v2 & ves if X else v2  # the last entries summed into E this cycle
+        # the last entries summed into E this cycle
+        exp_last = ves & ~chain[-2] if X else v2
 
         # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
         div = _Divider(E, fe, fr, lp.div_bits)
