@@ -638,8 +638,8 @@ def test_auto_formats_for_a_custom_module():
 def test_loss_out_lanes_only_where_one_error_a_cycle_sets_the_tick():
     """``loss_parallelism``: Q > 1 out lanes (two DSP blocks each) only when no ``(P, k)`` with
     one error a cycle fits the slack — C = 10 logits in one word of 10, fr = 16, R = 1:
-    (10, 2) serial takes ⌈10/10⌉ + ⌈17/2⌉ + 10 + 5 + 4 + 3 = 32 cycles; at slack 25 the
-    cheapest fitting triple is (5, 2, 5): 2 + 9 + 2 + 12 = 25 ((10, 2, 10), 23, costs more);
+    (10, 2) serial takes ⌈10/10⌉ + ⌈17/2⌉ + 10 + 5 + 4 + 4 = 33 cycles; at slack 26 the
+    cheapest fitting triple is (5, 2, 5): 2 + 9 + 2 + 13 = 26 ((10, 2, 10), 24, costs more);
     with nothing fitting, the fastest serial pair (out lanes only where they take the loss off
     the tick); a feeder that takes one error a write never gets Q > 1. The plan's round trip
     rejects a feeder whose ``error_beat`` disagrees with ``out_lanes``."""
@@ -651,13 +651,25 @@ def test_loss_out_lanes_only_where_one_error_a_cycle_sets_the_tick():
     def lp(slack: int, words: bool = True) -> tuple[int, int, int]:
         return loss_parallelism("cross_entropy", 10, 10, 16, slack, 1, words)
 
-    assert lp(32) == (10, 2, 1)
-    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1) == 32
-    assert lp(25) == (5, 2, 5)
-    assert loss_cycles("cross_entropy", 10, 15, 16, 5, 2, 10, 1, out_lanes=5) == 25
-    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1, out_lanes=10) == 23
-    assert lp(23) == (10, 2, 10)
-    assert lp(22) == lp(25, words=False) == lp(10, words=False) == (10, 2, 1)
+    assert lp(33) == (10, 2, 1)
+    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1) == 33
+    assert lp(26) == (5, 2, 5)
+    assert loss_cycles("cross_entropy", 10, 15, 16, 5, 2, 10, 1, out_lanes=5) == 26
+    assert loss_cycles("cross_entropy", 10, 15, 16, 10, 2, 10, 1, out_lanes=10) == 24
+    assert lp(24) == (10, 2, 10)
+    assert lp(23) == lp(26, words=False) == lp(10, words=False) == (10, 2, 1)
+
+    # an exp ROM with P read ports in logic is taken only where nothing with it in block RAM
+    # fits, out lanes included: at slack 33, (10, 2, 1)'s 10-port ROM in logic loses to
+    # (2, 2, 2) (5 + 9 + 5 + 13 = 32) with its 2-port ROM in one block; where no P ≤ 2 fits,
+    # the cheapest fitting triple of all, as without the rule
+    def lp_rom(slack: int) -> tuple[int, int, int]:
+        return loss_parallelism(
+            "cross_entropy", 10, 10, 16, slack, 1, True, rom_in_logic=lambda p: p > 2
+        )
+
+    assert lp_rom(33) == (2, 2, 2) and lp_rom(32) == (2, 2, 2)
+    assert lp_rom(26) == lp(26) == (5, 2, 5) and lp_rom(24) == lp(24) == (10, 2, 10)
     ir = NetworkIR("q", 10, (LayerIR("0", 10, 6, "relu"), LayerIR("2", 6, 10)), "cross_entropy")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
