@@ -77,6 +77,15 @@ class ErrorBuffer(wiring.Component):
         then lands one cycle after ``g`` arrives instead of with it, and the ``sbuf`` write
         two instead of one (three on the ECP5, where ``c·g`` is a MULT18X18D with its input
         register after ``g``'s fabric one).
+    operand_register: (``at_write`` without ``register_write``: the writer's ``g`` is a
+        register output, the loss unit's) ``c·g`` takes one operand register before its
+        product register (:func:`~pipetrain.hdl.dsp.registered_product` with one register: on
+        the ECP5 the MULT18X18D's input register, elsewhere a fabric one — the same cycles), so
+        the ``sbuf`` write lands two cycles after ``g`` instead of one: timing, *derived* —
+        mlp-digits 32,10 on the ULX3S had the loss-fed buffer's ``g`` register → 4.3 ns of
+        routing → the block without registers → 3.3 ns → ``c·g``'s register as its critical
+        path, 12.1 ns at 82.5 MHz (docs/boards.md §4.2). The stage sets it with operand
+        registers (``Stage.operand_registers``, the ECP5 board plans).
     delta_out: build ``gbuf`` and give δ (False: with ``at_write``, when nothing reads δ —
         a stage without an input gradient whose every learning-rate product takes a scaled
         error, ``Stage.reads_delta``; ``delta`` is then 0).
@@ -104,12 +113,14 @@ class ErrorBuffer(wiring.Component):
     The write of ``gbuf`` lands with its ``g``, one cycle after it with ``register_write`` and
     ``at_write``;
     the write of ``sbuf`` one cycle after its ``g`` (``c·g`` registered, then rounded),
-    two with ``register_write`` (three on the ECP5): an input gradient's last value leaves at
+    two with ``operand_register``, two with ``register_write`` (three on the ECP5): an input
+    gradient's last value leaves at
     S4 of the second-to-last slot of a pass, at least 3 cycles before the pass ends (that
     slot + 1 + 2 + ``write_stage``), and the reading pass reads it at S0 of its first slot,
     after the tick's ``TICK_OVERHEAD`` control cycles and its start pulse, so the three cycles
-    land in time; the loss unit's δ (a register: one cycle) ends
-    ``TICK_OVERHEAD`` cycles before the tick. The read never sees a half-written word
+    land in time; the loss unit's δ (a register) ends ``TICK_OVERHEAD`` cycles before the
+    tick, so its two cycles land in time (``tests/test_rtl_short_tick.py``: a loss unit that
+    ends on the tick, with operand registers, bit-exact). The read never sees a half-written word
     (*derived*; the RTL-vs-golden tests cover both schedules, one row group included).
 
     Raises ValueError unless ``(G−1)·L < M ≤ G·L`` and B divides L, or for ``at_write`` with
@@ -131,6 +142,7 @@ class ErrorBuffer(wiring.Component):
         delta_out: bool = True,
         register_write: bool = False,
         beat: int = 1,
+        operand_register: bool = False,
     ) -> None:
         G = pipeline.row_groups
         if not (G - 1) * lanes < out_features <= G * lanes:
@@ -150,6 +162,7 @@ class ErrorBuffer(wiring.Component):
                 "and gives no early δ can leave δ out"
             )
         self.delta_out, self.register_write = delta_out, register_write
+        self.operand_register = bool(operand_register and self.at_write and not register_write)
         self.pipeline, self.L, self.M, self.fd, self.act = (
             pipeline,
             lanes,
@@ -319,9 +332,12 @@ class ErrorBuffer(wiring.Component):
         # (docs/boards.md §4.2)
         consts = [Const(c) for c, _, _ in self.scales]
         dsp = self.register_write and all(in_dsp(platform, 1, g, c) for c in consts)
-        if dsp:  # g's fabric register before the block's: with the block's input register
-            # alone the path was stage 3's gsum4 → its rounding and clamp → 4.1 ns of routing →
-            # stage 2's MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz)
+        # g's fabric register before the block's: with the block's input register alone the
+        # path was stage 3's gsum4 → its rounding and clamp → 4.1 ns of routing → stage 2's
+        # MULT18X18D, 11.6 ns (-deep 16,8,8,4, 86.0 MHz); a loss-fed g (operand_register) is
+        # a register already and goes straight into the operand register, on any platform
+        dsp = dsp or self.operand_register
+        if dsp:
             valid, addr, lane_w = registered((valid, addr, lane_w), "x")
         valid1, addr1, lane1 = registered((valid, addr, lane_w), "p")
         B = self.beat

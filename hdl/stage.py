@@ -254,6 +254,7 @@ class StageUnit(wiring.Component):
                 delta_out=st.reads_delta,
                 register_write=bool(stage_graph(plan).senders(st.index - 1, self.main)),
                 beat=st.error_beat or 1,
+                operand_register=bool(opr),
             ),
             "update": UpdateUnit(
                 pipe,
