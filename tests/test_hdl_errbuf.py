@@ -51,32 +51,45 @@ def _derivative(act: str, positive: bool, g: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "act,M,L,at_write,delta_out,reg,B",
+    "act,M,L,at_write,delta_out,reg,B,opr",
     [
-        ("relu", 5, 2, False, True, False, 1),
-        ("leaky_relu", 7, 3, False, True, False, 1),
-        ("identity", 4, 4, False, True, False, 1),
-        ("leaky_relu", 3, 1, False, True, False, 1),
+        ("relu", 5, 2, False, True, False, 1, False),
+        ("leaky_relu", 7, 3, False, True, False, 1, False),
+        ("identity", 4, 4, False, True, False, 1, False),
+        ("leaky_relu", 3, 1, False, True, False, 1, False),
         # the scaled errors rhu(c·g, k) formed at the write (sbuf), gated by the mask at S1
-        ("relu", 5, 2, True, True, False, 1),
-        ("identity", 4, 4, True, True, True, 1),
-        ("relu", 3, 3, True, False, False, 1),  # one row group (read at once), no gbuf: δ is 0
-        ("relu", 7, 3, True, False, True, 1),  # g registered before c·g
+        ("relu", 5, 2, True, True, False, 1, False),
+        ("identity", 4, 4, True, True, True, 1, False),
+        (
+            "relu",
+            3,
+            3,
+            True,
+            False,
+            False,
+            1,
+            False,
+        ),  # one row group (read at once), no gbuf: δ is 0
+        ("relu", 7, 3, True, False, True, 1, False),  # g registered before c·g
         # B errors a write (a loss unit's out_lanes): 2 + 2 | 2 (the last a padding row), and
         # one row group of 6 in two writes of 3, scaled at the write (B multipliers a scale)
-        ("relu", 5, 4, True, True, False, 2),
-        ("identity", 6, 6, True, True, False, 3),
-        ("leaky_relu", 5, 4, False, True, False, 4),
+        ("relu", 5, 4, True, True, False, 2, False),
+        ("identity", 6, 6, True, True, False, 3, False),
+        ("leaky_relu", 5, 4, False, True, False, 4, False),
+        # a loss-fed buffer with operand registers: c·g through one operand register (the
+        # sbuf write two cycles after g), one error and two a write
+        ("relu", 5, 2, True, True, False, 1, True),
+        ("relu", 5, 4, True, False, False, 2, True),
     ],
 )
 def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
-    act, M, L, at_write, delta_out, reg, B
+    act, M, L, at_write, delta_out, reg, B, opr
 ):
     """δ and the scaled errors of every slot, with the next sample's errors written during the
     pass (``B`` a write; random values in the padding rows of the last write must not show);
     the buffer's contract: a half is read from two cycles after its last error's write,
-    three with ``register_write`` (the scaled errors' write lands one cycle after ``g``'s, two
-    with ``register_write``)."""
+    three with ``register_write`` or ``operand_register`` (the scaled errors' write lands one
+    cycle after ``g``'s, two with either)."""
     G = -(-M // L)
     N = 3
     rng = random.Random(M * 10 + L + 100 * at_write)
@@ -85,6 +98,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
     dut = ErrorBuffer(
         pipe, lanes=L, out_features=M, d_format=FD, activation=activation, scales=SCALES,
         at_write=at_write, delta_out=delta_out, register_write=reg, beat=B,
+        operand_register=opr,
     )  # fmt: skip
     beats = -(-M // B)  # writes a sample: M errors, padding rows up to a multiple of B
     errors = [
@@ -108,7 +122,7 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
             ctx.set(dut.write.payload, g)
             await ctx.tick()
             ctx.set(dut.write.valid, 0)
-        for _ in range(1 + reg):
+        for _ in range(1 + (reg or opr)):
             await ctx.tick()
         # tick t reads half t % 2 and fills the other one with sample t + 1
         for t in range(3):
@@ -142,7 +156,9 @@ def test_error_buffer_delta_is_the_derivative_of_the_stored_error(
                 ctx.set(dut.write.payload, todo.pop(0))
                 await ctx.tick()
             ctx.set(dut.write.valid, 0)
-            for _ in range(1 + reg):  # the next pass: two cycles after the last write (three)
+            for _ in range(
+                1 + (reg or opr)
+            ):  # the next pass: two cycles after the last write (three)
                 await ctx.tick()
             results.append((t, bwd, masks, seen))
 
