@@ -14,7 +14,11 @@ partial sums of column ``i`` are accumulated in a small memory (``gacc``, read a
 register, added and written at S3) and finalised in the last group:
 ``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac − gin.frac), gin)`` (rounded and clamped at S4,
 from the sum registered at S3), sent serially ``i = 0..N−1`` to the previous stage's error
-buffer.
+buffer. With operand registers and more than :data:`TREE_SPLIT_LANES` lanes (:func:`split`)
+the tree is registered half-way, ⌈levels/2⌉ levels into partial-sum registers, and every step
+after it is one stage later (``gacc`` read one stage later too, ``gin`` at S5+P, still before
+the write stage 4 + 2P, so no pass gets longer). *Derived*, timing only: -wide 10×2,22,2's
+22-lane tree was its critical path on the ULX3S (docs/boards.md §4.2).
 
 Products are registered without enables (S2 → S3): S3 reads them exactly one cycle after a valid
 S2, and without an enable Yosys can absorb them into the DSP blocks' output registers (iCE40
@@ -51,7 +55,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
-from .arith import rhu, rhu_offset, rhu_offset_shift, sat, tree_sum, wire
+from .arith import delayed, rhu, rhu_offset, rhu_offset_shift, sat, tree_sum, wire
 from .dsp import registered_product
 from .streams import (
     DeltaSignature,
@@ -64,7 +68,22 @@ from .streams import (
     word_layout,
 )
 
-__all__ = ["ForwardLanes", "InputGradient"]
+__all__ = ["TREE_SPLIT_LANES", "ForwardLanes", "InputGradient", "split"]
+
+#: The most lanes whose input-gradient sum across lanes stays one cycle with operand registers
+#: (:func:`split`): -wide 10×2,22,2 on the ULX3S had stage 2's 22-lane tree (5 carry-chain
+#: levels) after the product registers and before ``gacc``'s write data as its critical path,
+#: 13.6 ns (9.9 ns routing) at 73.8 MHz (docs/boards.md §4.2); no build with at most 16 lanes
+#: (4 levels) has had it critical. *Derived*, timing only.
+TREE_SPLIT_LANES = 16
+
+
+def split(lanes: int, operand_registers: int) -> bool:
+    """Whether :class:`InputGradient` registers its sum across ``lanes`` half-way: with operand
+    registers (P ≥ 1: the pass then has the stage to spare — ``gin`` at S5+P ≤ the write stage
+    4 + 2P, so no plan cycle count changes) and more than :data:`TREE_SPLIT_LANES` lanes.
+    Source: *derived* (timing)."""
+    return operand_registers >= 1 and lanes > TREE_SPLIT_LANES
 
 
 class ForwardLanes(wiring.Component):
@@ -253,15 +272,19 @@ class InputGradient(wiring.Component):
     w_format, d_format, gin_format: Q-formats of ``w``, δ and the output ``gin``.
     operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): ``w`` and δ registered P
         times more per lane before the multiplier; the sums and ``gin`` P stages later. With
-        P ≥ 1 the sum register's enable is its own copy of S3+P's valid, from S2+P.
+        P ≥ 1 the sum register's enable is its own copy of S3+P's valid, from S2+P, and with
+        more than :data:`TREE_SPLIT_LANES` lanes the sum across lanes is split (:func:`split`):
+        partial sums registered at S3+P, their sum (and ``gacc``'s) at S4+P, ``gin`` one stage
+        later (S5+P).
 
     Members
     -------
     slots: ``In(pipeline.subset(S1+P, S2+P, S3+P; bwd))`` (S1+P: ``gacc``'s read address).
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
-    gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4+P of the
-        last row group's slots ``i < N`` in backward passes (cannot stall).
+    gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4+P
+        (S5+P when :func:`split`) of the last row group's slots ``i < N`` in backward passes
+        (cannot stall).
     saturated: ``Out(1)`` ``gin`` clamped (one cycle, with ``gin``).
 
     Raises NotImplementedError for fewer than 4 inputs with several row groups (the ``gacc``
@@ -331,40 +354,50 @@ class InputGradient(wiring.Component):
         offset = h and gsh <= self.acc_bits - 2 and (G > 1 or L & (L - 1) != 0)
         if offset and G == 1:
             terms.append(Const(h))
+        X = int(split(L, P))  # one more stage from the sum on (the tree registered half-way)
+        if X:  # ⌈levels/2⌉ levels into registers at S3+P, the rest (and gacc's add) at S4+P
+            k = 1 << -(-(len(terms) - 1).bit_length() // 2)
+            parts = []
+            for n, i in enumerate(range(0, len(terms), k)):
+                part = Signal(signed(self.acc_bits), name=f"gpart_{n}")
+                m.d.sync += part.eq(tree_sum(terms[i : i + k]))
+                parts.append(part)
+            terms = parts
         gsum = tree_sum(terms)
         gnew = Signal(signed(self.acc_bits))
         col3 = s3.payload.col
         first3 = s3.payload.group == 0
         last3 = s3.payload.group == G - 1
         live3 = s3.valid & sp.bwd & (col3 != N)  # a column's sum (not the bias slot's)
+        gsum_en = s3.valid
         if P:  # timing, *derived*: S3+P's controls from their own registers, loaded from S2+P
             # (S3+P is S2+P one cycle later), beside the accumulator: -deep on the ULX3S had
             # stage 3's slot pipeline (its bwd flag and S3+P column, 8.9 ns of routing across
             # the die) → the column compare → gacc's write enable (LUT RAM), 12.2 ns at
-            # 82.0 MHz (docs/boards.md §4.2)
-            first3, last3, live3 = (Signal(name=n) for n in ("gfirst3", "glast3", "glive3"))
-            col3 = Signal.like(s3.payload.col, name="gcol3")
+            # 82.0 MHz (docs/boards.md §4.2); with the split tree one register more each (the
+            # slot pipeline is lockstep: no enables)
             c2, g2 = s2.payload.col, s2.payload.group
-            m.d.sync += [
-                col3.eq(c2),
-                first3.eq(g2 == 0),
-                last3.eq(g2 == G - 1),
-                live3.eq(s2.valid & sp.bwd & (c2 != N)),
-            ]
+            col3 = delayed(m, c2, "gcol3", 1 + X)
+            first3 = delayed(m, g2 == 0, "gfirst3", 1 + X)
+            last3 = delayed(m, g2 == G - 1, "glast3", 1 + X)
+            live3 = delayed(m, s2.valid & sp.bwd & (c2 != N), "glive3", 1 + X)
+            # the sum register's enable: its own copy of S3+P's valid (as ForwardLanes' lanes)
+            gsum_en = delayed(m, s2.valid, "gv3", 1 + X)
         if G > 1:
-            # the partial sum of column i is read at S1 (address), leaves the memory at S2 and
-            # is registered once more (no enable: the slot pipeline is lockstep), arriving at S3,
-            # where it is added (no pipeline copies). The write of the same column is a whole
-            # row (N ≥ 4 slots) later than its read, so the read one stage earlier still sees
-            # the previous group's sum. *Derived*, timing only: -wide 6×3,22,2 on the ULX3S had
-            # gacc in block RAM, whose DP16KD output (no output register) → the adder's carry
-            # chain → gin was the critical path, 14.7 ns at 68.0 MHz (docs/boards.md §4.2).
+            # the partial sum of column i is read at S1 (address; S2 when split), leaves the
+            # memory a stage later and is registered once more (no enable: the slot pipeline is
+            # lockstep), arriving where it is added (no pipeline copies). The write of the same
+            # column is a whole row (N ≥ 4 slots) later than its read, so the read one stage
+            # earlier still sees the previous group's sum. *Derived*, timing only: -wide
+            # 6×3,22,2 on the ULX3S had gacc in block RAM, whose DP16KD output (no output
+            # register) → the adder's carry chain → gin was the critical path, 14.7 ns at
+            # 68.0 MHz (docs/boards.md §4.2).
             m.submodules.gacc = am = Memory(shape=signed(self.acc_bits), depth=N, init=[])
             ard, awr = am.read_port(), am.write_port()
             gprev3 = Signal(signed(self.acc_bits), name="gprev3")
             m.d.sync += gprev3.eq(ard.data)
             m.d.comb += [
-                ard.addr.eq(slot_at(sp, 1 + P).payload.col),
+                ard.addr.eq(slot_at(sp, 1 + P + X).payload.col),
                 gnew.eq(Mux(first3, h if offset else 0, gprev3) + gsum),
                 awr.en.eq(live3),
                 awr.addr.eq(col3),
@@ -377,10 +410,6 @@ class InputGradient(wiring.Component):
         gsum4 = Signal(signed(self.acc_bits))
         gin_live = live3 & last3 if P else s3.valid & sp.bwd & last3 & (col3 != N)
         m.d.sync += gin_en4.eq(gin_live)
-        gsum_en = s3.valid
-        if P:  # its own copy of S3+P's valid, registered from S2+P (as ForwardLanes' lanes)
-            gsum_en = Signal(name="gv3")
-            m.d.sync += gsum_en.eq(s2.valid)
         with m.If(gsum_en):
             m.d.sync += gsum4.eq(gnew)
         rounded = rhu_offset_shift(gsum4, gsh) if offset else rhu(gsum4, gsh)

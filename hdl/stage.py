@@ -364,7 +364,7 @@ class StageUnit(wiring.Component):
             if ig is not None:
                 connect(m, eb.delta, ig.delta)  # S2
                 grads_x.append(ig)
-                connect(m, ig.gin, flipped(getattr(self, f"gin_l{t}")))  # S4
+                connect(m, ig.gin, flipped(getattr(self, f"gin_l{t}")))  # S4+P (S5+P split)
         for k, a in enumerate(addends):
             connect(m, a, getattr(errbuf, f"addend{k}"))
         # data between the parts, in pipeline order
@@ -395,7 +395,7 @@ class StageUnit(wiring.Component):
         connect(m, fwd.y, flipped(self.y))  # S4 (S5+P with operand registers)
         connect(m, fwd.mask_write, stash.mask_write)  # with y
         for g in grads:
-            connect(m, g.gin, flipped(self.gin))  # S4
+            connect(m, g.gin, flipped(self.gin))  # S4+P (S5+P split, hdl/mac.py split)
         connect(m, update.write_back, store.write_back)  # write stage
 
         # clamp flags in a fixed order: z per lane, gin, then (u′, w′) per lane, then the

@@ -17,7 +17,7 @@ import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
 from pipetrain.hdl.activation import activation_of
-from pipetrain.hdl.mac import ForwardLanes, InputGradient
+from pipetrain.hdl.mac import ForwardLanes, InputGradient, split
 from pipetrain.hdl.streams import SlotPipelineSignature
 from pipetrain.sim import fixed
 from tiny_net import tiny
@@ -168,25 +168,40 @@ def test_forward_lanes_equal_the_reference(case, s):
         (dict(operand_registers=1), 1),  # two row groups: gacc read and written one later
         (dict(operand_registers=2), 1),  # and two later
         (dict(mitigation="sc", operand_registers=2), 2),
+        # more than TREE_SPLIT_LANES lanes (L, G): the sum across lanes registered half-way,
+        # gin one stage later; with gacc (G = 2) and without, P = 1 and 2
+        (dict(operand_registers=1, wide=(17, 2)), 1),
+        (dict(operand_registers=2, wide=(22, 2)), 1),
+        (dict(operand_registers=1, wide=(20, 1)), 2),
+        (dict(wide=(22, 2)), 1),  # no operand registers: one cycle, as for fewer lanes
     ],
 )
 def test_input_gradient_equals_the_reference(case, s):
+    case = dict(case)
+    wide = case.pop("wide", None)
     plan, _, _ = tiny(**case)
     st = plan.stages[s]
     f, N, G, L = st.formats, st.in_features, st.row_groups, st.lanes
-    pipe = SlotPipelineSignature(N, G, st.cycles_per_tick, st.write_stage)
+    acc_bits = st.acc_bwd_bits
+    if wide is not None:  # the tiny net's formats, a lane count of a wide stage
+        L, G = wide
+        acc_bits += L.bit_length()  # Σ of L·G products instead of the plan's
+    P = st.operand_registers or 0
+    X = int(split(L, P))
+    assert X == int(wide is not None and P >= 1)
+    pipe = SlotPipelineSignature(N, G, G * (N + 1), st.write_stage)
+    assert 4 + P + X <= st.write_stage  # gin inside the pass
     dut = InputGradient(
         pipe,
         lanes=L,
-        acc_bits=st.acc_bwd_bits,
+        acc_bits=acc_bits,
         w_format=st.mac_w_format,
         d_format=f.d,
         gin_format=f.gin,
         what_bits=st.w_hat_operand_bits,
-        operand_registers=st.operand_registers or 0,
+        operand_registers=P,
     )
-    P = st.operand_registers or 0
-    rng = random.Random(s * 31 + len(case))
+    rng = random.Random(s * 31 + len(case) + L)
     log = []
 
     async def bench(ctx):
@@ -203,7 +218,7 @@ def test_input_gradient_equals_the_reference(case, s):
                         ctx.set(dut.weights.w[k], w[k])
                         ctx.set(dut.delta.delta[k], d[k])
                 if ctx.get(dut.gin.valid):
-                    outs.append((pipe_[4 + P][1], ctx.get(dut.gin.payload)))
+                    outs.append((pipe_[4 + P + X][1], ctx.get(dut.gin.payload)))
                 flags[0] += ctx.get(dut.saturated)
 
             await drive_pass(ctx, dut.slots, pipe, rng=rng, gap=0.35, bwd=bwd, cycle=cycle)

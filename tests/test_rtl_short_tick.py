@@ -12,6 +12,18 @@ from pipetrain.sim.stimulus import plan_samples
 from pipetrain.sim.tb.network import build_network, check_network, run_network
 
 
+def _bit_exact_one_tick_apart(plan, model, x, y: list[int]) -> None:
+    """The network in the RTL simulator: bit-exact with the golden model (results, weights,
+    velocities, counters) and, in the steady state, results exactly one tick apart."""
+    design = build_network(plan)
+    rep = check_network(plan, model, x, y, design=design)
+    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
+    rtl = run_network(design, x, y, init=GoldenModel(plan, model).memories())
+    rc, n, S = rtl.result_cycles, len(y), len(plan.stages)
+    steady = [b - a for a, b in zip(rc[1 : n - 2 * S], rc[2:], strict=False)]
+    assert len(steady) >= n - 2 * S - 1 and set(steady) == {plan.ideal_cycles_per_sample}
+
+
 @pytest.mark.slow
 def test_mlp_digits_at_138_multipliers_runs_at_the_slowest_pass():
     """``mlp-digits --max-multipliers 138`` (lanes 32, 10: 32·3 + 1 + 10·4 + 1 multipliers, the
@@ -30,15 +42,8 @@ def test_mlp_digits_at_138_multipliers_runs_at_the_slowest_pass():
     assert (pass_cycles(s1), pass_cycles(s2)) == (70, 38)
     assert (plan.loss.exp_lanes, plan.loss.div_bits, plan.loss.cycles) == (5, 2, 30)
     assert plan.tick_cycles == plan.ideal_cycles_per_sample == 70 + 2
-    design = build_network(plan)
-    n = 24
-    x, y = plan_samples(plan, n, "digits", 0)
-    rep = check_network(plan, model, x, y.tolist(), design=design)
-    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
-    rtl = run_network(design, x, y.tolist(), init=GoldenModel(plan, model).memories())
-    rc, S = rtl.result_cycles, len(plan.stages)
-    steady = [b - a for a, b in zip(rc[1 : n - 2 * S], rc[2:], strict=False)]
-    assert len(steady) >= n - 2 * S - 1 and set(steady) == {plan.ideal_cycles_per_sample}
+    x, y = plan_samples(plan, 24, "digits", 0)
+    _bit_exact_one_tick_apart(plan, model, x, y.tolist())
 
 
 @pytest.mark.parametrize("operand_registers", [0, 2])
@@ -74,15 +79,48 @@ def test_loss_unit_writing_error_words_is_bit_exact(operand_registers):
     assert plan.tick_cycles == pass_cycles(s1) + 2  # the loss unit is off the tick
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(10, 6), nn.ReLU(), nn.Linear(6, 10))
-    n = 20
     gen = torch.Generator().manual_seed(5)
     fx = s1.formats.x
-    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (n, 10), generator=gen)
-    y = torch.randint(0, 10, (n,), generator=gen).tolist()
-    design = build_network(plan)
-    rep = check_network(plan, model, x, y, design=design)
-    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]
-    rtl = run_network(design, x, y, init=GoldenModel(plan, model).memories())
-    rc, S = rtl.result_cycles, len(plan.stages)
-    steady = [b - a for a, b in zip(rc[1 : n - 2 * S], rc[2:], strict=False)]
-    assert set(steady) == {plan.ideal_cycles_per_sample}
+    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (20, 10), generator=gen)
+    y = torch.randint(0, 10, (20,), generator=gen).tolist()
+    _bit_exact_one_tick_apart(plan, model, x, y)
+
+
+@pytest.mark.parametrize("operand_registers", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_split_input_gradient_lands_before_the_next_tick(operand_registers):
+    """6 → 44 → 18 → 3 at lanes 11, 18, 3: stage 2's input gradient sums 18 lanes, more than
+    ``TREE_SPLIT_LANES``, so with operand registers its tree is registered half-way and gin
+    leaves at S5+P instead of S4+P (hdl/mac.py); stage 2's pass (45 slots) is the tick's
+    longest, so its last gin reaches stage 1's error buffer (4 row groups) at the tightest
+    point of the tick, read at S0 of the next tick's first slot. Simulator: bit-exact with
+    the golden model (results, weights, velocities, counters), results one tick apart."""
+    import warnings
+
+    import torch
+    from pipetrain.compiler.build import TICK_OVERHEAD, FormatSpec, build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.ir import LayerIR, NetworkIR
+    from pipetrain.hdl.mac import split
+    from torch import nn
+
+    layers = (LayerIR("0", 6, 44, "relu"), LayerIR("2", 44, 18, "relu"), LayerIR("4", 18, 3))
+    ir = NetworkIR("q", 6, layers, "cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated formats
+        plan = build_plan(
+            ir, TrainConfig(), FormatSpec.default(3), [11, 18, 3],
+            operand_registers=operand_registers,
+        )  # fmt: skip
+    s1, s2, s3 = plan.stages
+    assert split(s2.lanes, operand_registers) and not split(s3.lanes, operand_registers)
+    assert s1.row_groups == 4 and pass_cycles(s2) == 45 + 5 + 2 * operand_registers
+    assert plan.tick_cycles == pass_cycles(s2) + TICK_OVERHEAD  # stage 2's pass is the tick
+    torch.manual_seed(4)
+    model = nn.Sequential(
+        nn.Linear(6, 44), nn.ReLU(), nn.Linear(44, 18), nn.ReLU(), nn.Linear(18, 3)
+    )
+    gen = torch.Generator().manual_seed(6)
+    fx = s1.formats.x
+    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (16, 6), generator=gen)
+    y = torch.randint(0, 3, (16,), generator=gen).tolist()
+    _bit_exact_one_tick_apart(plan, model, x, y)
