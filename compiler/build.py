@@ -66,6 +66,9 @@ __all__ = [
     "shift_add",
     "pass_cycles",
     "write_stage",
+    "TREE_SPLIT_LANES",
+    "input_gradient_split",
+    "gin_stage",
     "input_gradient_macs",
     "multiplier_operands",
     "stage_products",
@@ -473,6 +476,30 @@ def write_stage(sc: bool, slot_cycles: int, operand_registers: int = 0) -> int:
     from the read, so an even write stage gets one more register (derived)."""
     ws = update_stage(sc, operand_registers) + operand_registers
     return ws + 1 if slot_cycles == 2 and ws % 2 == 0 else ws
+
+
+#: The most lanes whose input-gradient sum across lanes stays one cycle with operand registers
+#: (:func:`input_gradient_split`): -wide 10×2,22,2 on the ULX3S had stage 2's 22-lane tree (5
+#: carry-chain levels) after the product registers and before ``gacc``'s write data as its
+#: critical path, 13.6 ns (9.9 ns routing) at 73.8 MHz; split, 82.5 MHz (docs/boards.md §4.2).
+#: No build with at most 16 lanes (4 levels) has had it critical. *Derived*, timing only.
+TREE_SPLIT_LANES = 16
+
+
+def input_gradient_split(lanes: int, operand_registers: int) -> bool:
+    """Whether ``hdl/mac.py``'s ``InputGradient`` registers its sum across ``lanes`` half-way:
+    with operand registers (P ≥ 1) and more than :data:`TREE_SPLIT_LANES` lanes. Source:
+    *derived* (timing)."""
+    return operand_registers >= 1 and lanes > TREE_SPLIT_LANES
+
+
+def gin_stage(lanes: int, operand_registers: int = 0) -> int:
+    """Pipeline stage at which a stage's input gradient ``gin_i`` leaves ``InputGradient``:
+    S4 + P, one later when :func:`input_gradient_split` — always before the write stage
+    (≥ 4 + 2P with P ≥ 1, 4 without), so the pass is not longer and the error buffer's margin
+    (``hdl/errbuf.py``) is ``write_stage`` − 1 − the split ≥ 3 cycles. Source: *derived*
+    (the pipeline of ``hdl/mac.py``)."""
+    return 4 + operand_registers + int(input_gradient_split(lanes, operand_registers))
 
 
 def pass_cycles(stage: Stage) -> int:

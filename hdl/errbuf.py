@@ -116,9 +116,9 @@ class ErrorBuffer(wiring.Component):
     two with ``operand_register``, two with ``register_write`` (three on the ECP5): an input
     gradient's last value leaves at
     S4+P of the second-to-last slot of a pass (S5+P when its sum across lanes is split,
-    :func:`~pipetrain.hdl.mac.split`; P the operand registers), at least 3 cycles before the
-    pass ends (that slot + 1 + 2 + ``write_stage``, ``write_stage`` ≥ 4 + 2P: 3 + P − the
-    split cycles), and the reading pass reads it at S0 of its first slot,
+    :func:`~pipetrain.compiler.build.gin_stage`; P the operand registers), at least 3
+    cycles before the pass ends (that slot + 1 + 2 + ``write_stage``, ``write_stage`` ≥
+    4 + 2P: 3 + P − the split cycles), and the reading pass reads it at S0 of its first slot,
     after the tick's ``TICK_OVERHEAD`` control cycles and its start pulse, so the three cycles
     land in time; the loss unit's δ (a register) ends ``TICK_OVERHEAD`` cycles before the
     tick, so its two cycles land in time (``tests/test_rtl_short_tick.py``: a loss unit that

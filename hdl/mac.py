@@ -14,7 +14,8 @@ partial sums of column ``i`` are accumulated in a small memory (``gacc``, read a
 register, added and written at S3) and finalised in the last group:
 ``gin_i = sat(rhu(Σ_j w_ji·δ_j, w.frac + d.frac − gin.frac), gin)`` (rounded and clamped at S4,
 from the sum registered at S3), sent serially ``i = 0..N−1`` to the previous stage's error
-buffer. With operand registers and more than :data:`TREE_SPLIT_LANES` lanes (:func:`split`)
+buffer. With operand registers and more than ``TREE_SPLIT_LANES`` lanes
+(:func:`~pipetrain.compiler.build.input_gradient_split`)
 the tree is registered half-way, ⌈levels/2⌉ levels into partial-sum registers, and every step
 after it is one stage later (``gacc`` read one stage later too, ``gin`` at S5+P, still before
 the write stage 4 + 2P, so no pass gets longer). *Derived*, timing only: -wide 10×2,22,2's
@@ -53,6 +54,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..compiler.build import gin_stage
 from ..compiler.plan import QFormat
 from .activation import Activation, LUTActivation
 from .arith import delayed, rhu, rhu_offset, rhu_offset_shift, sat, tree_sum, wire
@@ -68,22 +70,7 @@ from .streams import (
     word_layout,
 )
 
-__all__ = ["TREE_SPLIT_LANES", "ForwardLanes", "InputGradient", "split"]
-
-#: The most lanes whose input-gradient sum across lanes stays one cycle with operand registers
-#: (:func:`split`): -wide 10×2,22,2 on the ULX3S had stage 2's 22-lane tree (5 carry-chain
-#: levels) after the product registers and before ``gacc``'s write data as its critical path,
-#: 13.6 ns (9.9 ns routing) at 73.8 MHz (docs/boards.md §4.2); no build with at most 16 lanes
-#: (4 levels) has had it critical. *Derived*, timing only.
-TREE_SPLIT_LANES = 16
-
-
-def split(lanes: int, operand_registers: int) -> bool:
-    """Whether :class:`InputGradient` registers its sum across ``lanes`` half-way: with operand
-    registers (P ≥ 1: the pass then has the stage to spare — ``gin`` at S5+P ≤ the write stage
-    4 + 2P, so no plan cycle count changes) and more than :data:`TREE_SPLIT_LANES` lanes.
-    Source: *derived* (timing)."""
-    return operand_registers >= 1 and lanes > TREE_SPLIT_LANES
+__all__ = ["ForwardLanes", "InputGradient"]
 
 
 class ForwardLanes(wiring.Component):
@@ -273,7 +260,8 @@ class InputGradient(wiring.Component):
     operand_registers: P = 0, 1 or 2 (``Stage.operand_registers``): ``w`` and δ registered P
         times more per lane before the multiplier; the sums and ``gin`` P stages later. With
         P ≥ 1 the sum register's enable is its own copy of S3+P's valid, from S2+P, and with
-        more than :data:`TREE_SPLIT_LANES` lanes the sum across lanes is split (:func:`split`):
+        more than ``compiler.build.TREE_SPLIT_LANES`` lanes the sum across lanes is split
+        (:func:`~pipetrain.compiler.build.input_gradient_split`):
         partial sums registered at S3+P, their sum (and ``gacc``'s) at S4+P, ``gin`` one stage
         later (S5+P).
 
@@ -283,8 +271,8 @@ class InputGradient(wiring.Component):
     weights: ``In(LaneWeightsSignature(L, what_bits, w.bits))`` ``w`` at S2.
     delta: ``In(DeltaSignature(L, d.bits))`` δ at S2.
     gin: ``Out(ValidSignature(signed(gin.bits)))`` ``gin_i`` in column order, valid at S4+P
-        (S5+P when :func:`split`) of the last row group's slots ``i < N`` in backward passes
-        (cannot stall).
+        (S5+P when split: :func:`~pipetrain.compiler.build.gin_stage`) of the last row
+        group's slots ``i < N`` in backward passes (cannot stall).
     saturated: ``Out(1)`` ``gin`` clamped (one cycle, with ``gin``).
 
     Raises NotImplementedError for fewer than 4 inputs with several row groups (the ``gacc``
@@ -354,7 +342,7 @@ class InputGradient(wiring.Component):
         offset = h and gsh <= self.acc_bits - 2 and (G > 1 or L & (L - 1) != 0)
         if offset and G == 1:
             terms.append(Const(h))
-        X = int(split(L, P))  # one more stage from the sum on (the tree registered half-way)
+        X = gin_stage(L, P) - (4 + P)  # 1: the tree registered half-way, one stage more on
         if X:  # ⌈levels/2⌉ levels into registers at S3+P, the rest (and gacc's add) at S4+P
             k = 1 << -(-(len(terms) - 1).bit_length() // 2)
             parts = []

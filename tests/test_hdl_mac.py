@@ -16,8 +16,9 @@ import random
 import pytest
 from amaranth.sim import Simulator
 from hdl_slots import drive_pass
+from pipetrain.compiler.build import gin_stage, input_gradient_split
 from pipetrain.hdl.activation import activation_of
-from pipetrain.hdl.mac import ForwardLanes, InputGradient, split
+from pipetrain.hdl.mac import ForwardLanes, InputGradient
 from pipetrain.hdl.streams import SlotPipelineSignature
 from pipetrain.sim import fixed
 from tiny_net import tiny
@@ -187,10 +188,10 @@ def test_input_gradient_equals_the_reference(case, s):
         L, G = wide
         acc_bits += L.bit_length()  # Σ of L·G products instead of the plan's
     P = st.operand_registers or 0
-    X = int(split(L, P))
+    X = int(input_gradient_split(L, P))
     assert X == int(wide is not None and P >= 1)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), st.write_stage)
-    assert 4 + P + X <= st.write_stage  # gin inside the pass
+    assert gin_stage(L, P) == 4 + P + X <= st.write_stage  # gin inside the pass
     dut = InputGradient(
         pipe,
         lanes=L,

@@ -97,10 +97,15 @@ def test_split_input_gradient_lands_before_the_next_tick(operand_registers):
     import warnings
 
     import torch
-    from pipetrain.compiler.build import TICK_OVERHEAD, FormatSpec, build_plan
+    from pipetrain.compiler.build import (
+        TICK_OVERHEAD,
+        FormatSpec,
+        build_plan,
+        gin_stage,
+        input_gradient_split,
+    )
     from pipetrain.compiler.config import TrainConfig
     from pipetrain.compiler.ir import LayerIR, NetworkIR
-    from pipetrain.hdl.mac import split
     from torch import nn
 
     layers = (LayerIR("0", 6, 44, "relu"), LayerIR("2", 44, 18, "relu"), LayerIR("4", 18, 3))
@@ -112,7 +117,9 @@ def test_split_input_gradient_lands_before_the_next_tick(operand_registers):
             operand_registers=operand_registers,
         )  # fmt: skip
     s1, s2, s3 = plan.stages
-    assert split(s2.lanes, operand_registers) and not split(s3.lanes, operand_registers)
+    P = operand_registers
+    assert input_gradient_split(s2.lanes, P) and not input_gradient_split(s3.lanes, P)
+    assert gin_stage(s2.lanes, P) == 5 + P < s2.write_stage == 4 + 2 * P
     assert s1.row_groups == 4 and pass_cycles(s2) == 45 + 5 + 2 * operand_registers
     assert plan.tick_cycles == pass_cycles(s2) + TICK_OVERHEAD  # stage 2's pass is the tick
     torch.manual_seed(4)
