@@ -174,11 +174,16 @@ def lanes_for_tick(
             part = max(pass_cycles(st), fed) + TICK_OVERHEAD
             if part <= target_cycles:
                 continue
+            if lanes[k] >= sl.rows:
+                raise unreachable(sl, plan)
             fewer = -(-(part - target_cycles) // st.slot_cycles)  # slots to take off the pass
             L = fewest_lanes(sl.in_features, sl.out_features, st.cycles_per_tick - fewer, sl.conv)
-            if L is None or L <= lanes[k] and lanes[k] >= sl.rows:
-                raise unreachable(sl, plan)
-            lanes[k] = max(L, lanes[k] + 1)
+            # None: not even one lane per row issues that few slots — but the loss unit's
+            # parallelism follows the lanes (a shorter feeding pass leaves it more slack), so
+            # the part counted with this plan's loss unit can overstate it: try one lane per
+            # row (mlp-digits 32,5 on the ULX3S: 74 + 34 cycles asks for 32 slots of stage 2,
+            # one lane per row issues 33, and 32,10 ticks in 76 with its loss unit at 33)
+            lanes[k] = sl.rows if L is None else max(L, lanes[k] + 1)
             changed = True
         if not changed:  # cannot happen: the tick is one of the parts
             break

@@ -65,15 +65,16 @@ def loss_cycles(
     classes, ``P`` = ``exp_lanes``, ``k`` = ``div_bits``, ``Q`` = ``out_lanes``,
     ``fr`` = ``recip_frac``,
     ``T = ⌈log2 z_lanes⌉`` (``z_lanes``: logits per buffer word, the feeding stage's lanes),
-    + ``R + 3`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
-    and ``r`` through R registers and their product through one more before ``p``'s, and the
-    exp LUT's index registered before the ROM and its entries before their sum into E); MSE
+    + ``R + 4`` with ``R`` = ``operand_registers`` ≥ 1 (``LossUnit.operand_registers``: ``e_j``
+    and ``r`` through R registers and their product through one more before ``p``'s, and in
+    the exp phase the logit word's selected slice registered, the LUT's index registered
+    before the ROM and its entries before their sum into E); MSE
     ``C + 3`` (one phase; P, k and the lanes unused). ``exp_frac`` does not change the count
     (kept for callers)."""
     if kind == "mse":
         return classes + 3
     T = max_tree_levels(z_lanes)
-    R = operand_registers + 3 if operand_registers else 0
+    R = operand_registers + 4 if operand_registers else 0
     out = -(-classes // out_lanes)
     return -(-classes // exp_lanes) + -(-(recip_frac + 1) // div_bits) + out + 5 + T + R
 

@@ -60,7 +60,7 @@ def loss_unit_cycles(
 ) -> int:
     """Cycles from the start pulse until ``done`` is high again: the plan's formula
     (:func:`pipetrain.compiler.loss_unit.loss_cycles`): cross-entropy
-    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + ⌈log2 z_lanes⌉`` (+ R + 3 with R =
+    ``⌈C/P⌉ + ⌈(fr+1)/k⌉ + ⌈C/Q⌉ + 5 + ⌈log2 z_lanes⌉`` (+ R + 4 with R =
     ``operand_registers`` ≥ 1; Q = ``out_lanes``), MSE ``C + 3``."""
     return loss_cycles(
         kind, classes, 0, recip_frac, exp_lanes, div_bits, z_lanes, operand_registers, out_lanes
@@ -249,8 +249,8 @@ class LossUnit(wiring.Component):
 
         # exp phase: P logits of ebuf word j1 (a slice of a zbuf word) at S1, t and the LUT
         # index at S1, the LUT entries at S2 (lanes past C are padding: e = 0), summed into E
-        # and written to ebuf at S2 — at S4 with operand registers (X = 2; timing, *derived*):
-        # the index registered before the ROM and the entries after it (the mlp-digits
+        # and written to ebuf at S2 — at S5 with operand registers (X = 3; timing, *derived*):
+        # the slice, the index before the ROM and the entries after it registered (the mlp-digits
         # critical path at 80.6 MHz was the DP16KD's output, 5.8 ns, → the padding mux → the
         # 5-lane sum → E, 12.4 ns; and at 72.5 MHz with the ROM in logic:
         # zbuf → zmax − z → rhu → the clamp → a 10-port ROM's 5 LUT levels, 13.8 ns;
@@ -260,12 +260,18 @@ class LossUnit(wiring.Component):
         v2 = Signal()
         j2 = Signal.like(c.j0)
         m.d.sync += [v2.eq(v_exp), j2.eq(c.j1)]
-        # With operand registers the index is registered before the ROM and its entries after
-        # it, in block RAM or in logic (two cycles; the mlp-digits 32,10 critical path at
-        # 86.2 MHz, with only the entries registered: s1 → zmax_h − z → the clamp → the exp
-        # ROM's DP16KD address, 11.6 ns with 7.8 ns of routing to the ROM's blocks;
-        # docs/boards.md §4.2)
-        X = 2 if lp.operand_registers else 0
+        # With operand registers the selected slice of the logit word is registered, then the
+        # index before the ROM and its entries after it, in block RAM or in logic (three
+        # cycles; the mlp-digits 32,10 critical path at 86.2 MHz, with only the entries
+        # registered: s1 → zmax_h − z → the clamp → the exp ROM's DP16KD address, 11.6 ns with
+        # 7.8 ns of routing to the ROM's blocks; at 88.0 MHz, with the index registered too:
+        # s1's word select → zmax_h − z → rhu → the clamp → e_idx, 11.4 ns with 7.8 ns of
+        # routing; docs/boards.md §4.2)
+        X = 3 if lp.operand_registers else 0
+        if X:
+            z_sel = Signal(len(zs), name="z_sel")
+            m.d.sync += z_sel.eq(zs)
+            zs = z_sel
         chain = [v2]  # v2 through the X registers: the entries' valid, one per cycle
         ves, jes, entries = v2, j2, []
         for k in range(X):

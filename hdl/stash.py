@@ -4,7 +4,8 @@
   ``x`` (``Lw`` = the writer's lanes, 1 for stage 1). Written by the previous stage's forward
   output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
   by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
-  Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2. After a
+  Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2 (with
+  ``word_register``, the read words, the lane and the bias flag are, and the pick follows). After a
   convolution stage (``plane`` = its pooled positions P′) a word holds ``Lw`` channels of one
   position: column ``i = c·P′ + q`` is word ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
   With k column lanes (``Stage.col_lanes``; the host writes the stash, ``Lw`` = 1) ``xstash``
@@ -69,6 +70,12 @@ class InputStash(wiring.Component):
     columns: k, column lanes (``Stage.column_lanes``); with k > 1 the pipeline's N is the last
         slot of a group, ``C − 1``, and ``inputs`` is the stage's N.
     inputs: N, the stage's inputs (default the pipeline's N).
+    word_register: with ``Lw`` > 1, register the read words at S2 and pick the lane (and the
+        bias input) after that register instead of before it (``Stage.operand_registers`` ≥ 1:
+        the operands are then a multiplexer after registers at S2, the same values in every
+        cycle; the -wide 10×2,22,2 ULX3S critical path at 82.5 MHz was stage 2's DP16KD output,
+        5.8 ns, → the 10-lane pick → the operand register, 12.1 ns; docs/boards.md §4.2;
+        *derived*, timing only).
 
     Members
     -------
@@ -104,6 +111,7 @@ class InputStash(wiring.Component):
         plane: int = 1,
         columns: int = 1,
         inputs: int | None = None,
+        word_register: bool = False,
     ) -> None:
         N = pipeline.in_features if inputs is None else inputs
         G = pipeline.row_groups
@@ -124,6 +132,7 @@ class InputStash(wiring.Component):
         self.x_depth, self.m_depth = entries * x_words, entries * G
         self.extra, self.plane = extra, plane
         self.N, self.k = N, columns
+        self.word_register = word_register and x_lanes > 1
         members = {
             "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
             "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
@@ -212,6 +221,17 @@ class InputStash(wiring.Component):
                 return word.as_signed()
             return word.word_select(sel1, fx.bits).as_signed()
 
+        if self.word_register:  # S2: the words, the lane and the bias flag; the pick after
+            xwf2 = Signal.like(xrf.data, name="xwf2")
+            xwb2 = Signal.like(xrb.data, name="xwb2")
+            sel2, bias2 = Signal.like(sel1, name="sel2"), Signal(name="bias2")
+            with m.If(s1.valid):
+                m.d.sync += [xwf2.eq(xrf.data), xwb2.eq(xrb.data), sel2.eq(sel1), bias2.eq(bias1)]
+            m.d.comb += [
+                op.x_fwd.eq(Mux(bias2, bias, xwf2.word_select(sel2, fx.bits).as_signed())),
+                op.x_bwd.eq(Mux(bias2, bias, xwb2.word_select(sel2, fx.bits).as_signed())),
+            ]
+            return
         xf2 = Signal(signed(self.xb), name="xf2")
         xb2 = Signal(signed(self.xb), name="xb2")
         with m.If(s1.valid):

@@ -31,14 +31,24 @@ def _pack(values, bits):
         (4, 1, 4, 2, QFormat(12, 4)),
     ],
 )
-def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx):
+@pytest.mark.parametrize("word_register", [False, True])
+def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, word_register):
+    """``word_register`` (operand registers: the words registered, the lane picked after the
+    register) gives the same operands at S2 as the pick before the register."""
     rng = random.Random(N * 7 + Lw)
     P = 3
     kx = -(-N // Lw)
     xb = x_operand_bits(fx)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
     dut = InputStash(
-        pipe, lanes=L, entries=P, x_lanes=Lw, x_words=kx, x_format=fx, x_operand_bits=xb
+        pipe,
+        lanes=L,
+        entries=P,
+        x_lanes=Lw,
+        x_words=kx,
+        x_format=fx,
+        x_operand_bits=xb,
+        word_register=word_register,
     )
     xs = [[rng.randrange(fx.min_int, fx.max_int + 1) for _ in range(kx * Lw)] for _ in range(P)]
     masks = [[rng.randrange(1 << L) for _ in range(G)] for _ in range(P)]

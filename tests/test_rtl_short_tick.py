@@ -72,7 +72,7 @@ def test_loss_unit_writing_error_words_is_bit_exact(operand_registers):
             ir, TrainConfig(), FormatSpec.default(2), [2, 10], operand_registers=operand_registers
         )
     lu, (s1, s2) = plan.loss, plan.stages
-    R = 4 if operand_registers else 0  # the loss unit's R + 3 with R = 1
+    R = 5 if operand_registers else 0  # the loss unit's R + 4 with R = 1
     assert (lu.exp_lanes, lu.div_bits, lu.out_lanes, lu.cycles) == (5, 2, 5, 22 + R)
     assert s2.error_beat == 5 and s1.error_beat is None
     assert pass_cycles(s1) - pass_cycles(s2) == 26  # the slack; serial (10, 2): 29 + R
