@@ -241,7 +241,7 @@ class StageUnit(wiring.Component):
                 plane=writer_plane(plan, st),
                 columns=k,
                 inputs=st.in_features,
-                word_register=opr > 0,
+                early_read=opr > 0,
             ),
             "errbuf": ErrorBuffer(
                 pipe,

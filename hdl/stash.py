@@ -5,7 +5,7 @@
   output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
   by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
   Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2 (with
-  ``word_register``, the read words, the lane and the bias flag are, and the pick follows). After a
+  ``early_read`` the words are read a cycle ahead and registered at S1, before the pick). After a
   convolution stage (``plane`` = its pooled positions P′) a word holds ``Lw`` channels of one
   position: column ``i = c·P′ + q`` is word ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
   With k column lanes (``Stage.col_lanes``; the host writes the stash, ``Lw`` = 1) ``xstash``
@@ -70,13 +70,16 @@ class InputStash(wiring.Component):
     columns: k, column lanes (``Stage.column_lanes``); with k > 1 the pipeline's N is the last
         slot of a group, ``C − 1``, and ``inputs`` is the stage's N.
     inputs: N, the stage's inputs (default the pipeline's N).
-    word_register: with ``Lw`` > 1, register the read words at S2 and pick the lane (and the
-        bias input) after that register instead of before it (``Stage.operand_registers`` ≥ 1:
-        the operands are then a multiplexer after registers at S2, the same values in every
-        cycle; the -wide 10×2,22,2 ULX3S critical path at 82.5 MHz was stage 2's DP16KD output,
-        5.8 ns, → the 10-lane pick → the operand register, 12.1 ns; docs/boards.md §4.2;
-        *derived*, timing only).
-
+    early_read: with ``Lw`` > 1, read each slot's words a cycle ahead (at the counters' next
+        values, in the cycle before the slot is at S0) and register them at S1, so the lane
+        pick starts from a register, not from the memory's output (``Stage.operand_registers``
+        ≥ 1; the same operands at S2). The bases are the pass's from its start pulse on, and
+        the first slot issues the cycle after it (``SlotSequencer``), so the first early read
+        sees them. *Derived*, timing only: the -wide 10×2,22,2 ULX3S critical path at
+        82.5 MHz was stage 2's DP16KD output, 5.8 ns, → the 10-lane pick → the operand
+        register, 12.1 ns (docs/boards.md §4.2); registering the words at S2 and picking after
+        them instead put the pick between a register and 44 multiplier inputs across the die
+        (81.2 MHz).
     Members
     -------
     write: ``In(ValidSignature(word_layout(x_words, Lw·x.bits)))`` stash write at
@@ -111,7 +114,7 @@ class InputStash(wiring.Component):
         plane: int = 1,
         columns: int = 1,
         inputs: int | None = None,
-        word_register: bool = False,
+        early_read: bool = False,
     ) -> None:
         N = pipeline.in_features if inputs is None else inputs
         G = pipeline.row_groups
@@ -132,7 +135,7 @@ class InputStash(wiring.Component):
         self.x_depth, self.m_depth = entries * x_words, entries * G
         self.extra, self.plane = extra, plane
         self.N, self.k = N, columns
-        self.word_register = word_register and x_lanes > 1
+        self.early_read = early_read and x_lanes > 1
         members = {
             "write": In(ValidSignature(word_layout(x_words, x_lanes * x_format.bits))),
             "bases": In(StashBasesSignature(self.x_depth, self.m_depth)),
@@ -187,28 +190,43 @@ class InputStash(wiring.Component):
             xwp.data.eq(self.write.payload.data),
         ]
 
-        # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column
+        # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column; with
+        # ``early_read`` the counters' next values are formed here (``q0n``: the word of the
+        # next slot at S0) and read a cycle ahead
         q0 = Signal(range(max(self.kx, 2)))
         sel0 = Signal(range(max(Lw, 2)))
         pq = Signal(range(max(self.plane, 2)))  # the position after a convolution writer
+        if self.early_read:
+            q0n, sel0n, pqn = Signal.like(q0, name="q0n"), Signal.like(sel0), Signal.like(pq)
+            m.d.comb += [q0n.eq(q0), sel0n.eq(sel0), pqn.eq(pq)]
+            m.d.sync += [q0.eq(q0n), sel0.eq(sel0n), pq.eq(pqn)]
+            dom, (q, sel, p) = m.d.comb, (q0n, sel0n, pqn)
+        else:
+            dom, (q, sel, p) = m.d.sync, (q0, sel0, pq)
         with m.If(sp.start | (s0.valid & (s0.payload.col == N))):
-            m.d.sync += [q0.eq(0), sel0.eq(0), pq.eq(0)]
+            dom += [q.eq(0), sel.eq(0), p.eq(0)]
         with m.Elif(s0.valid):
             if self.plane > 1:  # positions first, then the word's lanes, then the next word
                 with m.If(pq != self.plane - 1):
-                    m.d.sync += [pq.eq(pq + 1), q0.eq(q0 + 1)]
+                    dom += [p.eq(pq + 1), q.eq(q0 + 1)]
                 with m.Elif(sel0 != Lw - 1):
-                    m.d.sync += [pq.eq(0), sel0.eq(sel0 + 1), q0.eq(q0 - (self.plane - 1))]
+                    dom += [p.eq(0), sel.eq(sel0 + 1), q.eq(q0 - (self.plane - 1))]
                 with m.Else():
-                    m.d.sync += [pq.eq(0), sel0.eq(0), q0.eq(q0 + 1)]
+                    dom += [p.eq(0), sel.eq(0), q.eq(q0 + 1)]
             elif Lw > 1:
                 with m.If(sel0 == Lw - 1):
-                    m.d.sync += [sel0.eq(0), q0.eq(q0 + 1)]
+                    dom += [sel.eq(0), q.eq(q0 + 1)]
                 with m.Else():
-                    m.d.sync += sel0.eq(sel0 + 1)
+                    dom += sel.eq(sel0 + 1)
             else:
-                m.d.sync += q0.eq(q0 + 1)
-        m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
+                dom += q.eq(q0 + 1)
+        xf_word, xb_word = xrf.data, xrb.data
+        if self.early_read:  # the words of S0's slot read in the cycle before, registered at S1
+            m.d.comb += [xrf.addr.eq(b.fwd_x + q0n), xrb.addr.eq(b.bwd_x + q0n)]
+            xf_word, xb_word = Signal.like(xrf.data, name="xwf1"), Signal.like(xrb.data, name="xwb1")
+            m.d.sync += [xf_word.eq(xrf.data), xb_word.eq(xrb.data)]
+        else:
+            m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
 
         # S1: pick the lane, the bias input in column N; registered at S2
         sel1 = Signal.like(sel0)
@@ -221,23 +239,12 @@ class InputStash(wiring.Component):
                 return word.as_signed()
             return word.word_select(sel1, fx.bits).as_signed()
 
-        if self.word_register:  # S2: the words, the lane and the bias flag; the pick after
-            xwf2 = Signal.like(xrf.data, name="xwf2")
-            xwb2 = Signal.like(xrb.data, name="xwb2")
-            sel2, bias2 = Signal.like(sel1, name="sel2"), Signal(name="bias2")
-            with m.If(s1.valid):
-                m.d.sync += [xwf2.eq(xrf.data), xwb2.eq(xrb.data), sel2.eq(sel1), bias2.eq(bias1)]
-            m.d.comb += [
-                op.x_fwd.eq(Mux(bias2, bias, xwf2.word_select(sel2, fx.bits).as_signed())),
-                op.x_bwd.eq(Mux(bias2, bias, xwb2.word_select(sel2, fx.bits).as_signed())),
-            ]
-            return
         xf2 = Signal(signed(self.xb), name="xf2")
         xb2 = Signal(signed(self.xb), name="xb2")
         with m.If(s1.valid):
             m.d.sync += [
-                xf2.eq(Mux(bias1, bias, pick(xrf.data))),
-                xb2.eq(Mux(bias1, bias, pick(xrb.data))),
+                xf2.eq(Mux(bias1, bias, pick(xf_word))),
+                xb2.eq(Mux(bias1, bias, pick(xb_word))),
             ]
         m.d.comb += [op.x_fwd.eq(xf2), op.x_bwd.eq(xb2)]
 

@@ -31,10 +31,11 @@ def _pack(values, bits):
         (4, 1, 4, 2, QFormat(12, 4)),
     ],
 )
-@pytest.mark.parametrize("word_register", [False, True])
-def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, word_register):
-    """``word_register`` (operand registers: the words registered, the lane picked after the
-    register) gives the same operands at S2 as the pick before the register."""
+@pytest.mark.parametrize("early_read", [False, True])
+def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, early_read):
+    """``early_read`` (operand registers: each slot's words read a cycle ahead and registered
+    before the lane pick) gives the same operands at S2; the bases change with the start
+    pulse, as the tick controller's do, so the first early read is the start cycle's."""
     rng = random.Random(N * 7 + Lw)
     P = 3
     kx = -(-N // Lw)
@@ -48,7 +49,7 @@ def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, word_regis
         x_words=kx,
         x_format=fx,
         x_operand_bits=xb,
-        word_register=word_register,
+        early_read=early_read,
     )
     xs = [[rng.randrange(fx.min_int, fx.max_int + 1) for _ in range(kx * Lw)] for _ in range(P)]
     masks = [[rng.randrange(1 << L) for _ in range(G)] for _ in range(P)]
