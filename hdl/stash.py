@@ -223,7 +223,8 @@ class InputStash(wiring.Component):
         xf_word, xb_word = xrf.data, xrb.data
         if self.early_read:  # the words of S0's slot read in the cycle before, registered at S1
             m.d.comb += [xrf.addr.eq(b.fwd_x + q0n), xrb.addr.eq(b.bwd_x + q0n)]
-            xf_word, xb_word = Signal.like(xrf.data, name="xwf1"), Signal.like(xrb.data, name="xwb1")
+            xf_word = Signal.like(xrf.data, name="xwf1")
+            xb_word = Signal.like(xrb.data, name="xwb1")
             m.d.sync += [xf_word.eq(xrf.data), xb_word.eq(xrb.data)]
         else:
             m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
