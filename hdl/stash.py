@@ -5,9 +5,10 @@
   output (or the host) at ``bases.write + word``; read twice per slot — by the forward item and
   by the backward item — at ``base + ⌊i/Lw⌋``, lane ``i mod Lw`` of the word picked at S1.
   Column N is the bias input ``2^x.frac`` instead. The operands are registered at S2 (with
-  ``early_read`` the words are read a cycle ahead and registered at S1, before the pick). After a
-  convolution stage (``plane`` = its pooled positions P′) a word holds ``Lw`` channels of one
-  position: column ``i = c·P′ + q`` is word ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
+  ``early_read`` the words are read a cycle ahead, at addresses formed from registers only, and
+  registered at S1, before the pick). After a convolution stage (``plane`` = its pooled
+  positions P′) a word holds ``Lw`` channels of one position: column ``i = c·P′ + q`` is word
+  ``(c div Lw)·P′ + q``, lane ``c mod Lw``.
   With k column lanes (``Stage.col_lanes``; the host writes the stash, ``Lw`` = 1) ``xstash``
   is k banks ``xstash0 … xstash{k−1}``: word ``w`` lives in bank ``w mod k`` at
   ``base + w div k`` (each bank has the whole entry geometry, so the tick controller's bases
@@ -180,7 +181,7 @@ class InputStash(wiring.Component):
         N = self.pipeline.in_features
         Lw, fx = self.Lw, self.fx
         sp, b, op = self.slots, self.bases, self.operands
-        s0, s1 = slot_at(sp, 0), slot_at(sp, 1)
+        s1 = slot_at(sp, 1)
 
         m.submodules.xstash = xm = Memory(shape=Lw * fx.bits, depth=self.x_depth, init=[])
         xrf, xrb, xwp = xm.read_port(), xm.read_port(), xm.write_port()
@@ -190,44 +191,16 @@ class InputStash(wiring.Component):
             xwp.data.eq(self.write.payload.data),
         ]
 
-        # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column; with
-        # ``early_read`` the counters' next values are formed here (``q0n``: the word of the
-        # next slot at S0) and read a cycle ahead
-        q0 = Signal(range(max(self.kx, 2)))
-        sel0 = Signal(range(max(Lw, 2)))
-        pq = Signal(range(max(self.plane, 2)))  # the position after a convolution writer
+        # S0: word q = ⌊i/Lw⌋ and lane sel = i mod Lw of the issuing column
         if self.early_read:
-            q0n, sel0n, pqn = Signal.like(q0, name="q0n"), Signal.like(sel0), Signal.like(pq)
-            m.d.comb += [q0n.eq(q0), sel0n.eq(sel0), pqn.eq(pq)]
-            m.d.sync += [q0.eq(q0n), sel0.eq(sel0n), pq.eq(pqn)]
-            dom, (q, sel, p) = m.d.comb, (q0n, sel0n, pqn)
+            sel0 = self._early_addresses(m, xrf, xrb)
         else:
-            dom, (q, sel, p) = m.d.sync, (q0, sel0, pq)
-        with m.If(sp.start | (s0.valid & (s0.payload.col == N))):
-            dom += [q.eq(0), sel.eq(0), p.eq(0)]
-        with m.Elif(s0.valid):
-            if self.plane > 1:  # positions first, then the word's lanes, then the next word
-                with m.If(pq != self.plane - 1):
-                    dom += [p.eq(pq + 1), q.eq(q0 + 1)]
-                with m.Elif(sel0 != Lw - 1):
-                    dom += [p.eq(0), sel.eq(sel0 + 1), q.eq(q0 - (self.plane - 1))]
-                with m.Else():
-                    dom += [p.eq(0), sel.eq(0), q.eq(q0 + 1)]
-            elif Lw > 1:
-                with m.If(sel0 == Lw - 1):
-                    dom += [sel.eq(0), q.eq(q0 + 1)]
-                with m.Else():
-                    dom += sel.eq(sel0 + 1)
-            else:
-                dom += q.eq(q0 + 1)
+            sel0 = self._counters(m, xrf, xrb)
         xf_word, xb_word = xrf.data, xrb.data
         if self.early_read:  # the words of S0's slot read in the cycle before, registered at S1
-            m.d.comb += [xrf.addr.eq(b.fwd_x + q0n), xrb.addr.eq(b.bwd_x + q0n)]
             xf_word = Signal.like(xrf.data, name="xwf1")
             xb_word = Signal.like(xrb.data, name="xwb1")
             m.d.sync += [xf_word.eq(xrf.data), xb_word.eq(xrb.data)]
-        else:
-            m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
 
         # S1: pick the lane, the bias input in column N; registered at S2
         sel1 = Signal.like(sel0)
@@ -248,6 +221,90 @@ class InputStash(wiring.Component):
                 xb2.eq(Mux(bias1, bias, pick(xb_word))),
             ]
         m.d.comb += [op.x_fwd.eq(xf2), op.x_bwd.eq(xb2)]
+
+    def _counters(self, m: Module, xrf, xrb) -> Signal:
+        """S0's word ``q0`` and lane ``sel0`` (and position after a convolution writer),
+        stepped by each valid slot; the memories read at ``base + q0``. Returns ``sel0``."""
+        N, Lw, P = self.pipeline.in_features, self.Lw, self.plane
+        sp, b = self.slots, self.bases
+        s0 = slot_at(sp, 0)
+        q0 = Signal(range(max(self.kx, 2)), name="q0")
+        sel0 = Signal(range(max(Lw, 2)), name="sel0")
+        pq = Signal(range(max(P, 2)), name="pq")
+        with m.If(sp.start | (s0.valid & (s0.payload.col == N))):
+            m.d.sync += [q0.eq(0), sel0.eq(0), pq.eq(0)]
+        with m.Elif(s0.valid):
+            if P > 1:  # positions first, then the word's lanes, then the next word
+                with m.If(pq != P - 1):
+                    m.d.sync += [pq.eq(pq + 1), q0.eq(q0 + 1)]
+                with m.Elif(sel0 != Lw - 1):
+                    m.d.sync += [pq.eq(0), sel0.eq(sel0 + 1), q0.eq(q0 - (P - 1))]
+                with m.Else():
+                    m.d.sync += [pq.eq(0), sel0.eq(0), q0.eq(q0 + 1)]
+            elif Lw > 1:
+                with m.If(sel0 == Lw - 1):
+                    m.d.sync += [sel0.eq(0), q0.eq(q0 + 1)]
+                with m.Else():
+                    m.d.sync += sel0.eq(sel0 + 1)
+            else:
+                m.d.sync += q0.eq(q0 + 1)
+        m.d.comb += [xrf.addr.eq(b.fwd_x + q0), xrb.addr.eq(b.bwd_x + q0)]
+        return sel0
+
+    def _early_addresses(self, m: Module, xrf, xrb) -> Signal:
+        """``early_read``: the read addresses of the slot at S0 *next* cycle, formed from
+        registers only — the addresses ``af``/``ab`` of S0's slot (``base + q0``, the base
+        taken at the start pulse and after column N) and flags registered a cycle ahead: S0's
+        slot is column N (``last0``, from a column counter ``c0`` that follows the issue
+        order, ``for g: for i in 0..N``), its lane is the word's last (``wrap0``), its
+        position the plane's last (``pend0``). Returns ``sel0``. *Derived*, timing only: the
+        -wide 10×2,22,2 ULX3S critical path at 89.9 MHz was S0's column → the compare with
+        N → the next word → base + word → the DP16KD address, 11.1 ns (docs/boards.md
+        §4.2)."""
+        N, Lw, P = self.pipeline.in_features, self.Lw, self.plane
+        sp, b = self.slots, self.bases
+        s0 = slot_at(sp, 0)
+        sel0 = Signal(range(max(Lw, 2)), name="sel0")
+        pq = Signal(range(max(P, 2)), name="pq")
+        c0 = Signal(range(N + 1), name="c0")
+        af = Signal(range(self.x_depth), name="af0")
+        ab = Signal(range(self.x_depth), name="ab0")
+        last0, wrap0, pend0 = Signal(name="last0"), Signal(name="wrap0"), Signal(name="pend0")
+        afn, abn = Signal.like(af, name="afn"), Signal.like(ab, name="abn")
+        seln, pqn, c0n = Signal.like(sel0), Signal.like(pq), Signal.like(c0)
+        m.d.comb += [afn.eq(af), abn.eq(ab), seln.eq(sel0), pqn.eq(pq), c0n.eq(c0)]
+
+        def step(d: int) -> list:
+            return [afn.eq(af + d), abn.eq(ab + d)] if d else []
+
+        with m.If(sp.start | (s0.valid & last0)):
+            m.d.comb += [afn.eq(b.fwd_x), abn.eq(b.bwd_x), seln.eq(0), pqn.eq(0), c0n.eq(0)]
+        with m.Elif(s0.valid):
+            m.d.comb += c0n.eq(c0 + 1)
+            if P > 1:  # positions first, then the word's lanes, then the next word
+                with m.If(~pend0):
+                    m.d.comb += [pqn.eq(pq + 1), *step(1)]
+                with m.Elif(~wrap0):
+                    m.d.comb += [pqn.eq(0), seln.eq(sel0 + 1), *step(-(P - 1))]
+                with m.Else():
+                    m.d.comb += [pqn.eq(0), seln.eq(0), *step(1)]
+            else:
+                with m.If(wrap0):
+                    m.d.comb += [seln.eq(0), *step(1)]
+                with m.Else():
+                    m.d.comb += seln.eq(sel0 + 1)
+        m.d.sync += [
+            af.eq(afn),
+            ab.eq(abn),
+            sel0.eq(seln),
+            pq.eq(pqn),
+            c0.eq(c0n),
+            last0.eq(c0n == N),
+            wrap0.eq(seln == Lw - 1),
+            pend0.eq(pqn == P - 1),
+        ]
+        m.d.comb += [xrf.addr.eq(afn), xrb.addr.eq(abn)]
+        return sel0
 
     def _column_operands(self, m: Module) -> None:
         """k banks (module docstring); slot ``t`` of a group reads word ``t`` of every bank,

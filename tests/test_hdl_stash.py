@@ -24,21 +24,25 @@ def _pack(values, bits):
 
 
 @pytest.mark.parametrize(
-    "N,G,L,Lw,fx",
+    "N,G,L,Lw,fx,plane",
     [
-        (5, 2, 3, 1, QFormat(16, 10)),
-        (7, 3, 2, 3, QFormat(8, 7)),  # 3 values a word; the bias 2^7 needs a 9-bit operand
-        (4, 1, 4, 2, QFormat(12, 4)),
+        (5, 2, 3, 1, QFormat(16, 10), 1),
+        (7, 3, 2, 3, QFormat(8, 7), 1),  # 3 values a word; the bias 2^7 needs a 9-bit operand
+        (4, 1, 4, 2, QFormat(12, 4), 1),
+        (12, 2, 2, 2, QFormat(8, 4), 3),  # after a convolution: 4 channels × 3 positions
+        (10, 1, 3, 3, QFormat(8, 4), 2),  # 5 channels × 2 positions, a partly used last word
     ],
 )
 @pytest.mark.parametrize("early_read", [False, True])
-def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, early_read):
+def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, plane, early_read):
     """``early_read`` (operand registers: each slot's words read a cycle ahead and registered
     before the lane pick) gives the same operands at S2; the bases change with the start
-    pulse, as the tick controller's do, so the first early read is the start cycle's."""
-    rng = random.Random(N * 7 + Lw)
+    pulse, as the tick controller's do, so the first early read is the start cycle's. After a
+    convolution writer (``plane`` = P′ positions) column ``c·P′ + q`` is lane ``c mod Lw`` of
+    word ``(c div Lw)·P′ + q``."""
+    rng = random.Random(N * 7 + Lw + plane)
     P = 3
-    kx = -(-N // Lw)
+    kx = -(-N // (plane * Lw)) * plane
     xb = x_operand_bits(fx)
     pipe = SlotPipelineSignature(N, G, G * (N + 1), 4)
     dut = InputStash(
@@ -49,9 +53,22 @@ def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, early_read
         x_words=kx,
         x_format=fx,
         x_operand_bits=xb,
+        plane=plane,
         early_read=early_read,
     )
-    xs = [[rng.randrange(fx.min_int, fx.max_int + 1) for _ in range(kx * Lw)] for _ in range(P)]
+
+    def place(i):  # column i's (word, lane)
+        c, q = divmod(i, plane)
+        return (c // Lw) * plane + q, c % Lw
+
+    xs = [[rng.randrange(fx.min_int, fx.max_int + 1) for _ in range(N)] for _ in range(P)]
+    words = []  # each entry's stash words
+    for e in range(P):
+        lanes = [[0] * Lw for _ in range(kx)]
+        for i in range(N):
+            w, lane = place(i)
+            lanes[w][lane] = xs[e][i]
+        words.append([_pack(v, fx.bits) for v in lanes])
     masks = [[rng.randrange(1 << L) for _ in range(G)] for _ in range(P)]
     bias = 1 << fx.frac
     got = []
@@ -65,7 +82,7 @@ def test_stash_returns_the_stored_operands_and_masks(N, G, L, Lw, fx, early_read
                 await ctx.tick()
             ctx.set(dut.write.valid, 1)
             ctx.set(dut.write.payload.word, q)
-            ctx.set(dut.write.payload.data, _pack(xs[e][q * Lw : (q + 1) * Lw], fx.bits))
+            ctx.set(dut.write.payload.data, words[e][q])
             await ctx.tick()
             ctx.set(dut.write.valid, 0)
         for g in range(G):
