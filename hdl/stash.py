@@ -254,13 +254,14 @@ class InputStash(wiring.Component):
     def _early_addresses(self, m: Module, xrf, xrb) -> Signal:
         """``early_read``: the read addresses of the slot at S0 *next* cycle, formed from
         registers only — the addresses ``af``/``ab`` of S0's slot (``base + q0``, the base
-        taken at the start pulse and after column N) and flags registered a cycle ahead: S0's
+        taken after column N and while idle at column 0) and flags registered a cycle ahead: S0's
         slot is column N (``last0``, from a column counter ``c0`` that follows the issue
         order, ``for g: for i in 0..N``), its lane is the word's last (``wrap0``), its
         position the plane's last (``pend0``). Returns ``sel0``. *Derived*, timing only: the
         -wide 10×2,22,2 ULX3S critical path at 89.9 MHz was S0's column → the compare with
-        N → the next word → base + word → the DP16KD address, 11.1 ns (docs/boards.md
-        §4.2)."""
+        N → the next word → base + word → the DP16KD address, 11.1 ns; with the start
+        pulse as the base select, -deep 16,8,8,4's at 89.3 MHz was the tick controller →
+        ``start`` → that select → the address, 11.2 ns (docs/boards.md §4.2)."""
         N, Lw, P = self.pipeline.in_features, self.Lw, self.plane
         sp, b = self.slots, self.bases
         s0 = slot_at(sp, 0)
@@ -270,6 +271,7 @@ class InputStash(wiring.Component):
         af = Signal(range(self.x_depth), name="af0")
         ab = Signal(range(self.x_depth), name="ab0")
         last0, wrap0, pend0 = Signal(name="last0"), Signal(name="wrap0"), Signal(name="pend0")
+        zero0 = Signal(init=1, name="zero0")
         afn, abn = Signal.like(af, name="afn"), Signal.like(ab, name="abn")
         seln, pqn, c0n = Signal.like(sel0), Signal.like(pq), Signal.like(c0)
         m.d.comb += [afn.eq(af), abn.eq(ab), seln.eq(sel0), pqn.eq(pq), c0n.eq(c0)]
@@ -277,7 +279,10 @@ class InputStash(wiring.Component):
         def step(d: int) -> list:
             return [afn.eq(af + d), abn.eq(ab + d)] if d else []
 
-        with m.If(sp.start | (s0.valid & last0)):
+        # the bases: taken after column N, and while no slot is at S0 with the counters at
+        # zero (between passes: every pass issues whole groups), so the tick's new bases are
+        # in ``afn`` at its start pulse without the pulse itself on the address path
+        with m.If(Mux(s0.valid, last0, zero0)):
             m.d.comb += [afn.eq(b.fwd_x), abn.eq(b.bwd_x), seln.eq(0), pqn.eq(0), c0n.eq(0)]
         with m.Elif(s0.valid):
             m.d.comb += c0n.eq(c0 + 1)
@@ -300,6 +305,7 @@ class InputStash(wiring.Component):
             pq.eq(pqn),
             c0.eq(c0n),
             last0.eq(c0n == N),
+            zero0.eq(c0n == 0),
             wrap0.eq(seln == Lw - 1),
             pend0.eq(pqn == P - 1),
         ]
