@@ -41,6 +41,11 @@ class ResultBuffer(wiring.Component):
     Parameters
     ----------
     depth: results buffered (``LinkParams.result_depth``), ≥ 1.
+    packed: the results back to back, ``RESULT_BYTES`` (11) bytes each, at write and read
+        addresses that step by one and wrap at ``depth · 11`` — 11/16 of the 16-byte slots'
+        memory (an on-chip set's buffer of an epoch's records: 1,437 results in 8 ECP5
+        DP16KD, not 12) for two address counters. *Derived*: the blocks; the default keeps
+        the slot number as the high address bits (no counters: the iCE40 shell's area).
 
     Members
     -------
@@ -55,10 +60,11 @@ class ResultBuffer(wiring.Component):
         results).
     """
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, packed: bool = False) -> None:
         if depth < 1:
             raise ValueError(f"depth must be ≥ 1 result, got {depth}")
         self.depth = depth
+        self.packed = packed
         super().__init__(
             {
                 "i": In(stream.Signature(result_layout())),
@@ -70,10 +76,12 @@ class ResultBuffer(wiring.Component):
     def elaborate(self, platform: Any) -> Module:
         m = Module()
         D, i, o, level = self.depth, self.i, self.o, self.level
-        m.submodules.mem = mem = Memory(shape=8, depth=D * SLOT_BYTES, init=[])
+        size = D * (RESULT_BYTES if self.packed else SLOT_BYTES)
+        m.submodules.mem = mem = Memory(shape=8, depth=size, init=[])
         w, r = mem.write_port(), mem.read_port()
         wslot, rslot = Signal(range(D)), Signal(range(D))
         wb, rb = Signal(4), Signal(4)
+        wa, ra = Signal(range(size), name="wa"), Signal(range(size), name="ra")  # packed
         push = i.valid & i.ready
         raw_ready = Signal()  # the output register takes the byte the memory shows
         raw_take = (level != 0) & raw_ready
@@ -84,11 +92,13 @@ class ResultBuffer(wiring.Component):
         rbytes = Cat(value, Const(0, 8 * RESULT_BYTES - len(value)))
         with m.If(i.valid & (level != D)):
             m.d.comb += [
-                w.addr.eq(Cat(wb, wslot)),
+                w.addr.eq(wa if self.packed else Cat(wb, wslot)),
                 w.data.eq(rbytes.word_select(wb, 8)),
                 w.en.eq(1),
             ]
             m.d.sync += wb.eq(wb + 1)
+            if self.packed:
+                m.d.sync += wa.eq(_wrap_inc(wa, size))
             with m.If(wb == RESULT_BYTES - 1):
                 m.d.comb += i.ready.eq(1)
                 m.d.sync += [wb.eq(0), wslot.eq(_wrap_inc(wslot, D))]
@@ -101,11 +111,15 @@ class ResultBuffer(wiring.Component):
         with m.If(pop):
             m.d.comb += [rb_next.eq(0), rslot_next.eq(_wrap_inc(rslot, D))]
         m.d.sync += [rb.eq(rb_next), rslot.eq(rslot_next)]
+        ra_next = Signal.like(ra)
+        if self.packed:
+            m.d.comb += ra_next.eq(Mux(raw_take, _wrap_inc(ra, size), ra))
+            m.d.sync += ra.eq(ra_next)
         # the memory's output goes straight into the output register
         m.submodules.out = q = SyncFIFOBuffered(width=9, depth=1)
         m.d.comb += [
             raw_ready.eq(q.w_rdy),
-            r.addr.eq(Cat(rb_next, rslot_next)),
+            r.addr.eq(ra_next if self.packed else Cat(rb_next, rslot_next)),
             q.w_en.eq(level != 0),
             q.w_data.eq(Cat(r.data, rb == RESULT_BYTES - 1)),
             o.valid.eq(q.r_rdy),
@@ -153,7 +167,8 @@ class ReadResults(wiring.Component):
         m = Module()
         P = self.params
         D = P.result_depth
-        m.submodules.buffer = buf = ResultBuffer(D)
+        # an on-chip set's buffer holds an epoch's records: packed (its block RAMs, 11/16)
+        m.submodules.buffer = buf = ResultBuffer(D, packed=P.onchip_samples > 0)
         wiring.connect(m, wiring.flipped(self.result_out), buf.i)
         cmd, args, emit, res = self.cmd, self.args, self.emit, buf.o
         left = Signal(8)  # results still to emit

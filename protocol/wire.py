@@ -316,7 +316,9 @@ class LinkParams:
         0..65535 samples).
 
         Defaults: ``max_batch`` = ⌊1024 / R⌋ clamped to 1..8 (a command buffer of ≤ ~1 KiB);
-        ``result_depth`` = the next power of two ≥ max(16, S + 2·max_batch). Raises ValueError
+        ``result_depth`` = the next power of two ≥ max(16, S + 2·max_batch); with an on-chip
+        set max(16, S + 2·max_batch, min(onchip_samples, 4096)) — an epoch's records, no
+        more (each 11 bytes of block RAM, ``ResultBuffer(packed=True)``). Raises ValueError
         when a value is out of range or ``result_depth < S + max_batch`` (the host could then
         be forced to flush, which would change the training schedule), or the input format is
         wider than :data:`MAX_INPUT_BITS`.
@@ -336,9 +338,13 @@ class LinkParams:
         R = 3 + F
         if max_batch is None:
             max_batch = max(1, min(8, 1024 // R))
-        if result_depth is None:  # with an on-chip set: room for one epoch's records (≤ 4096)
-            want = max(S + 2 * max_batch, min(onchip_samples, 4096))
-            result_depth = 1 << max(4, math.ceil(math.log2(want)))
+        if result_depth is None:
+            want = S + 2 * max_batch
+            if onchip_samples:  # room for one epoch's records (≤ 4096), exactly: the buffer
+                # is packed (hdl/link_results.py), its block RAMs follow the depth
+                result_depth = max(16, want, min(onchip_samples, 4096))
+            else:
+                result_depth = 1 << max(4, math.ceil(math.log2(want)))
         if not 1 <= max_batch <= 255 or not 1 <= max_words <= 255:
             raise ValueError(f"max_batch={max_batch}, max_words={max_words} must be in 1..255")
         if result_depth < S + max_batch or result_depth > 0xFFFF:

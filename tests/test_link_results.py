@@ -25,12 +25,14 @@ def result_payload(r: Result) -> dict:
     return {"sample": r.sample, "pred": r.pred, "loss": r.loss, "train": r.train}
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("depth, p_in, p_out", [(4, 0.9, 0.2), (16, 0.3, 0.9), (5, 0.6, 0.6)])
-def test_buffer_bytes_in_order_and_backpressure(depth, p_in, p_out):
+def test_buffer_bytes_in_order_and_backpressure(depth, p_in, p_out, packed):
     """Results in with random gaps, bytes out with random ``ready``: every result's 11 bytes in
     order, ``last`` on the 11th; ``level`` never above ``depth`` and a full buffer takes
-    nothing (a slow reader makes it fill)."""
-    dut = ResultBuffer(depth)
+    nothing (a slow reader makes it fill). 40 results wrap every buffer's addresses (packed:
+    at depth · 11 bytes, not a power of two)."""
+    dut = ResultBuffer(depth, packed=packed)
     rng = random.Random(depth)
     results = random_results(rng, 40)
     got: list[tuple[int, int]] = []

@@ -9,6 +9,7 @@ from pipetrain.compiler.fit import FitError
 from pipetrain.hdl.link_onchip import onchip_memory_bits
 from pipetrain.hdl.shell import board_shell
 from pipetrain.host.flow import compile_design
+from pipetrain.protocol.wire import LinkParams
 
 DIGITS_TRAIN = 1437  # samples of the digits training split
 
@@ -29,6 +30,22 @@ def test_ulx3s_holds_the_digits_training_set_at_the_auto_lanes():
     assert sum(m[1] for m in banks) == DIGITS_TRAIN * 64 and max(m[1] for m in banks) == 1024
     assert mems["labels"][1:3] == (1437, 4)
     assert onchip_memory_bits(r.plan, DIGITS_TRAIN) == DIGITS_TRAIN * (64 * 16 + 4)
+    # an epoch's records, no more, back to back: 1437 × 11 bytes (8 blocks of 2048 × 9, not
+    # the 16 of 2048 16-byte slots)
+    assert LinkParams.from_plan(r.plan, onchip_samples=DIGITS_TRAIN).result_depth == DIGITS_TRAIN
+    (buf,) = [m for m in board_shell(r.plan, DIGITS_TRAIN).memories if "results/buffer" in m[0]]
+    assert buf[1:3] == (DIGITS_TRAIN * 11, 8)
+
+
+def test_ulx3s_holds_the_set_beside_wide_at_its_filled_lanes():
+    """mlp-digits-wide's 10×2,22,2 (440 cycles, 108 DP16KD) and the set: 208 of 208 blocks with
+    the packed result buffer (216 with 2048 16-byte slots: the fit fell back to 3×3,10,1,
+    957 cycles)."""
+    r = compile_design("mlp-digits-wide", board="ulx3s-85f", onchip_samples=DIGITS_TRAIN)
+    plain = compile_design("mlp-digits-wide", board="ulx3s-85f")
+    assert [(s.lanes, s.column_lanes) for s in r.plan.stages] == [(10, 2), (22, 1), (2, 1)]
+    assert r.plan.hash == plain.plan.hash
+    assert r.fit["bram_blocks"] == {"needed": 208, "available": 208}
 
 
 def test_icebreaker_refuses_the_set_and_builds_without_it():
