@@ -493,6 +493,21 @@ def input_gradient_split(lanes: int, operand_registers: int) -> bool:
     return operand_registers >= 1 and lanes > TREE_SPLIT_LANES
 
 
+def early_stash_read(stage: Stage) -> bool:
+    """Whether ``hdl/stash.py`` reads a stage's ``x`` words a cycle ahead (``early_read``):
+    with operand registers (P ≥ 1), ``Lw`` > 1 and the ``xstash`` in block RAM
+    (``MemorySpec.kind`` ``bram``). A DP16KD's output arrives late in the cycle (-wide
+    10×2,22,2 on the ULX3S: stage 2's 5.8 ns, then the 10-lane pick, 12.1 ns at 82.5 MHz;
+    early, 89.9 MHz). A LUT-RAM stash reads combinationally from a registered address, and
+    the early read's next-address logic then hangs off the sequencer's slot valid: -deep
+    16,8,8,4 fell from 95.0 MHz without it to 87.7 with it (stage 3 ``seq.adv`` → the base
+    select → the address → the LUT RAM → the word register, 11.4 ns; docs/boards.md §4.2).
+    Source: *derived*, timing only (no cycle count depends on it)."""
+    P = stage.operand_registers or 0
+    xs = [m for m in stage.memories if m.name == "xstash"]
+    return P >= 1 and stage.x_lanes > 1 and bool(xs) and xs[0].kind == "bram"
+
+
 def gin_stage(lanes: int, operand_registers: int = 0) -> int:
     """Pipeline stage at which a stage's input gradient ``gin_i`` leaves ``InputGradient``:
     S4 + P, one later when :func:`input_gradient_split` — always before the write stage

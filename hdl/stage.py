@@ -51,7 +51,7 @@ from amaranth import Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..compiler.build import forward_stage, momentum_logic
+from ..compiler.build import early_stash_read, forward_stage, momentum_logic
 from ..compiler.plan import Plan, Stage
 from ..compiler.schedule import early_update_streams, main_stream, tick_streams
 from .activation import activation_of
@@ -241,7 +241,7 @@ class StageUnit(wiring.Component):
                 plane=writer_plane(plan, st),
                 columns=k,
                 inputs=st.in_features,
-                early_read=opr > 0,
+                early_read=early_stash_read(st),
             ),
             "errbuf": ErrorBuffer(
                 pipe,

@@ -73,14 +73,15 @@ class InputStash(wiring.Component):
     inputs: N, the stage's inputs (default the pipeline's N).
     early_read: with ``Lw`` > 1, read each slot's words a cycle ahead (at the counters' next
         values, in the cycle before the slot is at S0) and register them at S1, so the lane
-        pick starts from a register, not from the memory's output (``Stage.operand_registers``
-        ≥ 1; the same operands at S2). The bases are the pass's from its start pulse on, and
-        the first slot issues the cycle after it (``SlotSequencer``), so the first early read
-        sees them. *Derived*, timing only: the -wide 10×2,22,2 ULX3S critical path at
-        82.5 MHz was stage 2's DP16KD output, 5.8 ns, → the 10-lane pick → the operand
-        register, 12.1 ns (docs/boards.md §4.2); registering the words at S2 and picking after
-        them instead put the pick between a register and 44 multiplier inputs across the die
-        (81.2 MHz).
+        pick starts from a register, not from the memory's output (the same operands at S2;
+        ``compiler.build.early_stash_read``: with operand registers and a block-RAM stash).
+        The bases are the pass's from its start pulse on, and the first slot issues the cycle
+        after it (``SlotSequencer``), so the first early read sees them. *Derived*, timing
+        only: the -wide 10×2,22,2 ULX3S critical path at 82.5 MHz was stage 2's DP16KD
+        output, 5.8 ns, → the 10-lane pick → the operand register, 12.1 ns (docs/boards.md
+        §4.2); registering the words at S2 and picking after them instead put the pick
+        between a register and 44 multiplier inputs across the die (81.2 MHz).
+
     Members
     -------
     write: ``In(ValidSignature(word_layout(x_words, Lw·x.bits)))`` stash write at

@@ -86,6 +86,41 @@ def test_loss_unit_writing_error_words_is_bit_exact(operand_registers):
     _bit_exact_one_tick_apart(plan, model, x, y)
 
 
+def _plan_6_44_18_3(lanes: list[int], operand_registers: int):
+    """6 → 44 → 18 → 3 (ReLU, cross-entropy) planned at ``lanes`` with uncalibrated default
+    formats."""
+    import warnings
+
+    from pipetrain.compiler.build import FormatSpec, build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.ir import LayerIR, NetworkIR
+
+    layers = (LayerIR("0", 6, 44, "relu"), LayerIR("2", 44, 18, "relu"), LayerIR("4", 18, 3))
+    ir = NetworkIR("q", 6, layers, "cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated formats
+        return build_plan(
+            ir, TrainConfig(), FormatSpec.default(3), lanes, operand_registers=operand_registers
+        )
+
+
+def _bit_exact_6_44_18_3(plan) -> None:
+    """16 random samples through :func:`_plan_6_44_18_3`'s network in RTL: bit-exact with the
+    golden model, results one tick apart."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(4)
+    model = nn.Sequential(
+        nn.Linear(6, 44), nn.ReLU(), nn.Linear(44, 18), nn.ReLU(), nn.Linear(18, 3)
+    )
+    gen = torch.Generator().manual_seed(6)
+    fx = plan.stages[0].formats.x
+    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (16, 6), generator=gen)
+    y = torch.randint(0, 3, (16,), generator=gen).tolist()
+    _bit_exact_one_tick_apart(plan, model, x, y)
+
+
 @pytest.mark.parametrize("operand_registers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_split_input_gradient_lands_before_the_next_tick(operand_registers):
     """6 → 44 → 18 → 3 at lanes 11, 18, 3: stage 2's input gradient sums 18 lanes, more than
@@ -94,40 +129,29 @@ def test_split_input_gradient_lands_before_the_next_tick(operand_registers):
     longest, so its last gin reaches stage 1's error buffer (4 row groups) at the tightest
     point of the tick, read at S0 of the next tick's first slot. Simulator: bit-exact with
     the golden model (results, weights, velocities, counters), results one tick apart."""
-    import warnings
+    from pipetrain.compiler.build import TICK_OVERHEAD, gin_stage, input_gradient_split
 
-    import torch
-    from pipetrain.compiler.build import (
-        TICK_OVERHEAD,
-        FormatSpec,
-        build_plan,
-        gin_stage,
-        input_gradient_split,
-    )
-    from pipetrain.compiler.config import TrainConfig
-    from pipetrain.compiler.ir import LayerIR, NetworkIR
-    from torch import nn
-
-    layers = (LayerIR("0", 6, 44, "relu"), LayerIR("2", 44, 18, "relu"), LayerIR("4", 18, 3))
-    ir = NetworkIR("q", 6, layers, "cross_entropy")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # uncalibrated formats
-        plan = build_plan(
-            ir, TrainConfig(), FormatSpec.default(3), [11, 18, 3],
-            operand_registers=operand_registers,
-        )  # fmt: skip
+    plan = _plan_6_44_18_3([11, 18, 3], operand_registers)
     s1, s2, s3 = plan.stages
     P = operand_registers
     assert input_gradient_split(s2.lanes, P) and not input_gradient_split(s3.lanes, P)
     assert gin_stage(s2.lanes, P) == 5 + P < s2.write_stage == 4 + 2 * P
     assert s1.row_groups == 4 and pass_cycles(s2) == 45 + 5 + 2 * operand_registers
     assert plan.tick_cycles == pass_cycles(s2) + TICK_OVERHEAD  # stage 2's pass is the tick
-    torch.manual_seed(4)
-    model = nn.Sequential(
-        nn.Linear(6, 44), nn.ReLU(), nn.Linear(44, 18), nn.ReLU(), nn.Linear(18, 3)
-    )
-    gen = torch.Generator().manual_seed(6)
-    fx = s1.formats.x
-    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (16, 6), generator=gen)
-    y = torch.randint(0, 3, (16,), generator=gen).tolist()
-    _bit_exact_one_tick_apart(plan, model, x, y)
+    _bit_exact_6_44_18_3(plan)
+
+
+def test_early_stash_read_only_where_the_stash_is_block_ram_is_bit_exact():
+    """``compiler.build.early_stash_read``: at lanes 4,18,3 with operand registers (P = 2)
+    stage 2's ``xstash`` (55 × 64: 11 words of 4 values, 5 entries) is planned in block RAM
+    and read a cycle ahead; stage 3's (3 × 288) is LUT RAM and read at S0 as without operand
+    registers; stage 1's has one value a word. The whole network in RTL is bit-exact with the
+    golden model, results one tick apart (a mutation of the early read's wrap flag fails it)."""
+    from pipetrain.compiler.build import early_stash_read
+
+    plan = _plan_6_44_18_3([4, 18, 3], 2)
+    s2, s3 = plan.stages[1:]
+    kinds = [next(m.kind for m in s.memories if m.name == "xstash") for s in plan.stages]
+    assert (s2.x_lanes, s3.x_lanes) == (4, 18) and kinds[1:] == ["bram", "lutram"]
+    assert [early_stash_read(s) for s in plan.stages] == [False, True, False]
+    _bit_exact_6_44_18_3(plan)
