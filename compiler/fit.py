@@ -69,6 +69,7 @@ from .config import TrainConfig
 from .formats import apply_overrides, parse_format_overrides
 from .ir import NetworkIR
 from .lanes import lanes_for_target, lanes_text
+from .loss_unit import radix_compares
 from .plan import Plan, csd
 from .targets import Board, BoardError
 
@@ -261,6 +262,13 @@ class LogicModel:
         14,316) against 16,829 estimated, stages 2 and 3 within 5 % —: every ECP5 record within
         −8.6 … +9.0 %; iCE40: not measured, 0: each sub-lane counted whole, the safe side on a
         full device).
+    divider_compare: one of the 2^k − 1 parallel compares of a loss unit's radix-2^k divider
+        (``LossUnit.div_bits`` > :data:`~pipetrain.compiler.loss_unit.CHAINED_DIV_BITS`),
+        beyond ``loss``'s chained divider. *Derived* from Yosys synthesis of the divider
+        alone (``hdl/loss.py``'s ``_Divider``, E of 20 bits, fr = 16): ``synth_ecp5`` LUT4 +
+        2 × CCU2C at k = 2, 3, 4: 92, 485, 1,145 ((1,145 − 92) / 15 × ``pack`` ≈ 80);
+        ``synth_ice40`` SB_LUT4 69, 500, 1,059 (66 a compare; carries and flip-flops pack
+        with them). Not yet in a place-and-route record.
     """
 
     shell: float
@@ -277,6 +285,7 @@ class LogicModel:
     pack: float
     source: str
     column_shared: float = 0.0
+    divider_compare: float = 0.0
 
 
 #: The cost models per ``Board.family``, fitted per part to the synthesised netlists (cells
@@ -300,6 +309,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         source="derived from 4 iCEBreaker builds (mlp 64→16/32/48/56→10, one lane per stage) "
         "and the lane from Yosys synthesis of mlp-digits at 2,1 and 4,1 lanes (1,107 "
         "synthesised cells per lane)",
+        divider_compare=66.0,
     ),
     "ecp5": LogicModel(
         shell=2071.0,
@@ -323,6 +333,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         "after -wide 6x3,22,2 (41,362 LUT4 built, +10.8 % estimated; now +9.0 %; docs/boards.md "
         "§3)",
         column_shared=200.0,
+        divider_compare=80.0,
     ),
 }
 
@@ -346,10 +357,12 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
         return {"total": 0}
     m = LOGIC_MODELS[board.family]
     ob, lb = getattr(plan, "operand_bits", None), getattr(plan, "logic_low_bits", None)
+    main, heads = getattr(plan, "loss", None), tuple(getattr(plan, "head_losses", ()))
     out = {
         "shell": m.shell,
         "network": m.network,
-        "loss": m.loss * (1 + len(getattr(plan, "head_losses", ()))),
+        "loss": m.loss * (1 + len(heads))
+        + m.divider_compare * sum(radix_compares(lu) for lu in (main, *heads) if lu is not None),
     }
     for st in stages:
         tiles = mux = flops = 0

@@ -37,7 +37,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..compiler.loss_unit import loss_cycles, max_tree_levels
+from ..compiler.loss_unit import CHAINED_DIV_BITS, divider_cycles, loss_cycles, max_tree_levels
 from ..compiler.plan import LossUnit as LossPlan
 from .arith import const_mul, delayed, rhu, rhu_offset, rhu_offset_shift, sat, tree_sum
 from .dsp import registered_product
@@ -303,7 +303,7 @@ class LossUnit(wiring.Component):
         exp_last = ves & ~chain[-2] if X else v2
 
         # divider: r = ⌊2^(fe+fr) / E⌋ by long division, k bits a cycle (_Divider)
-        div = _Divider(E, fe, fr, lp.div_bits)
+        div = _Divider(m, E, fe, fr, lp.div_bits)
 
         # out phase: e_j from the e memory at S1, p_j = rhu(e_j·r) registered at S2, δ_j at S2
         # (registered at S3: the product and its rounding apart from δ's rounding and clamp;
@@ -458,37 +458,104 @@ class LossUnit(wiring.Component):
 class _Divider:
     """``r = ⌊2^(fe+fr) / E⌋`` by long division (restoring), ``k`` quotient bits a cycle.
 
-    The quotient has at most ``fr + 1`` bits (``E ≥ 2^fe``); the divider runs
-    ``D = ⌈(fr+1)/k⌉`` cycles over ``Q = k·D`` quotient bits, the top ``Q − fr − 1`` of them 0.
-    The remainder starts at ``⌊2^(fe+fr) / 2^Q⌋ = 2^(fe+fr−Q)`` (< E) and each step doubles it
-    (the dividend's lower bits are 0) and subtracts E where it can, so it stays below E: the
-    datapath is E's width + 1 bits. Source: the restoring division algorithm; the k-step
-    unrolling is *derived* (the same quotient bits, k per register stage).
+    The quotient has at most ``fr + 1`` bits (``E ≥ 2^fe``). The remainder starts at
+    ``⌊2^(fe+fr) / 2^Qb⌋ = 2^(fe+fr−Qb)`` (< E) over ``Qb`` ≥ fr + 1 quotient bits, the top
+    ``Qb − fr − 1`` of them 0, and each quotient digit shifts it up (the dividend's lower bits
+    are 0) and subtracts the digit's multiple of E, so it stays below E: the datapath is E's
+    width + 1 bits (+ k in a step).
+
+    * ``k`` ≤ :data:`~pipetrain.compiler.loss_unit.CHAINED_DIV_BITS`: ``k`` chained
+      compare-subtract steps a cycle, ``D = ⌈(fr+1)/k⌉`` cycles, ``Qb = k·D``.
+    * ``k`` > that (radix 2^k): the first cycle is two chained steps while the odd multiples
+      ``j·E`` (j < 2^k; shifts and adders) are registered, then one digit a cycle: ``x =
+      rem·2^k`` against all ``2^k − 1`` multiples at once (parallel subtractors, no carry chain
+      after another), the digit the number of them ≤ x, ``rem = x − digit·E`` — ``D = 1 +
+      ⌈(fr−1)/k⌉`` cycles, ``Qb = 2 + k·(D−1)``.
+
+    Every form gives the same quotient. Source: the restoring division algorithm; the k-step
+    unrolling and the radix-2^k digit by parallel compares are *derived* (timing: the same
+    quotient bits, k per register stage; :func:`~pipetrain.compiler.loss_unit.divider_cycles`).
     """
 
-    def __init__(self, E: Signal, fe: int, fr: int, k: int) -> None:
+    def __init__(self, m: Module, E: Signal, fe: int, fr: int, k: int) -> None:
         self.E, self.k = E, k
-        self.D = -(-(fr + 1) // k)
-        self.rem0 = 1 << (fe + fr - k * self.D)
+        self.D = divider_cycles(fr, k)
+        self.radix = k > CHAINED_DIV_BITS
+        qb = 2 + k * (self.D - 1) if self.radix else k * self.D
+        self.rem0 = 1 << (fe + fr - qb)
         self.rem = Signal(len(E) + 1)
         self.r = Signal(fr + 1)
         self.count = Signal(range(max(self.D, 2)))
         self.last = self.count == self.D - 1
+        self.multiples: list[Value] = []
+        if self.radix:  # j·E for j = 1 … 2^k − 1: the odd ones registered, the even ones shifts
+            odd = {1: E}
+            for j in range(3, 1 << k, 2):
+                mj = Signal(len(E) + k, name=f"div_e{j}")
+                m.d.sync += mj.eq(const_mul(j, E, lambda _: True))
+                odd[j] = mj
+            for j in range(1, 1 << k):
+                t = (j & -j).bit_length() - 1  # j = odd · 2^t
+                self.multiples.append(Value.cast(odd[j >> t]) << t)
+            self.remk, self.bitsk = self._digit(m)
 
     def init(self) -> list:
         """Statements that load the remainder and clear the quotient and the step counter."""
         return [self.rem.eq(self.rem0), self.r.eq(0), self.count.eq(0)]
 
-    def step(self) -> list:
-        """Statements of one cycle: ``k`` compare-subtract steps, quotient bits MSB first."""
+    def _chained(self, steps: int) -> tuple[Value, list[Value]]:
         rem, bits = Value.cast(self.rem), []
-        for _ in range(self.k):
+        for _ in range(steps):
             x = Cat(Const(0, 1), rem)  # 2·rem
             ge = x >= self.E
             rem = Mux(ge, x - self.E, x)[: len(self.rem)]
             bits.append(ge)
-        q = Cat(*reversed(bits), self.r)  # the new bits below the old quotient
-        return [self.rem.eq(rem), self.r.eq(q[: len(self.r)]), self.count.eq(self.count + 1)]
+        return rem, bits
+
+    def _digit(self, m: Module) -> tuple[Value, list[Value]]:
+        """One radix-2^k digit: the ``2^k − 1`` compares of ``rem·2^k`` with the multiples,
+        the digit (a thermometer code's count) and the remainder it leaves."""
+        k = self.k
+        x = Cat(Const(0, k), self.rem)  # rem·2^k
+        w = len(x) + 1
+        # x − j·E once per multiple, one bit wider: its sign bit is the compare (j·E ≤ x)
+        diffs = [Signal(w, name=f"div_d{j}") for j in range(1, 1 << k)]
+        for d, mj in zip(diffs, self.multiples, strict=True):
+            m.d.comb += d.eq(x - mj)
+        ge = [~d[-1] for d in diffs]  # ge[j − 1]: j·E ≤ x, true up to the digit
+        n = len(ge)
+
+        def t(j: int) -> Value:  # the thermometer code: digit ≥ j
+            return ge[j - 1] if j <= n else Const(0, 1)
+
+        # bit b of the digit: the digit in [j, j + 2^b) for some j ≡ 2^b mod 2^(b+1)
+        digit = Cat(
+            *(
+                Cat(*(t(j) & ~t(j + (1 << b)) for j in range(1 << b, n + 1, 1 << (b + 1)))).any()
+                for b in range(k)
+            )
+        )
+        rems = [x, *diffs]
+        rem = Array(r[: len(self.rem)] for r in rems)[digit]
+        return rem, [digit[b] for b in reversed(range(k))]
+
+    def step(self) -> list:
+        """Statements of one cycle: quotient bits MSB first (``k`` chained steps; radix 2^k:
+        two chained steps in the first cycle, then one digit)."""
+        if not self.radix:
+            rem, bits = self._chained(self.k)
+            q = Cat(*reversed(bits), self.r)  # the new bits below the old quotient
+            return [self.rem.eq(rem), self.r.eq(q[: len(self.r)]), self.count.eq(self.count + 1)]
+        rem2, bits2 = self._chained(CHAINED_DIV_BITS)
+        remk, bitsk = self.remk, self.bitsk
+        q2 = Cat(*reversed(bits2), self.r)
+        qk = Cat(*reversed(bitsk), self.r)
+        first = self.count == 0
+        return [
+            self.rem.eq(Mux(first, rem2, remk)),
+            self.r.eq(Mux(first, q2[: len(self.r)], qk[: len(self.r)])),
+            self.count.eq(self.count + 1),
+        ]
 
 
 def _tree_level(cands: list) -> list:

@@ -299,18 +299,19 @@ def test_explicit_column_lanes_fit_with_momentum_in_logic_above_the_search_fill(
     """``--lanes 11x4,10`` on the ULX3S: m·u in its DSP blocks needs 193 > 156, so m·u goes into
     logic; its estimate (60,176 LUT4; built: 61,230) is above MOMENTUM_LOGIC_FILL, which keeps
     ``--lanes auto`` from choosing it, but the user's lanes fit every cell of the board. The
-    loss unit takes its fastest form (10 out lanes, 25 cycles: 24 before its logit slice was
-    registered, 23 before its exp ROM's index was) behind stage 2's forward outputs: tick 68
-    (5,150 multiplies on 156 blocks: fraction of the ceiling 5,150 / (156 · 68) = 0.485; 0.500
-    at 66)."""
+    loss unit takes its fastest form (10 exp and out lanes and the radix-16 divider, 21 cycles:
+    25 with two chained quotient bits a cycle) behind stage 2's forward outputs (41 cycles):
+    tick 64 (5,150 multiplies on 156 blocks: fraction of the ceiling 5,150 / (156 · 64) =
+    0.516; 0.485 at the chained divider's 68)."""
     rec = {"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [11, 10]}
     result = _compile(rec, col_lanes=(4, 1))
     plan, b = result.plan, BOARDS["ulx3s-85f"]
-    assert plan.momentum_in_logic and plan.tick_cycles == 68
+    assert plan.momentum_in_logic and plan.tick_cycles == 64
     geometry = [(s.lanes, s.column_lanes, s.mac_lanes) for s in plan.stages]
     assert geometry == [(11, 4, 44), (10, 1, 10)]
-    assert plan.loss.out_lanes == 10 and plan.loss.cycles == 25
+    lu = plan.loss
+    assert (lu.exp_lanes, lu.div_bits, lu.out_lanes, lu.cycles) == (10, 4, 10, 21)
     t = plan_totals(plan, b)
     assert t["hard_multipliers"] == 139
     assert MOMENTUM_LOGIC_FILL * b.luts < t["logic_cells"] <= b.luts
-    assert round(5150 / (156 * plan.tick_cycles), 3) == 0.485
+    assert round(5150 / (156 * plan.tick_cycles), 3) == 0.516

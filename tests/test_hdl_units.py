@@ -347,6 +347,11 @@ def _cases(fmt: QFormat, C: int = 5):
         ("cross_entropy", None, (2, 5), (5, 2, 5), 1),
         ("cross_entropy", QFormat(8, 8), (2, 2), (2, 1, 2), 0),
         ("cross_entropy", None, (2, 5), (5, 1, 5), "logic"),
+        # the radix-2^k divider (k > 2: two chained steps, then one digit a cycle by 2^k − 1
+        # parallel compares), with and without the registers, one and five errors a cycle
+        ("cross_entropy", QFormat(8, 8), (2, 2), (1, 3), 0),
+        ("cross_entropy", None, (2, 5), (5, 4), 1),
+        ("cross_entropy", None, (2, 5), (5, 4, 5), "logic"),
         ("mse", None, (2, 2), (1, 1), 0),
         ("mse", QFormat(8, 9), (2, 2), (1, 1), 0),
     ],
@@ -388,9 +393,10 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
             assert deltas == dl.tolist() + [0] * (-5 % Q), (z, label)
         assert sats == g.stage_saturations[-1]
         assert cycles == cycles_pk
-    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + ⌈17/k⌉ + ⌈5/Q⌉ + 5 + ⌈log2 lanes⌉
-        tree = {2: 1, 3: 2, 5: 3}[lanes[-1]]  # (+ R + 4)
-        want = -(-5 // P) + -(-17 // k) + -(-5 // Q) + 5 + tree + (regs + 4 if regs else 0)
+    if loss == "cross_entropy":  # C = 5, fr = 16: ⌈5/P⌉ + div + ⌈5/Q⌉ + 5 + ⌈log2 lanes⌉
+        tree = {2: 1, 3: 2, 5: 3}[lanes[-1]]  # (+ R + 4); div: ⌈17/k⌉, 1 + ⌈15/k⌉ at k > 2
+        div = -(-17 // k) if k <= 2 else 1 + -(-15 // k)
+        want = -(-5 // P) + div + -(-5 // Q) + 5 + tree + (regs + 4 if regs else 0)
         assert cycles_pk == want
     if d_fmt is not None:
         assert g.stage_saturations[-1] > 0  # the saturating formats did clamp

@@ -155,3 +155,39 @@ def test_early_stash_read_only_where_the_stash_is_block_ram_is_bit_exact():
     assert (s2.x_lanes, s3.x_lanes) == (4, 18) and kinds[1:] == ["bram", "lutram"]
     assert [early_stash_read(s) for s in plan.stages] == [False, True, False]
     _bit_exact_6_44_18_3(plan)
+
+
+def test_radix_divider_loss_unit_sets_a_shorter_tick_bit_exact():
+    """6 → 12 → 10 at lanes 6×2,10 with operand registers: the column lanes make stage 1's pass
+    17 cycles, so the loss unit sets the tick and takes its fastest form (``loss_fastest``):
+    10 exp and out lanes and the radix-16 divider (``div_bits`` 4: two chained quotient bits,
+    then 4 a cycle by 15 parallel compares, 5 cycles for r's 17 bits; 9 with k = 2), 21 cycles
+    (25 with k = 2) — tick 44. The whole network in RTL is bit-exact with the golden model and
+    its results exactly 44 cycles apart."""
+    import warnings
+
+    import torch
+    from pipetrain.compiler.build import FormatSpec, build_plan
+    from pipetrain.compiler.config import TrainConfig
+    from pipetrain.compiler.ir import LayerIR, NetworkIR
+    from pipetrain.compiler.loss_unit import divider_cycles
+    from torch import nn
+
+    ir = NetworkIR("q", 6, (LayerIR("0", 6, 12, "relu"), LayerIR("2", 12, 10)), "cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated formats
+        plan = build_plan(
+            ir, TrainConfig(), FormatSpec.default(2), [6, 10], operand_registers=2,
+            col_lanes=(2, 1), loss_fastest=True,
+        )  # fmt: skip
+    lu = plan.loss
+    assert (lu.exp_lanes, lu.div_bits, lu.out_lanes, lu.cycles) == (10, 4, 10, 21)
+    assert (divider_cycles(lu.recip_frac, 4), divider_cycles(lu.recip_frac, 2)) == (5, 9)
+    assert plan.tick_cycles == plan.ideal_cycles_per_sample == 44
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 10))
+    gen = torch.Generator().manual_seed(5)
+    fx = plan.stages[0].formats.x
+    x = torch.randint(-(1 << fx.frac), 1 << fx.frac, (16, 6), generator=gen)
+    y = torch.randint(0, 10, (16,), generator=gen).tolist()
+    _bit_exact_one_tick_apart(plan, model, x, y)
