@@ -357,7 +357,11 @@ def _check_col_lanes(where: str, sl: _Slot, k: int, spram: bool) -> None:
     if k == 1:
         return
     if not 1 <= k <= sl.in_features + 1:
-        raise PlanError(f"{where}: {k} column lanes must be in 1..N + 1 = {sl.in_features + 1}")
+        raise PlanError(
+            f"{where}: {k} column lanes must be in 1..{sl.in_features + 1} (one column of its "
+            f"{sl.in_features} inputs and bias per column lane at most); give K ≤ "
+            f"{sl.in_features + 1} in that stage's --lanes LxK, or --lanes auto"
+        )
     problems = []
     if sl.conv is not None:
         problems.append("a convolution")

@@ -38,7 +38,12 @@ def test_column_lanes_geometry_and_round_trip():
     "where, kw, text",
     [
         ("stage 2", dict(col_lanes=(1, 2)), "it has an input gradient"),
-        ("stage 1", dict(col_lanes=(8,)), r"must be in 1\.\.N \+ 1 = 7"),
+        (
+            "stage 1",
+            dict(col_lanes=(8,)),
+            r"8 column lanes must be in 1\.\.7 \(one column of its 6 inputs and bias per "
+            r"column lane at most\); give K ≤ 7 in that stage's --lanes LxK",
+        ),
         ("stage 1", dict(col_lanes=(2,), single_port=(1,), lanes=(1, 3, 2)), "single-port"),
     ],
 )
