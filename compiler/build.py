@@ -10,6 +10,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..errors import UserError
 from .act_lut import LUTFormatError, activation_lut
@@ -205,6 +206,9 @@ MAX_WEIGHT_BITS = 40
 
 #: TrainConfig fields that only steer the host's stream and so stay out of the plan (and its hash).
 HOST_ONLY_SETTINGS = ("epochs",)
+#: Training settings a plan records only when they differ from these defaults (``Plan.train``),
+#: so the plans made before the setting existed keep their JSON and hash.
+OPTIONAL_SETTINGS: dict[str, Any] = {"momentum_digits": 0}
 
 
 class PlanError(UserError, ValueError):
@@ -648,9 +652,18 @@ def _update_constants(
 ) -> UpdateConstants:
     lr, m, wd = cfg.lr1, cfg.momentum1, cfg.weight_decay
     sc = "sc" in cfg.mitigation
-    a, b = spike_compensation(m, delay) if sc else (1.0, 0.0)
     mk = lambda r: Const.normalised(r, const_bits)  # noqa: E731
-    c_m, c_lr, c_lrwd = mk(m), mk(lr), mk(lr * wd)
+    c_m = mk(m)
+    if cfg.momentum_digits:  # a shift-add momentum (TrainConfig.momentum_digits)
+        c_m = Const.signed_digits(m, cfg.momentum_digits, const_bits)
+        if c_m.quantised >= 1.0:
+            raise PlanError(
+                f"--momentum-digits {cfg.momentum_digits}: momentum {m:g} becomes "
+                f"{c_m.quantised:g} ≥ 1, and the velocities would never decay; give more digits"
+            )
+        m = c_m.quantised  # Spike Compensation's coefficients follow the momentum it uses
+    a, b = spike_compensation(m, delay) if sc else (1.0, 0.0)
+    c_lr, c_lrwd = mk(lr), mk(lr * wd)
     c_a, c_b, c_bwd = mk(a), mk(b * lr), mk(b * lr * wd)
     # a convolution's P is already summed over its output positions (``conv``; ``p_sum_bits``
     # is 0 for a single position): its lr·P stays exact
@@ -1832,6 +1845,9 @@ def build_plan(
         )
     # The plan is the hardware's identity: how long the host streams (epochs) is not part of it.
     train = {k: v for k, v in config.to_dict().items() if k not in HOST_ONLY_SETTINGS}
+    for k, default in OPTIONAL_SETTINGS.items():  # absent at their default: the same hash
+        if train[k] == default:
+            del train[k]
     train |= {"lr1": config.lr1, "momentum1": config.momentum1}
     return Plan(
         version=PLAN_VERSION,

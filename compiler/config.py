@@ -43,6 +43,10 @@ class TrainConfig:
     -------
     schedule: ``pb`` (Pipelined Backpropagation, D_s = 2(S−s)+1) or ``sequential`` (D = 0).
     lr, momentum, weight_decay: reference η, m, λ (PyTorch SGD conventions).
+    momentum_digits: 0, or the most canonical signed digits of the hardware's momentum constant
+        (:meth:`~pipetrain.compiler.plan.Const.signed_digits`: 0.9 at 4 digits is 0.8984375,
+        so a lane forms ``m·u`` with 3 adders instead of 8; docs/numerics.md §1). 0 keeps the
+        plan's ``const_bits`` significant bits (0.9: 9 digits).
     batch_ref: reference batch size B_ref (samples).
     mitigation: ``none | sc | lwp | sc+lwp`` (Spike Compensation, Linear Weight Prediction).
     lwp_form: ``v`` (ŵ = w − η·D·v) or ``w`` (ŵ = w + D·(w_t − w_{t−1})).
@@ -61,6 +65,7 @@ class TrainConfig:
     schedule: Schedule = Schedule.PB
     lr: float = 0.002
     momentum: float = 0.9
+    momentum_digits: int = 0
     weight_decay: float = 0.0
     batch_ref: int = 1
     mitigation: Mitigation = Mitigation.NONE
@@ -94,6 +99,11 @@ class TrainConfig:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.momentum_digits <= 18:
+            raise ConfigError(
+                f"--momentum-digits {self.momentum_digits}: give 0 (the full-precision "
+                "constant) or 1..18 signed digits"
+            )
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
         if self.batch_ref < 1:

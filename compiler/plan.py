@@ -156,6 +156,38 @@ class Const:
             c = cls.of(real, frac - 1)
         return c
 
+    @classmethod
+    def signed_digits(cls, real: float, digits: int, mantissa_bits: int = 18) -> Const:
+        """Quantise ``real`` to at most ``digits`` canonical signed digits (a sum of ``digits``
+        signed powers of two) at the fraction bits of :meth:`normalised` (``mantissa_bits``),
+        so a product with it is ``digits − 1`` adders (``hdl.arith.const_mul``). The digits are
+        chosen greedily, each the signed power of two nearest the remainder (ties: the larger
+        power). Example: 0.9 at 4 digits, 18 bits → 235520·2^−18 = 1 − 2^−3 + 2^−5 − 2^−7 =
+        0.8984375 (0.9 itself has 9 digits at 18 bits).
+
+        Raises ValueError for ``digits`` < 1. Source: the greedy signed-power-of-two
+        approximation of constant multipliers (e.g. Lim, Yang, Li, Lim, "Signed power-of-two
+        term allocation scheme for the design of digital filters", IEEE TCAS-II 46(5), 1999,
+        §II); *derived*: the fraction bits are those of the full-precision constant, so the
+        plan's update sums keep their widths."""
+        if digits < 1:
+            raise ValueError(f"a constant needs at least 1 signed digit, got {digits}")
+        base = cls.normalised(real, mantissa_bits)
+        if base.value == 0:
+            return base
+        target, value = real * 2.0**base.frac, 0
+        for _ in range(digits):
+            rest = target - value
+            if abs(rest) < 0.5:  # nearer 0 than any power of two the integer can take
+                break
+            k = math.floor(math.log2(abs(rest)))  # 2^k ≤ |rest| < 2^(k+1), k ≥ −1
+            lo, hi = (1 << k if k >= 0 else 0), 1 << (k + 1)
+            step = hi if hi - abs(rest) <= abs(rest) - lo else lo
+            value += step if rest > 0 else -step
+        if abs(value) >= 1 << mantissa_bits:  # 0.99 at 1 digit: 2^frac, one bit more
+            return cls(value >> 1, base.frac - 1, float(real))
+        return cls(value, base.frac, float(real))
+
     @property
     def quantised(self) -> float:
         """The value the hardware actually uses."""

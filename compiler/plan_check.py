@@ -41,6 +41,7 @@ from .act_lut import activation_lut
 from .build import (
     HOST_ONLY_SETTINGS,
     MAX_SUM_BITS,
+    OPTIONAL_SETTINGS,
     RAM_FAMILIES,
     SLOPE_FRAC,
     PlanError,
@@ -580,7 +581,7 @@ def _check_train(plan: Plan) -> TrainConfig:
     keys = set(plan.train)
     for k in sorted(keys - expect):
         raise _err(f"train.{k}", plan.train[k], f"is not a training setting ({sorted(expect)})")
-    for k in sorted(expect - keys):
+    for k in sorted(expect - keys - set(OPTIONAL_SETTINGS)):
         raise PlanError(f"plan field train.{k} is missing ({_FIX})")
     for k in ("lr1", "momentum1"):
         _load(float, plan.train[k], f"train.{k}")

@@ -103,6 +103,10 @@ CASES = [
     (dict(momentum_in_logic=True), 0),
     (dict(momentum_in_logic=True, operand_registers=1), 1),
     (dict(momentum_in_logic=True, mitigation="sc", operand_registers=2), 2),
+    # a shift-add momentum (TrainConfig.momentum_digits, numerics §1): 4 signed digits in
+    # logic (3 adders over the operand registers), and 3 — a shift-add constant, no multiplier
+    (dict(momentum_digits=4, momentum_in_logic=True, operand_registers=2), 1),
+    (dict(momentum_digits=3, mitigation="sc", operand_registers=1), 0),
     # column lanes (Stage.col_lanes): L·k physical lanes, lane p's x the slot's operand p div L
     (dict(col_lanes=(3,), lr=0.3), 0),
     (dict(col_lanes=(2,), mitigation="sc+lwp", operand_registers=2), 0),
@@ -120,7 +124,12 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         plan = dataclasses.replace(plan, shift_add_max_terms=case["max_terms"])
     st = plan.stages[s]
     f, up = st.formats, st.update
-    if case.get("momentum_in_logic"):  # no momentum multiplier: 9 signed digits in logic
+    digits = case.get("momentum_digits")
+    if digits:  # 0.9 → at most that many signed digits, and m·u in no DSP block
+        assert len(csd(up.momentum.value)) == digits and up.momentum.real == 0.9
+        assert up.momentum.quantised == {4: 0.8984375, 3: 0.90625}[digits]
+        assert "momentum" not in [p.name for p in st.products]
+    elif case.get("momentum_in_logic"):  # no momentum multiplier: 9 signed digits in logic
         assert len(csd(up.momentum.value)) == 9 and plan.momentum_in_logic
         assert "momentum" not in [p.name for p in st.products]
     elif case.get("const_bits", 18) == 18:  # the low pieces this case exercises

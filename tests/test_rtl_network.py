@@ -169,3 +169,22 @@ def test_local_heads_train_bit_exact_through_the_link():
     assert counters["head_correct"] == [sum(int(r.pred == labels[r.sample]) for r in head)]
     assert counters["head_correct"] == gold_hits
     assert torch.equal(before, after) and again.bit_exact, again.mismatches[:3]
+
+
+def test_shift_add_momentum_trains_bit_exact(tiny):
+    """``--momentum-digits 3`` (docs/numerics.md §1): the plan's momentum 0.9 becomes
+    0.90625 = 1 − 2^−3 + 2^−5, a shift-add constant (no multiplier for m·u), recorded in the
+    plan; the RTL trains bit-exact with the golden model on it."""
+    path = tiny[0]
+    result = compile_design(
+        str(path), seed=0, data="digits", writers=(), config_overrides={"momentum_digits": 3}
+    )
+    plan, model = result.plan, result.model
+    assert plan.train["momentum_digits"] == 3 and "momentum_digits" not in tiny[1].train
+    for st in plan.stages:
+        assert st.update.momentum.quantised == 0.90625 and st.update.momentum.real == 0.9
+        assert "momentum" not in [p.name for p in st.products]
+    assert plan.multipliers < tiny[1].multipliers
+    x, y = plan_samples(plan, 20, "digits", 2)
+    rep = check_network(plan, model, x, y.tolist(), design=build_network(plan))
+    assert rep.bit_exact, [m.describe() for m in rep.mismatches[:5]]

@@ -61,6 +61,13 @@ _CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--schedule", "schedule", click.Choice(SCHEDULES), "pb (pipelined) or sequential (D = 0)."),
     ("--lr", "lr", float, "Reference learning rate η (at --batch-ref)."),
     ("--momentum", "momentum", float, "Reference momentum m (at --batch-ref)."),
+    (
+        "--momentum-digits",
+        "momentum_digits",
+        int,
+        "Most signed digits of the hardware's momentum constant (0.9 at 4: 0.8984375, m·u "
+        "with 3 adders; 0: full precision).",
+    ),
     ("--weight-decay", "weight_decay", float, "L2 weight decay λ."),
     ("--batch-ref", "batch_ref", int, "Batch size of the reference η, m (scaled to batch 1)."),
     ("--mitigation", "mitigation", click.Choice(MITIGATIONS), "Delay mitigation."),
