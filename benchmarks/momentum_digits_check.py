@@ -2,7 +2,7 @@
 precision vs float.
 
 Usage: ``python benchmarks/momentum_digits_check.py [--models mlp-digits,...] [--digits 4]
-[--seeds 0,1,2] [--streams K] [--json FILE]``.
+[--lfsr-leap 16] [--seeds 0,1,2] [--streams K] [--json FILE]``.
 
 ``--momentum-digits D`` (``TrainConfig.momentum_digits``, docs/numerics.md §1) rounds the
 hardware's momentum to at most D canonical signed digits — 0.9 has 9 at 18 bits, 4 give
@@ -17,7 +17,8 @@ K runs (operands_check's streams, :func:`operands_check._golden_streams` /
 :func:`~operands_check._float_streams`):
 
 * ``golden``: the golden model of the full-precision plan;
-* ``golden_d``: the golden model of the D-digit plan;
+* ``golden_d``: the golden model of the D-digit plan (with ``--lfsr-leap L`` also its
+  stochastic rounding drawn every L LFSR steps, docs/numerics.md §6);
 * ``float``: the float PB reference trainer at the configured momentum (0.9).
 
 Prints per model × seed the means and the gaps float − golden_d and golden − golden_d (pp, ±
@@ -48,12 +49,13 @@ GAPS = (
 )
 
 
-def digits_result(r: CompileResult, digits: int) -> CompileResult:
+def digits_result(r: CompileResult, digits: int, leap: int = 0) -> CompileResult:
     """The D-digit twin of ``r``: ``r``'s model, FormatSpec and lanes, its config with
-    ``momentum_digits = digits``. Raises what :func:`compile_result` raises."""
+    ``momentum_digits = digits`` (and ``lfsr_leap = leap``: 0, the default 32 steps). Raises
+    what :func:`compile_result` raises."""
     return compile_result(
         r.model,
-        dataclasses.replace(r.config, momentum_digits=digits),
+        dataclasses.replace(r.config, momentum_digits=digits, lfsr_leap=leap),
         formats=r.formats,
         lanes=[s.lanes for s in r.plan.stages],
         name=r.name,
@@ -61,7 +63,9 @@ def digits_result(r: CompileResult, digits: int) -> CompileResult:
     )
 
 
-def check(model: str, seed: int, digits: int, streams: int, ds: Dataset) -> dict[str, Any]:
+def check(
+    model: str, seed: int, digits: int, streams: int, ds: Dataset, leap: int = 0
+) -> dict[str, Any]:
     """One built-in × seed: the three sides' accuracies over ``streams`` runs, the :data:`GAPS`
     (pp ± SE), both plans' momentum constants and hashes, the saturations of the D-digit plan's
     first stream, and the wall seconds."""
@@ -70,7 +74,7 @@ def check(model: str, seed: int, digits: int, streams: int, ds: Dataset) -> dict
     r = compile_design(
         model, data=ds, config_overrides={"seed": seed, "epochs": epochs}, writers=()
     )
-    rd = digits_result(r, digits)
+    rd = digits_result(r, digits, leap)
     sides: dict[str, list[float]] = {}
     sides["golden"], _ = oc._golden_streams(r, ds, epochs, seed, streams)
     sides["golden_d"], gd = oc._golden_streams(rd, ds, epochs, seed, streams)
@@ -80,6 +84,7 @@ def check(model: str, seed: int, digits: int, streams: int, ds: Dataset) -> dict
         "model": model,
         "seed": seed,
         "digits": digits,
+        "lfsr_leap": rd.plan.lfsr_leap,
         "epochs": epochs,
         "streams": streams,
         "momentum": m.quantised,
@@ -103,14 +108,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: a line per model × seed, then per model the mean over seeds (± SE within, and
     between seeds)."""
     out = [
-        "| model | seed | m → m_D | golden | golden D | float | float − golden D (pp) | "
+        "| model | seed | m → m_D (leap) | golden | golden D | float | float − golden D (pp) | "
         "golden − golden D (pp) | saturations golden D |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         gaps = " | ".join(f"{r[f'{n}_pp']:+.2f} ± {r[f'{n}_se_pp']:.2f}" for n, _, _ in GAPS)
         out.append(
-            f"| {r['model']} | {r['seed']} | {r['momentum']:.6g} → {r['momentum_d']:.6g} | "
+            f"| {r['model']} | {r['seed']} | {r['momentum']:.6g} → {r['momentum_d']:.6g} "
+            f"({r.get('lfsr_leap', 32)}) | "
             f"{r['golden_mean']:.4f} | {r['golden_d_mean']:.4f} | {r['float_mean']:.4f} | "
             f"{gaps} | {r['saturations_d']} |"
         )
@@ -138,6 +144,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp-digits", help="comma-separated built-ins")
     ap.add_argument("--digits", type=int, default=4, help="signed digits of the momentum")
+    ap.add_argument("--lfsr-leap", type=int, default=0, help="the D side's LFSR leap (0: 32)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     ap.add_argument("--streams", type=int, default=4, help="runs per seed and side")
     ap.add_argument("--json", default=None, help="write the rows to this file")
@@ -150,7 +157,7 @@ def main() -> None:
     ds, rows = load_digits(), []
     for model in args.models.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            r = check(model, seed, args.digits, args.streams, ds)
+            r = check(model, seed, args.digits, args.streams, ds, args.lfsr_leap)
             rows.append(r)
             print(
                 f"{model:16} seed {seed}: m {r['momentum']:.6g} → {r['momentum_d']:.6g}; golden "

@@ -208,7 +208,25 @@ MAX_WEIGHT_BITS = 40
 HOST_ONLY_SETTINGS = ("epochs",)
 #: Training settings a plan records only when they differ from these defaults (``Plan.train``),
 #: so the plans made before the setting existed keep their JSON and hash.
-OPTIONAL_SETTINGS: dict[str, Any] = {"momentum_digits": 0}
+OPTIONAL_SETTINGS: dict[str, Any] = {"momentum_digits": 0, "lfsr_leap": 0}
+
+
+def lfsr_leap(config: TrainConfig) -> int:
+    """``Plan.lfsr_leap``: ``config.lfsr_leap``, or :data:`LFSR_WIDTH` for 0. Raises
+    :class:`PlanError` for a leap that gives a slot's roundings fewer fresh bits than they take
+    (docs/numerics.md §6: ``round_bits`` for u′, as many again for Spike Compensation's w′), or
+    one beyond the LFSR's period (2^width − 1 steps: a leap of a multiple of it never moves)."""
+    leap = config.lfsr_leap or LFSR_WIDTH
+    need = ROUND_BITS * (2 if config.mitigation.sc else 1)
+    if leap < need:
+        sc = " with Spike Compensation" if config.mitigation.sc else ""
+        raise PlanError(
+            f"--lfsr-leap {leap}: a draw must give the {need} bits a slot's roundings take{sc} "
+            f"(the round bits, {ROUND_BITS}, a rounding); give --lfsr-leap {need} or more"
+        )
+    if leap % ((1 << LFSR_WIDTH) - 1) == 0:
+        raise PlanError(f"--lfsr-leap {leap} is a multiple of the LFSR's period: it never moves")
+    return leap
 
 
 class PlanError(UserError, ValueError):
@@ -1863,7 +1881,7 @@ def build_plan(
         round_bits=ROUND_BITS,
         lfsr_poly=LFSR_POLY,
         lfsr_width=LFSR_WIDTH,
-        lfsr_leap=LFSR_WIDTH,
+        lfsr_leap=lfsr_leap(config),
         stages=tuple(stages),
         loss=loss,
         tick_cycles=tick,

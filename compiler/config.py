@@ -58,6 +58,10 @@ class TrainConfig:
     loss: ``cross_entropy`` or ``mse``.
     rounding: rounding of weight/velocity updates in fixed point (``stochastic`` from the
         per-stage LFSR, or ``nearest_even``).
+    lfsr_leap: 0, or the LFSR steps per stochastic-rounding draw (docs/numerics.md §6; 0: the
+        LFSR's width, 32). A draw must give fresh bits for every rounding of a slot: ≥ 16
+        (``round_bits``), ≥ 32 with Spike Compensation (two roundings). 16 makes the draw a
+        16-step leap matrix — 41 LUT4 a lane on the ECP5 instead of 124 (docs/boards.md §3).
     seed: seed of the network initialisation, data order and the LFSR seeds (derived).
     epochs: passes over the training set.
     """
@@ -77,6 +81,7 @@ class TrainConfig:
     head_stages: int = 1
     loss: Loss = Loss.CROSS_ENTROPY
     rounding: Rounding = Rounding.STOCHASTIC
+    lfsr_leap: int = 0
     seed: int = 0
     epochs: int = 1
 
@@ -103,6 +108,10 @@ class TrainConfig:
             raise ConfigError(
                 f"--momentum-digits {self.momentum_digits}: give 0 (the full-precision "
                 "constant) or 1..18 signed digits"
+            )
+        if self.lfsr_leap < 0:
+            raise ConfigError(
+                f"--lfsr-leap {self.lfsr_leap}: give 0 (the LFSR's width) or the steps per draw"
             )
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay}")

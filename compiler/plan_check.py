@@ -606,6 +606,7 @@ def _check_plan(plan: Plan) -> None:
     if S == 0 or roles[:S] != ["main"] * S:
         raise _err("stages", roles, "must list the main stages first, then the heads")
     cfg = _check_train(plan)
+    _same("lfsr_leap", plan.lfsr_leap, cfg.lfsr_leap or plan.lfsr_width, "train.lfsr_leap")
     for i in range(len(plan.stages)):
         _check_stage(plan, i, cfg)
     last = plan.stages[S - 1]
@@ -637,6 +638,9 @@ def _check_plan(plan: Plan) -> None:
         raise _err("lfsr_poly", plan.lfsr_poly, f"must have degree lfsr_width ({plan.lfsr_width})")
     if plan.round_bits > plan.lfsr_width:
         raise _err("round_bits", plan.round_bits, f"must be in 1..lfsr_width ({plan.lfsr_width})")
+    draws = plan.round_bits * (2 if plan.mitigation.sc else 1)  # a slot's roundings (§6)
+    if plan.lfsr_leap < draws:
+        raise _err("lfsr_leap", plan.lfsr_leap, f"must be ≥ the {draws} bits a slot draws")
     fifo = next((m for m in plan.memories if m.name == "results"), None)
     if fifo is not None:
         _same("memories[results].entries", fifo.entries, plan.result_fifo_depth, "the depth")

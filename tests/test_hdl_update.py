@@ -107,6 +107,9 @@ CASES = [
     # logic (3 adders over the operand registers), and 3 — a shift-add constant, no multiplier
     (dict(momentum_digits=4, momentum_in_logic=True, operand_registers=2), 1),
     (dict(momentum_digits=3, mitigation="sc", operand_registers=1), 0),
+    # a 16-step LFSR leap (TrainConfig.lfsr_leap, numerics §6): each draw the 16 bits u′ takes
+    (dict(lfsr_leap=16, operand_registers=2), 1),
+    (dict(lfsr_leap=16, momentum_digits=4, momentum_in_logic=True, lr=0.3), 0),
     # column lanes (Stage.col_lanes): L·k physical lanes, lane p's x the slot's operand p div L
     (dict(col_lanes=(3,), lr=0.3), 0),
     (dict(col_lanes=(2,), mitigation="sc+lwp", operand_registers=2), 0),
@@ -124,6 +127,7 @@ def test_update_unit_equals_the_reference_slot_by_slot(case, s):
         plan = dataclasses.replace(plan, shift_add_max_terms=case["max_terms"])
     st = plan.stages[s]
     f, up = st.formats, st.update
+    assert plan.lfsr_leap == case.get("lfsr_leap", 32)
     digits = case.get("momentum_digits")
     if digits:  # 0.9 → at most that many signed digits, and m·u in no DSP block
         assert len(csd(up.momentum.value)) == digits and up.momentum.real == 0.9

@@ -64,3 +64,34 @@ def test_fast_generator_equals_step_by_step(count):
 def test_generator_rejects_zero_seed():
     with pytest.raises(ValueError, match="non-zero"):
         LaneLFSRs([0], LFSR_POLY)
+
+
+def test_lfsr_leap_16_is_a_plan_setting_with_its_own_hash():
+    """``--lfsr-leap 16`` (docs/numerics.md §6): the plan's draw is 16 steps, recorded in
+    ``plan.train`` (absent at the default 0, so other plans keep their JSON and hash); the
+    16-step draw visits every state (gcd(16, 2^32 − 1) = 1), and the golden draw is x^16."""
+    import dataclasses
+    import json
+
+    from pipetrain.compiler.build import PlanError
+    from pipetrain.compiler.plan import Plan
+
+    ir = NetworkIR("t", 4, (LayerIR("0", 4, 3),))
+    base = build_plan(ir, TrainConfig())
+    plan = build_plan(ir, TrainConfig(lfsr_leap=16))
+    assert (base.lfsr_leap, plan.lfsr_leap) == (32, 16)
+    assert "lfsr_leap" not in base.train and plan.train["lfsr_leap"] == 16
+    back = Plan.from_json(plan.to_json())
+    assert back == plan and back.hash == plan.hash != base.hash
+    assert draw(1, LFSR_POLY, 32, 16) == x_pow(16, LFSR_POLY)
+    # a plan whose leap disagrees with its training settings is refused on load
+    bad = json.loads(plan.to_json())
+    bad["lfsr_leap"] = 32
+    with pytest.raises(PlanError, match="lfsr_leap"):
+        Plan.from_json(json.dumps(bad))
+    # Spike Compensation draws two 16-bit numbers a slot: 16 steps are too few
+    with pytest.raises(PlanError, match="--lfsr-leap 16: a draw must give the 32 bits"):
+        build_plan(ir, TrainConfig(lfsr_leap=16, mitigation="sc"))
+    with pytest.raises(PlanError, match="give --lfsr-leap 16 or more"):
+        build_plan(ir, TrainConfig(lfsr_leap=8))
+    assert dataclasses.replace(TrainConfig(), lfsr_leap=48).lfsr_leap == 48

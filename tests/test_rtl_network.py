@@ -171,16 +171,23 @@ def test_local_heads_train_bit_exact_through_the_link():
     assert torch.equal(before, after) and again.bit_exact, again.mismatches[:3]
 
 
-def test_shift_add_momentum_trains_bit_exact(tiny):
+@pytest.mark.parametrize("leap", [0, 16])
+def test_shift_add_momentum_trains_bit_exact(tiny, leap):
     """``--momentum-digits 3`` (docs/numerics.md §1): the plan's momentum 0.9 becomes
     0.90625 = 1 − 2^−3 + 2^−5, a shift-add constant (no multiplier for m·u), recorded in the
-    plan; the RTL trains bit-exact with the golden model on it."""
+    plan; with ``--lfsr-leap 16`` (§6) too, each stochastic-rounding draw 16 LFSR steps. The
+    RTL trains bit-exact with the golden model on both."""
     path = tiny[0]
     result = compile_design(
-        str(path), seed=0, data="digits", writers=(), config_overrides={"momentum_digits": 3}
+        str(path),
+        seed=0,
+        data="digits",
+        writers=(),
+        config_overrides={"momentum_digits": 3, "lfsr_leap": leap},
     )
     plan, model = result.plan, result.model
     assert plan.train["momentum_digits"] == 3 and "momentum_digits" not in tiny[1].train
+    assert plan.lfsr_leap == (leap or 32) and plan.train.get("lfsr_leap", 0) == leap
     for st in plan.stages:
         assert st.update.momentum.quantised == 0.90625 and st.update.momentum.real == 0.9
         assert "momentum" not in [p.name for p in st.products]

@@ -79,6 +79,13 @@ _CONFIG_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--head-stages", "head_stages", int, "Linear stages per auxiliary head."),
     ("--loss", "loss", click.Choice(LOSSES), "Loss function."),
     ("--rounding", "rounding", click.Choice(ROUNDINGS), "Rounding of weight updates."),
+    (
+        "--lfsr-leap",
+        "lfsr_leap",
+        int,
+        "LFSR steps per stochastic-rounding draw: 16 without Spike Compensation (a smaller "
+        "leap matrix a lane), ≥ 32 with it; 0: the LFSR width, 32.",
+    ),
     ("--seed", "seed", int, "Seed of initialisation, data order and LFSRs."),
     ("--epochs", "epochs", int, "Passes over the training set."),
 )
