@@ -47,6 +47,7 @@ from .build import (
     BLOCK_RAM_BITS,
     CONST_MANTISSA_BITS,
     EXP_LUT_FRAC,
+    LFSR_WIDTH,
     LOGIC_LOW_BITS,
     OPERAND_BITS,
     RAM_FAMILIES,
@@ -69,6 +70,7 @@ from .config import TrainConfig
 from .formats import apply_overrides, parse_format_overrides
 from .ir import NetworkIR
 from .lanes import lanes_for_target, lanes_text
+from .lfsr_map import leap_entries
 from .loss_unit import radix_compares
 from .plan import Plan, csd
 from .targets import Board, BoardError
@@ -269,6 +271,12 @@ class LogicModel:
         2 × CCU2C at k = 2, 3, 4: 92, 485, 1,145 ((1,145 − 92) / 15 × ``pack`` ≈ 80);
         ``synth_ice40`` SB_LUT4 69, 500, 1,059 (66 a compare; carries and flip-flops pack
         with them). Not yet in a place-and-route record.
+    lfsr_entry: one non-zero entry of a lane's LFSR leap matrix
+        (:func:`~pipetrain.compiler.lfsr_map.leap_entries`) fewer than the 32-step leap's 207
+        that ``lane`` was fitted with (``Plan.lfsr_leap``, docs/numerics.md §6). *Derived*
+        from ``synth_ecp5`` of ``hdl/lfsr.py``'s LFSR alone: 124 LUT4 at 32 steps (207
+        entries), 41 at 16 (98): (124 − 41) / 109 × ``pack`` ≈ 0.86. Not yet in a
+        place-and-route record; iCE40: 0 (not measured, every lane counted at 32 steps).
     """
 
     shell: float
@@ -286,6 +294,7 @@ class LogicModel:
     source: str
     column_shared: float = 0.0
     divider_compare: float = 0.0
+    lfsr_entry: float = 0.0
 
 
 #: The cost models per ``Board.family``, fitted per part to the synthesised netlists (cells
@@ -334,6 +343,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         "§3)",
         column_shared=200.0,
         divider_compare=80.0,
+        lfsr_entry=0.86,
     ),
 }
 
@@ -386,10 +396,17 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
         # adders of the accumulator's width a row (derived: one cell a bit, a carry chain)
         sub = st.lanes * (st.column_lanes - 1)
         ksum = sub * (st.acc_fwd_bits - m.column_shared)
+        # a shorter LFSR leap than the 32 steps the lane cost was fitted with (a conv stage's
+        # LFSR is the same): fewer XOR inputs a lane
+        poly, width = getattr(plan, "lfsr_poly", None), getattr(plan, "lfsr_width", None)
+        leap = getattr(plan, "lfsr_leap", None)
+        fewer = 0
+        if poly and width and leap and leap != LFSR_WIDTH:
+            fewer = leap_entries(poly, width, LFSR_WIDTH) - leap_entries(poly, width, leap)
         out[f"stage{st.index}"] = (
             m.stage
             + (m.ingrad_stage if st.input_gradient else 0.0)
-            + st.mac_lanes * (m.lane + pieces * m.select_add_bit)
+            + st.mac_lanes * (m.lane + pieces * m.select_add_bit - fewer * m.lfsr_entry)
             + ksum
             + (st.in_features + st.out_features) * m.size
             + tiles * m.lutram_tile

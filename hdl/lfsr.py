@@ -15,29 +15,9 @@ from amaranth import Cat, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..compiler.lfsr_map import leap_matrix, lfsr_step
+
 __all__ = ["lfsr_step", "leap_matrix", "LFSR"]
-
-
-def lfsr_step(state: int, poly: int, width: int) -> int:
-    """One Galois step: ``(state << 1) ^ (poly if bit width−1 was set)``, kept to ``width``
-    bits (``poly`` includes the x^width term)."""
-    top = (state >> (width - 1)) & 1
-    state = state << 1
-    if top:
-        state ^= poly
-    return state & ((1 << width) - 1)
-
-
-def leap_matrix(poly: int, width: int, leap: int) -> list[int]:
-    """Return the draw map as ``width`` row masks: new bit ``r`` = XOR of the old state bits
-    set in ``rows[r]``. Built from the images of the basis states after ``leap`` steps."""
-    cols = []
-    for c in range(width):
-        s = 1 << c
-        for _ in range(leap):
-            s = lfsr_step(s, poly, width)
-        cols.append(s)
-    return [sum(((cols[c] >> r) & 1) << c for c in range(width)) for r in range(width)]
 
 
 class LFSR(wiring.Component):

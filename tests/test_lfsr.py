@@ -95,3 +95,24 @@ def test_lfsr_leap_16_is_a_plan_setting_with_its_own_hash():
     with pytest.raises(PlanError, match="give --lfsr-leap 16 or more"):
         build_plan(ir, TrainConfig(lfsr_leap=8))
     assert dataclasses.replace(TrainConfig(), lfsr_leap=48).lfsr_leap == 48
+
+
+def test_leap_16_takes_its_xor_inputs_out_of_the_logic_estimate():
+    """``fit.logic_cells`` prices a lane at the 32-step leap's 207 XOR inputs; at 16 steps
+    (98) each physical lane costs 109 × ``LogicModel.lfsr_entry`` cells fewer (ECP5), and
+    the iCE40 model, not measured, none."""
+    from pipetrain.compiler.fit import LOGIC_MODELS, logic_cells
+    from pipetrain.compiler.lfsr_map import leap_entries
+    from pipetrain.compiler.targets import get_board
+
+    assert (leap_entries(LFSR_POLY, 32, 32), leap_entries(LFSR_POLY, 32, 16)) == (207, 98)
+    ir = NetworkIR("t", 8, (LayerIR("0", 8, 6, "relu"), LayerIR("2", 6, 3)))
+    base = build_plan(ir, TrainConfig(), lanes=[3, 2])
+    lean = build_plan(ir, TrainConfig(lfsr_leap=16), lanes=[3, 2])
+    ecp5, ice = get_board("ulx3s-85f"), get_board("icebreaker")
+    saved = {
+        k: logic_cells(base, ecp5)[k] - logic_cells(lean, ecp5)[k] for k in ("stage1", "stage2")
+    }
+    per_lane = 109 * LOGIC_MODELS["ecp5"].lfsr_entry
+    assert abs(saved["stage1"] - 3 * per_lane) <= 1 and abs(saved["stage2"] - 2 * per_lane) <= 1
+    assert logic_cells(base, ice) == logic_cells(lean, ice)
