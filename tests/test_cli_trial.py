@@ -37,7 +37,8 @@ def test_train_json_says_how_the_run_was_made(local_run):
         "schedule": "pb", "lr": 0.02, "momentum": 0.5, "weight_decay": 0.0, "batch_ref": 1,
         "mitigation": "sc", "lwp_form": "v", "strategy": "local", "distance": 1,
         "rule": "only", "blocks": [1], "head_stages": 1, "loss": "cross_entropy",
-        "rounding": "stochastic", "seed": 3, "epochs": 1,
+        "rounding": "stochastic", "seed": 3, "epochs": 1, "momentum_digits": 0,
+        "lfsr_leap": 0,
     }  # fmt: skip
     # the keys that were there keep their values
     assert (rep["epochs"], rep["schedule"], rep["mitigation"]) == (1, "pb", "sc")

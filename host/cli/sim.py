@@ -123,7 +123,7 @@ def _cells_line(cells: dict[str, int]) -> str:
 )
 @config_options(
     "schedule", "mitigation", "lwp_form", "strategy", "distance", "rule", "blocks",
-    "head_stages", "rounding",
+    "head_stages", "rounding", "momentum_digits", "lfsr_leap",
 )  # fmt: skip
 @simulator_option
 @json_option
