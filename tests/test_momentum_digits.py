@@ -39,9 +39,10 @@ def test_signed_digits_golden_values(real, digits, value, frac):
 
 @given(hs.floats(1e-4, 0.999), hs.integers(1, 8))
 def test_signed_digits_bounds(real, digits):
-    """At most ``digits`` digits; the greedy step halves the error each digit at least
-    (each power of two is the nearest to the remainder: |rest| ≤ 2^k/2 after it... bounded by
-    |real|·2^−digits + half an LSB) and the fraction bits are those of the 18-bit constant."""
+    """At most ``digits`` digits, within 18 bits; the error is at most |real|·2^−digits + one
+    LSB (each digit is the power of two nearest the remainder r, which leaves at most r/2, so
+    D digits leave |real|·2^−D, and the integer grid one LSB); the fraction bits are those of
+    the 18-bit constant (one fewer when rounding carried into a 19th bit)."""
     c = Const.signed_digits(real, digits)
     assert len(csd(c.value)) <= digits
     assert abs(c.value) < 1 << 18
