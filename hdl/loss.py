@@ -514,7 +514,16 @@ class _Divider:
 
     def _digit(self, m: Module) -> tuple[Value, list[Value]]:
         """One radix-2^k digit: the ``2^k − 1`` compares of ``rem·2^k`` with the multiples,
-        the digit (a thermometer code's count) and the remainder it leaves."""
+        the digit and the remainder it leaves.
+
+        The compares are a thermometer code (``j·E ≤ x`` for every j up to the digit), so
+        the remainder is a binary search over it: a tree of 2:1 multiplexers whose selects
+        are compares themselves (``digit ≥ 8``, then ``≥ 12`` or ``≥ 4``, … at k = 4), with
+        no encoder between the carry chains and the select — and the digit's bits the same
+        search over the compares. *Derived* (timing: the mlp-digits 8×5,10 critical path at
+        79.1 MHz was ``div_e7`` → the compare ``x − 7E``'s carry chain → the digit's
+        thermometer-to-binary encoder → a 16-way select by the digit → ``rem``, 12.65 ns;
+        docs/boards.md §4.2); the same digit and remainder as an encoder and a select."""
         k = self.k
         x = Cat(Const(0, k), self.rem)  # rem·2^k
         w = len(x) + 1
@@ -523,21 +532,22 @@ class _Divider:
         for d, mj in zip(diffs, self.multiples, strict=True):
             m.d.comb += d.eq(x - mj)
         ge = [~d[-1] for d in diffs]  # ge[j − 1]: j·E ≤ x, true up to the digit
-        n = len(ge)
+        rems = [x[: len(self.rem)], *(d[: len(self.rem)] for d in diffs)]
 
-        def t(j: int) -> Value:  # the thermometer code: digit ≥ j
-            return ge[j - 1] if j <= n else Const(0, 1)
+        def search(lo: int, hi: int, span: int, leaf: Callable[[int], Value]) -> Value:
+            """The search over digits [lo, hi) down to spans of ``span``: ``leaf(start)``."""
+            if hi - lo == span:
+                return leaf(lo)
+            mid = (lo + hi) // 2
+            return Mux(ge[mid - 1], search(mid, hi, span, leaf), search(lo, mid, span, leaf))
 
-        # bit b of the digit: the digit in [j, j + 2^b) for some j ≡ 2^b mod 2^(b+1)
-        digit = Cat(
-            *(
-                Cat(*(t(j) & ~t(j + (1 << b)) for j in range(1 << b, n + 1, 1 << (b + 1)))).any()
-                for b in range(k)
-            )
-        )
-        rems = [x, *diffs]
-        rem = Array(r[: len(self.rem)] for r in rems)[digit]
-        return rem, [digit[b] for b in reversed(range(k))]
+        n = 1 << k
+        rem = search(0, n, 1, lambda j: rems[j])
+        # bit b (MSB first): the search down to a span of 2^(b+1) digits, then its middle compare
+        bits = [
+            search(0, n, 2 << b, lambda lo, b=b: ge[lo + (1 << b) - 1]) for b in reversed(range(k))
+        ]
+        return rem, bits
 
     def step(self) -> list:
         """Statements of one cycle: quotient bits MSB first (``k`` chained steps; radix 2^k:
