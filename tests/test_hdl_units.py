@@ -400,3 +400,49 @@ def test_loss_unit_equals_golden(loss, d_fmt, lanes, par, regs):
         assert cycles_pk == want
     if d_fmt is not None:
         assert g.stage_saturations[-1] > 0  # the saturating formats did clamp
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_divider_quotient_every_radix(k):
+    """The loss unit's reciprocal divider (``hdl/loss.py``'s ``_Divider``) gives r =
+    ⌊2^(fe+fr)/E⌋ at every ``div_bits`` k (chained steps at k ≤ 2; a radix-2^k digit a cycle,
+    its remainder a binary search over the compares, at k = 3, 4) in
+    :func:`~pipetrain.compiler.loss_unit.divider_cycles` cycles, with mlp-digits' formats
+    (fe = 15, fr = 16, 10 classes: 2^15 ≤ E ≤ 10·2^15): both ends, the powers of two and
+    their neighbours (a digit of 0 or 2^k − 1, a remainder of 0), and 120 random E."""
+    from pipetrain.compiler.loss_unit import divider_cycles
+    from pipetrain.hdl.loss import _Divider
+
+    fe, fr, C = 15, 16, 10
+    E = Signal(fe + 1 + C.bit_length())
+    go = Signal()
+    m = Module()
+    div = _Divider(m, E, fe, fr, k)
+    with m.If(go):
+        m.d.sync += div.init()
+    with m.Else():
+        m.d.sync += div.step()
+    lo, hi = 1 << fe, C << fe
+    rng = random.Random(k)
+    es = [lo, lo + 1, hi - 1, hi, 3 << (fe - 1), 5 << (fe - 1), 7 << (fe - 1)]
+    es += [(1 << b) + d for b in range(fe, fe + 4) for d in (-1, 0, 1) if lo <= (1 << b) + d <= hi]
+    es += [rng.randrange(lo, hi + 1) for _ in range(120)]
+    D = divider_cycles(fr, k)
+    got = []
+
+    async def bench(ctx):
+        for e in es:
+            ctx.set(E, e)
+            ctx.set(go, 1)
+            await ctx.tick()
+            ctx.set(go, 0)
+            for _ in range(D):
+                assert ctx.get(div.count) < D
+                await ctx.tick()
+            got.append(ctx.get(div.r))
+
+    sim = Simulator(m)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == [(1 << (fe + fr)) // e for e in es]
