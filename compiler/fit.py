@@ -277,6 +277,14 @@ class LogicModel:
         from ``synth_ecp5`` of ``hdl/lfsr.py``'s LFSR alone: 124 LUT4 at 32 steps (207
         entries), 41 at 16 (98): (124 − 41) / 109 × ``pack`` ≈ 0.86. Not yet in a
         place-and-route record; iCE40: 0 (not measured, every lane counted at 32 steps).
+    rom_bit: one bit of a ROM a loss unit keeps in logic (its exp ROM, when Yosys' cost rule
+        maps its P read ports to logic rather than block RAM: ``build.memory_kind``), per read
+        port. *Derived* from Yosys synthesis of the 512 × 16 exp ROM alone with 10 read ports
+        (registered addresses and outputs): ``synth_ecp5`` 2,533 LUT4 (+ 1,028 PFUMX and 559
+        L6MUX21, which take no LUT slot) / 81,920 bit-ports ≈ 0.031; ``synth_ice40`` 3,524
+        SB_LUT4 ≈ 0.043. Checked on the ULX3S by mlp-digits 11×4,10 (61,230 LUT4 built:
+        −6.3 % estimated without it, −2.1 % with it) and 8×5,10 with ``--momentum-digits 4``
+        (53,348: −10.6 %, −5.9 %), the two builds whose loss unit has a 10-port ROM in logic.
     """
 
     shell: float
@@ -295,6 +303,7 @@ class LogicModel:
     column_shared: float = 0.0
     divider_compare: float = 0.0
     lfsr_entry: float = 0.0
+    rom_bit: float = 0.0
 
 
 #: The cost models per ``Board.family``, fitted per part to the synthesised netlists (cells
@@ -319,6 +328,7 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         "and the lane from Yosys synthesis of mlp-digits at 2,1 and 4,1 lanes (1,107 "
         "synthesised cells per lane)",
         divider_compare=66.0,
+        rom_bit=0.043,
     ),
     "ecp5": LogicModel(
         shell=2071.0,
@@ -343,9 +353,21 @@ LOGIC_MODELS: dict[str, LogicModel] = {
         "§3)",
         column_shared=200.0,
         divider_compare=80.0,
+        rom_bit=0.031,
         lfsr_entry=0.86,
     ),
 }
+
+
+def _logic_rom_bits(loss: Any) -> int:
+    """Bit-ports of the ROMs ``loss`` (a loss unit's plan) keeps in logic: words × width ×
+    read ports of each ``logic`` memory without a write port (the exp ROM; 0 for a loss unit
+    without memories, e.g. MSE)."""
+    return sum(
+        mm.words * mm.width * mm.read_ports
+        for mm in getattr(loss, "memories", ()) or ()
+        if mm.kind == "logic" and not mm.write_ports
+    )
 
 
 def logic_cells(plan: Any, board: Board) -> dict[str, int]:
@@ -372,7 +394,8 @@ def logic_cells(plan: Any, board: Board) -> dict[str, int]:
         "shell": m.shell,
         "network": m.network,
         "loss": m.loss * (1 + len(heads))
-        + m.divider_compare * sum(radix_compares(lu) for lu in (main, *heads) if lu is not None),
+        + m.divider_compare * sum(radix_compares(lu) for lu in (main, *heads) if lu is not None)
+        + m.rom_bit * sum(_logic_rom_bits(lu) for lu in (main, *heads) if lu is not None),
     }
     for st in stages:
         tiles = mux = flops = 0

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from pipetrain.compiler.build import OPERAND_BITS
+from pipetrain.compiler.config import TrainConfig
 from pipetrain.compiler.fit import (
     LOGIC_MODELS,
     MOMENTUM_LOGIC_FILL,
@@ -53,6 +54,8 @@ def _builds() -> list[dict]:
 
 def _compile(rec: dict, **kw):
     kw.setdefault("col_lanes", tuple(rec["col_lanes"]) if rec.get("col_lanes") else None)
+    if rec.get("train"):  # the build's training options that change the HDL (--momentum-digits …)
+        kw.setdefault("config", TrainConfig(**rec["train"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return compile_design(
@@ -263,6 +266,30 @@ def test_logic_estimate_parts() -> None:
     added = LOGIC_MODELS["ecp5"].select_add_bit * 5 * (19 + 6)
     assert parts["stage1"] - bare["stage1"] == pytest.approx(4 * added, abs=1)
     assert parts["stage2"] - bare["stage2"] == pytest.approx(added, abs=1)
+
+
+def test_logic_estimate_prices_a_loss_units_exp_rom_in_logic() -> None:
+    """mlp-digits 8×5,10 on the ULX3S: its loss unit (10 exp lanes, the radix-16 divider) keeps
+    the 512 × 16 exp ROM's 10 read ports in logic, which the estimate prices at
+    ``LogicModel.rom_bit`` a bit-port (81,920 bit-ports: ≈ 2,540 LUT4, the measured 2,533 of
+    Yosys on the ROM alone); the same ROM in block RAM (one port: 32,10's loss unit) adds none."""
+    m = LOGIC_MODELS["ecp5"]
+    col = _compile(
+        {"model": "mlp-digits", "board": "ulx3s-85f", "lanes": [8, 10], "col_lanes": [5, 1]}
+    )
+    lu = col.plan.loss
+    rom = [mm for mm in lu.memories if mm.name == "lut"]
+    assert [(mm.kind, mm.read_ports, mm.words, mm.width) for mm in rom] == [("logic", 10, 512, 16)]
+    parts = logic_cells(col.plan, BOARDS["ulx3s-85f"])
+    assert parts["loss"] == round(m.loss + 15 * m.divider_compare + 10 * 512 * 16 * m.rom_bit)
+    assert 2_400 < 10 * 512 * 16 * m.rom_bit < 2_700
+    rom_kinds = [
+        dataclasses.replace(mm, kind="bram") if mm.name == "lut" else mm for mm in lu.memories
+    ]
+    in_bram = dataclasses.replace(col.plan, loss=dataclasses.replace(lu, memories=tuple(rom_kinds)))
+    assert logic_cells(in_bram, BOARDS["ulx3s-85f"])["loss"] == round(
+        m.loss + 15 * m.divider_compare
+    )
 
 
 # --- slow: a fresh build validates the fixture -------------------------------------------------
