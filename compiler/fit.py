@@ -283,7 +283,7 @@ class LogicModel:
         (registered addresses and outputs): ``synth_ecp5`` 2,533 LUT4 (+ 1,028 PFUMX and 559
         L6MUX21, which take no LUT slot) / 81,920 bit-ports ≈ 0.031; ``synth_ice40`` 3,524
         SB_LUT4 ≈ 0.043. Checked on the ULX3S by mlp-digits 11×4,10 (61,230 LUT4 built:
-        −6.3 % estimated without it, −2.1 % with it) and 8×5,10 with ``--momentum-digits 4``
+        −6.3 % estimated without it, −2.2 % with it) and 8×5,10 with ``--momentum-digits 4``
         (53,348: −10.6 %, −5.9 %), the two builds whose loss unit has a 10-port ROM in logic.
     """
 
